@@ -1,0 +1,1 @@
+//! LD_PRELOAD shim (issue 4, not started).

@@ -1,0 +1,55 @@
+//! The pin-down cache (seed 003) plus invalidation.
+//!
+//! SEAM: the cache hooks nothing. Memory events reach it only through [`Cache::invalidate`], which
+//! is safe to call from inside a memory hook (no allocation, no blocking lock, no backend call).
+//! Unpinning of invalidated regions happens later, on a normal API call.
+//!
+//! (Implementation lives in the sibling files; this file is the public surface.)
+
+use std::sync::Arc;
+
+use crate::pin::{Access, Pinner};
+use crate::status::FhResult;
+
+/// Bounds on what the cache keeps pinned. Regions in use are never evicted, so the bounds apply
+/// to what lazy release keeps around; a request that alone exceeds `max_pinned` is refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Bytes pinned at most (`FH_MAX_PINNED`).
+    pub max_pinned: usize,
+    /// Regions at most (`FH_MAX_REGIONS`).
+    pub max_regions: usize,
+}
+
+/// One successful registration as the caller sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Registration {
+    /// Opaque, generation-checked: releasing it twice or a made-up value is `FH_ERR_UNKNOWN_HANDLE`.
+    pub handle: u64,
+    /// Exactly what the caller asked for.
+    pub addr: usize,
+    pub len: usize,
+    pub lkey: u32,
+    pub rkey: u32,
+}
+
+/// Counters since creation. `pinned_bytes`/`regions` are "now"; `pinned_peak` is the high mark.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stats {
+    pub hits: u64,
+    pub misses: u64,
+    pub evictions: u64,
+    pub invalidations: u64,
+    pub pinned_bytes: u64,
+    pub pinned_peak: u64,
+    pub regions: u64,
+    pub in_use: u64,
+    pub pin_retries: u64,
+    pub pin_failures: u64,
+}
+
+/// Told about every newly pinned range, so a monitor can start watching it (e.g. userfaultfd
+/// registration of the whole mapping). Called outside hooks and outside the cache's read path.
+pub trait RangeWatcher: Send + Sync {
+    fn watch(&self, addr: usize, len: usize);
+}

@@ -1,0 +1,1 @@
+//! Settings: the `fh_config` struct and `FH_*` environment variables (in progress).

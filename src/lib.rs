@@ -1,0 +1,12 @@
+//! firehose: an RDMA registration cache (pin-down cache with invalidation) behind a C ABI.
+//!
+//! Layers (data flows down, events flow up):
+//! `ffi` (C exports) -> `cache` (index, refcounts, LRU, limits) -> `pin` (verbs | mlock | counting);
+//! `monitor` (userfaultfd + libc entry hooks + `fh_notify_unmapped`) -> `cache::Cache::invalidate`.
+
+pub mod cache;
+pub mod config;
+pub mod ffi;
+pub mod monitor;
+pub mod pin;
+pub mod status;

@@ -1,0 +1,66 @@
+//! Pinning backends: the one seam between the cache and whatever makes memory DMA-able.
+//!
+//! `verbs` registers with `ibv_reg_mr` (real lkey/rkey), `mlock` pins with mlock(2) on hosts with no
+//! RDMA device (keys are local-only cookies), `counting` is a test double that records every call.
+
+pub mod counting;
+pub mod mlock;
+pub mod verbs;
+
+/// Access rights, bit-compatible with `enum ibv_access_flags` so they pass straight to verbs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Access(pub u32);
+
+impl Access {
+    pub const LOCAL_WRITE: Access = Access(1);
+    pub const REMOTE_WRITE: Access = Access(2);
+    pub const REMOTE_READ: Access = Access(4);
+    pub const REMOTE_ATOMIC: Access = Access(8);
+    /// Every bit the cache understands; anything else is `FH_ERR_BAD_ACCESS`.
+    pub const ALL: Access = Access(1 | 2 | 4 | 8);
+
+    /// True when a registration made with `self` may serve a request for `want`.
+    #[inline]
+    pub fn covers(self, want: Access) -> bool {
+        self.0 & want.0 == want.0
+    }
+    #[inline]
+    pub fn union(self, other: Access) -> Access {
+        Access(self.0 | other.0)
+    }
+    #[inline]
+    pub fn is_valid(self) -> bool {
+        self.0 & !Self::ALL.0 == 0
+    }
+}
+
+/// What a successful pin returns. `token` is backend-private (e.g. the `struct ibv_mr *`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pinned {
+    pub token: usize,
+    pub lkey: u32,
+    pub rkey: u32,
+}
+
+/// Why a pin failed. `NoMemory` is the retryable kind: the cache evicts idle regions and retries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PinError {
+    /// ENOMEM / EAGAIN: out of lockable memory or keys. Evict and retry.
+    NoMemory(i32),
+    /// Anything else (EFAULT for unmapped memory, EINVAL, EPERM...). Not retried.
+    Failed(i32),
+}
+
+/// A pinning backend. Implementations must be callable from any thread.
+///
+/// The cache only calls `pin`/`unpin` outside memory hooks and outside its read path; a backend may
+/// allocate and block.
+pub trait Pinner: Send + Sync {
+    /// Pin `[addr, addr + len)` (page-aligned, `len > 0`) with `access`.
+    fn pin(&self, addr: usize, len: usize, access: Access) -> Result<Pinned, PinError>;
+    /// Undo one successful `pin`. `addr`/`len` are the same values that were pinned.
+    /// The memory may already be unmapped (the region was invalidated): backends must not fault.
+    fn unpin(&self, pinned: Pinned, addr: usize, len: usize);
+    /// Short backend name for stats and logs ("verbs", "mlock", "counting").
+    fn name(&self) -> &'static str;
+}

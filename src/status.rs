@@ -1,0 +1,64 @@
+//! Status codes returned by every fallible operation, in their own number range (0 = success,
+//! 7000.. = errors) so they never collide with errno values a caller might also be handling.
+
+/// Result of a firehose call. `FH_OK` is 0; every error is in the 7000 range.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[allow(non_camel_case_types)]
+pub enum fh_status {
+    /// Success.
+    FH_OK = 0,
+    /// A required pointer argument was NULL.
+    FH_ERR_NULL = 7001,
+    /// A length of zero was passed where a range is required.
+    FH_ERR_ZERO_LENGTH = 7002,
+    /// `addr + len` overflows the address space.
+    FH_ERR_OVERFLOW = 7003,
+    /// Unknown access flag bits were passed.
+    FH_ERR_BAD_ACCESS = 7004,
+    /// The handle was never issued by this cache, or was already released.
+    FH_ERR_UNKNOWN_HANDLE = 7005,
+    /// Pinning failed for lack of pinnable memory (RLIMIT_MEMLOCK, device keys) even after evicting
+    /// every idle registration.
+    FH_ERR_NO_MEMORY = 7006,
+    /// The pinning backend rejected the range (unmapped memory, EFAULT, EINVAL...).
+    FH_ERR_PIN_FAILED = 7007,
+    /// The request is larger than the configured `FH_MAX_PINNED` limit and can never be cached.
+    FH_ERR_TOO_LARGE = 7008,
+    /// An invalid configuration value (config struct or `FH_*` environment variable).
+    FH_ERR_BAD_CONFIG = 7009,
+    /// No RDMA device is usable by the requested backend.
+    FH_ERR_NO_DEVICE = 7010,
+    /// The cache still holds in-use registrations (finalize refused).
+    FH_ERR_BUSY = 7011,
+    /// A Rust panic was caught at the C boundary; the call had no effect that can be relied on.
+    FH_ERR_PANIC = 7012,
+    /// The operation is not supported by this backend or build.
+    FH_ERR_UNSUPPORTED = 7013,
+}
+
+impl fh_status {
+    /// Static, NUL-terminated description of a status.
+    pub fn as_cstr(self) -> &'static std::ffi::CStr {
+        use fh_status::*;
+        match self {
+            FH_OK => c"success",
+            FH_ERR_NULL => c"a required pointer argument was NULL",
+            FH_ERR_ZERO_LENGTH => c"length is zero",
+            FH_ERR_OVERFLOW => c"addr + len overflows the address space",
+            FH_ERR_BAD_ACCESS => c"unknown access flag bits",
+            FH_ERR_UNKNOWN_HANDLE => c"unknown or already released handle",
+            FH_ERR_NO_MEMORY => c"out of pinnable memory even after evicting idle registrations",
+            FH_ERR_PIN_FAILED => c"the pinning backend rejected the range",
+            FH_ERR_TOO_LARGE => c"request exceeds FH_MAX_PINNED",
+            FH_ERR_BAD_CONFIG => c"invalid configuration value",
+            FH_ERR_NO_DEVICE => c"no usable RDMA device",
+            FH_ERR_BUSY => c"registrations are still in use",
+            FH_ERR_PANIC => c"internal panic caught at the C boundary",
+            FH_ERR_UNSUPPORTED => c"operation not supported by this backend",
+        }
+    }
+}
+
+/// Rust-side result alias used inside the crate.
+pub type FhResult<T> = Result<T, fh_status>;
