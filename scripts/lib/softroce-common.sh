@@ -1,0 +1,17 @@
+# Shared settings for scripts/install-deps, scripts/softroce-vm and scripts/verbs-tests (sourced, not run).
+
+# virtme-ng version known to boot the Debian kernel with Soft-RoCE on this kind of machine.
+FH_VIRTME_NG_VERSION=1.42
+
+# The repository root (this file lives in scripts/lib/).
+fh_repo_root() { (cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd); }
+
+# Where the virtme-ng venv lives: outside target/ so that `cargo clean` keeps it.
+fh_venv_dir() { echo "${FH_CACHE_DIR:-/var/cache/firehose}/venv"; }
+
+# The Debian kernel to boot in the guest: the newest installed one, not `uname -r` (the host
+# kernel of a container or CI runner may have no modules at all).
+fh_guest_kver() { ls /lib/modules 2>/dev/null | sort -V | tail -1; }
+
+# Where host-side logs go: target/softroce/ unless overridden.
+fh_softroce_dir() { echo "${FH_SOFTROCE_DIR:-$(fh_repo_root)/target/softroce}"; }
