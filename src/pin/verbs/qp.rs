@@ -1,0 +1,357 @@
+//! Reliable-connected queue pair: creation, the RESET -> INIT -> RTR -> RTS transitions, and
+//! posting RDMA WRITE / RDMA READ / SEND / RECV work requests.
+
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use rdma_sys::{
+    ibv_create_qp, ibv_destroy_qp, ibv_modify_qp, ibv_post_recv, ibv_post_send, ibv_qp,
+    ibv_qp_attr, ibv_qp_attr_mask as mask, ibv_qp_cap, ibv_qp_init_attr, ibv_qp_state, ibv_qp_type,
+    ibv_query_qp, ibv_recv_wr, ibv_send_flags, ibv_send_wr, ibv_sge, ibv_wr_opcode,
+};
+
+use super::cq::Cq;
+use super::error::{VerbsError, VerbsResult};
+use super::path::{Endpoint, Path};
+use super::pd::Pd;
+use crate::pin::Access;
+
+/// Queue sizes asked for at creation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpCaps {
+    pub max_send_wr: u32,
+    pub max_recv_wr: u32,
+    pub max_send_sge: u32,
+    pub max_recv_sge: u32,
+}
+
+impl Default for QpCaps {
+    fn default() -> Self {
+        QpCaps {
+            max_send_wr: 64,
+            max_recv_wr: 64,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+        }
+    }
+}
+
+/// One scatter/gather element: registered local memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sge {
+    pub addr: u64,
+    pub len: u32,
+    pub lkey: u32,
+}
+
+/// Transport timing knobs. Defaults are generous because Soft-RoCE under TCG is slow.
+const ACK_TIMEOUT: u8 = 14; // 4.096 us * 2^14 ~ 67 ms per retry
+const RETRY_CNT: u8 = 7;
+const RNR_RETRY: u8 = 7; // 7 = retry forever on receiver-not-ready
+const MIN_RNR_TIMER: u8 = 12; // 0.64 ms
+const RD_ATOMIC: u8 = 1; // outstanding RDMA READs; rxe and every HCA support at least 1
+const HOP_LIMIT: u8 = 64;
+
+/// An owned RC `ibv_qp`. Holds its PD and both CQs, which therefore outlive it.
+pub struct Qp {
+    raw: NonNull<ibv_qp>,
+    _pd: Arc<Pd>,
+    _send_cq: Arc<Cq>,
+    _recv_cq: Arc<Cq>,
+}
+
+// SAFETY: posting and modifying are thread-safe in libibverbs providers (they lock the queues);
+// the struct has no Rust-side mutable state.
+unsafe impl Send for Qp {}
+// SAFETY: as above.
+unsafe impl Sync for Qp {}
+
+impl Qp {
+    /// Create an RC QP on `pd`. Every send work request is signalled (one completion each).
+    pub fn create_rc(
+        pd: &Arc<Pd>,
+        send_cq: &Arc<Cq>,
+        recv_cq: &Arc<Cq>,
+        caps: QpCaps,
+    ) -> VerbsResult<Self> {
+        let mut init = ibv_qp_init_attr {
+            qp_context: std::ptr::null_mut(),
+            send_cq: send_cq.as_raw(),
+            recv_cq: recv_cq.as_raw(),
+            srq: std::ptr::null_mut(),
+            cap: ibv_qp_cap {
+                max_send_wr: caps.max_send_wr,
+                max_recv_wr: caps.max_recv_wr,
+                max_send_sge: caps.max_send_sge,
+                max_recv_sge: caps.max_recv_sge,
+                max_inline_data: 0,
+            },
+            qp_type: ibv_qp_type::IBV_QPT_RC,
+            sq_sig_all: 1,
+        };
+        // SAFETY: PD and CQs are alive (Arcs held); `init` is a valid, fully initialised struct.
+        let raw = unsafe { ibv_create_qp(pd.as_raw(), &mut init) };
+        let raw = NonNull::new(raw).ok_or_else(|| VerbsError::last("ibv_create_qp"))?;
+        Ok(Qp {
+            raw,
+            _pd: Arc::clone(pd),
+            _send_cq: Arc::clone(send_cq),
+            _recv_cq: Arc::clone(recv_cq),
+        })
+    }
+
+    pub fn as_raw(&self) -> *mut ibv_qp {
+        self.raw.as_ptr()
+    }
+
+    /// QP number.
+    pub fn qpn(&self) -> u32 {
+        // SAFETY: `raw` is a live QP until drop; qp_num is immutable after creation.
+        unsafe { (*self.raw.as_ptr()).qp_num }
+    }
+
+    /// What a peer needs to connect to this QP through `path`, sending from `psn`.
+    pub fn endpoint(&self, path: &Path, psn: u32) -> Endpoint {
+        Endpoint {
+            qpn: self.qpn(),
+            psn: psn & 0xff_ffff,
+            lid: path.lid,
+            gid: path.gid,
+        }
+    }
+
+    /// Current state as reported by the device (`ibv_qp_state` value).
+    pub fn state(&self) -> VerbsResult<u32> {
+        // SAFETY: plain-data structs; all-zero is valid.
+        let mut attr: ibv_qp_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        let mut init: ibv_qp_init_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: the QP is alive and both out-pointers are valid.
+        let ret = unsafe {
+            ibv_query_qp(
+                self.as_raw(),
+                &mut attr,
+                mask::IBV_QP_STATE.0 as i32,
+                &mut init,
+            )
+        };
+        if ret != 0 {
+            return Err(VerbsError::from_ret("ibv_query_qp", ret));
+        }
+        Ok(attr.qp_state)
+    }
+
+    fn modify(&self, attr: &mut ibv_qp_attr, m: mask, op: &'static str) -> VerbsResult<()> {
+        // SAFETY: the QP is alive and `attr` is fully initialised for the fields in `m`.
+        let ret = unsafe { ibv_modify_qp(self.as_raw(), attr, m.0 as i32) };
+        if ret != 0 {
+            return Err(VerbsError::from_ret(op, ret));
+        }
+        Ok(())
+    }
+
+    /// RESET -> INIT on `port`, allowing the remote side the rights in `remote_access`.
+    pub fn to_init(&self, port: u8, remote_access: Access) -> VerbsResult<()> {
+        // SAFETY: plain-data struct; all-zero is valid and means "unset".
+        let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
+        a.qp_state = ibv_qp_state::IBV_QPS_INIT;
+        a.pkey_index = 0;
+        a.port_num = port;
+        a.qp_access_flags = remote_access.0;
+        let m = mask::IBV_QP_STATE | mask::IBV_QP_PKEY_INDEX | mask::IBV_QP_PORT;
+        self.modify(&mut a, m | mask::IBV_QP_ACCESS_FLAGS, "ibv_modify_qp(INIT)")
+    }
+
+    /// INIT -> RTR: bind to the remote QP (address vector, remote QPN and starting PSN).
+    pub fn to_rtr(&self, path: &Path, remote: &Endpoint) -> VerbsResult<()> {
+        // SAFETY: plain-data struct; all-zero is valid and means "unset".
+        let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
+        a.qp_state = ibv_qp_state::IBV_QPS_RTR;
+        a.path_mtu = path.mtu;
+        a.dest_qp_num = remote.qpn;
+        a.rq_psn = remote.psn;
+        a.max_dest_rd_atomic = RD_ATOMIC;
+        a.min_rnr_timer = MIN_RNR_TIMER;
+        a.ah_attr.dlid = remote.lid;
+        a.ah_attr.sl = 0;
+        a.ah_attr.src_path_bits = 0;
+        a.ah_attr.port_num = path.port;
+        if let Some(index) = path.gid_index {
+            a.ah_attr.is_global = 1;
+            a.ah_attr.grh.dgid = remote.gid.to_raw();
+            a.ah_attr.grh.sgid_index = index;
+            a.ah_attr.grh.hop_limit = HOP_LIMIT;
+            a.ah_attr.grh.flow_label = 0;
+            a.ah_attr.grh.traffic_class = 0;
+        }
+        let m = mask::IBV_QP_STATE
+            | mask::IBV_QP_AV
+            | mask::IBV_QP_PATH_MTU
+            | mask::IBV_QP_DEST_QPN
+            | mask::IBV_QP_RQ_PSN
+            | mask::IBV_QP_MAX_DEST_RD_ATOMIC
+            | mask::IBV_QP_MIN_RNR_TIMER;
+        self.modify(&mut a, m, "ibv_modify_qp(RTR)")
+    }
+
+    /// RTR -> RTS: start sending from `psn`.
+    pub fn to_rts(&self, psn: u32) -> VerbsResult<()> {
+        // SAFETY: plain-data struct; all-zero is valid and means "unset".
+        let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
+        a.qp_state = ibv_qp_state::IBV_QPS_RTS;
+        a.timeout = ACK_TIMEOUT;
+        a.retry_cnt = RETRY_CNT;
+        a.rnr_retry = RNR_RETRY;
+        a.sq_psn = psn & 0xff_ffff;
+        a.max_rd_atomic = RD_ATOMIC;
+        let m = mask::IBV_QP_STATE
+            | mask::IBV_QP_TIMEOUT
+            | mask::IBV_QP_RETRY_CNT
+            | mask::IBV_QP_RNR_RETRY
+            | mask::IBV_QP_SQ_PSN
+            | mask::IBV_QP_MAX_QP_RD_ATOMIC;
+        self.modify(&mut a, m, "ibv_modify_qp(RTS)")
+    }
+
+    /// All three transitions: connect this QP (sending from `local_psn`) to `remote`.
+    pub fn connect(
+        &self,
+        path: &Path,
+        local_psn: u32,
+        remote_access: Access,
+        remote: &Endpoint,
+    ) -> VerbsResult<()> {
+        self.to_init(path.port, remote_access)?;
+        self.to_rtr(path, remote)?;
+        self.to_rts(local_psn)
+    }
+
+    /// Post one signalled send-queue work request with a single SGE.
+    ///
+    /// # Safety
+    /// See the `post_*` wrappers.
+    unsafe fn post_send_wr(
+        &self,
+        wr_id: u64,
+        opcode: u32,
+        local: Sge,
+        remote: Option<(u64, u32)>,
+    ) -> VerbsResult<()> {
+        let mut sge = ibv_sge {
+            addr: local.addr,
+            length: local.len,
+            lkey: local.lkey,
+        };
+        // SAFETY: ibv_send_wr is plain data (pointers, integers, unions of those); zero is valid.
+        let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
+        wr.wr_id = wr_id;
+        wr.next = std::ptr::null_mut();
+        wr.sg_list = &mut sge;
+        wr.num_sge = 1;
+        wr.opcode = opcode;
+        wr.send_flags = ibv_send_flags::IBV_SEND_SIGNALED.0;
+        if let Some((remote_addr, rkey)) = remote {
+            wr.wr.rdma.remote_addr = remote_addr;
+            wr.wr.rdma.rkey = rkey;
+        }
+        let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
+        // SAFETY: the QP is alive; `wr` and `sge` live across the call (the provider copies them
+        // into the send queue before returning); buffer validity is the caller's contract.
+        let ret = unsafe { ibv_post_send(self.as_raw(), &mut wr, &mut bad) };
+        if ret != 0 {
+            return Err(VerbsError::from_ret("ibv_post_send", ret));
+        }
+        Ok(())
+    }
+
+    /// RDMA WRITE `local` to `remote_addr` (covered by `rkey`) on the peer.
+    ///
+    /// # Safety
+    /// `local` must be registered memory that stays valid and is not written by anyone else until
+    /// the completion is polled; `[remote_addr, +len)` must be memory the peer allows us to write
+    /// and does not read or write concurrently.
+    pub unsafe fn post_rdma_write(
+        &self,
+        wr_id: u64,
+        local: Sge,
+        remote_addr: u64,
+        rkey: u32,
+    ) -> VerbsResult<()> {
+        // SAFETY: forwarded contract.
+        unsafe {
+            self.post_send_wr(
+                wr_id,
+                ibv_wr_opcode::IBV_WR_RDMA_WRITE,
+                local,
+                Some((remote_addr, rkey)),
+            )
+        }
+    }
+
+    /// RDMA READ from `remote_addr` (covered by `rkey`) into `local`.
+    ///
+    /// # Safety
+    /// `local` must be registered memory that stays valid and is neither read nor written by
+    /// anyone else until the completion is polled (the device writes it); the remote range must
+    /// stay valid for reading.
+    pub unsafe fn post_rdma_read(
+        &self,
+        wr_id: u64,
+        local: Sge,
+        remote_addr: u64,
+        rkey: u32,
+    ) -> VerbsResult<()> {
+        // SAFETY: forwarded contract.
+        unsafe {
+            self.post_send_wr(
+                wr_id,
+                ibv_wr_opcode::IBV_WR_RDMA_READ,
+                local,
+                Some((remote_addr, rkey)),
+            )
+        }
+    }
+
+    /// SEND `local` to the peer's next posted receive.
+    ///
+    /// # Safety
+    /// `local` must be registered memory that stays valid and unmodified until the completion.
+    pub unsafe fn post_send(&self, wr_id: u64, local: Sge) -> VerbsResult<()> {
+        // SAFETY: forwarded contract.
+        unsafe { self.post_send_wr(wr_id, ibv_wr_opcode::IBV_WR_SEND, local, None) }
+    }
+
+    /// Post a receive buffer.
+    ///
+    /// # Safety
+    /// `local` must be registered memory that stays valid and is not accessed by anyone else
+    /// until the receive completion is polled (the device writes it).
+    pub unsafe fn post_recv(&self, wr_id: u64, local: Sge) -> VerbsResult<()> {
+        let mut sge = ibv_sge {
+            addr: local.addr,
+            length: local.len,
+            lkey: local.lkey,
+        };
+        let mut wr = ibv_recv_wr {
+            wr_id,
+            next: std::ptr::null_mut(),
+            sg_list: &mut sge,
+            num_sge: 1,
+        };
+        let mut bad: *mut ibv_recv_wr = std::ptr::null_mut();
+        // SAFETY: the QP is alive; `wr`/`sge` outlive the call; buffer validity is the caller's.
+        let ret = unsafe { ibv_post_recv(self.as_raw(), &mut wr, &mut bad) };
+        if ret != 0 {
+            return Err(VerbsError::from_ret("ibv_post_recv", ret));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Qp {
+    fn drop(&mut self) {
+        // SAFETY: created by ibv_create_qp, destroyed exactly once; PD/CQs are still alive
+        // because this struct holds Arcs of them.
+        unsafe { ibv_destroy_qp(self.raw.as_ptr()) };
+    }
+}
