@@ -4,8 +4,103 @@
 //! SEAM: listeners implement [`MemoryListener::on_unmap`], called from hook context (inside a
 //! patched libc function, or on the userfaultfd reader thread). A listener must not allocate, must
 //! not block on a lock an allocating path may hold, and must not call into verbs.
+//!
+//! Event sources (enable with [`install`]):
+//! - `fh_notify_unmapped` / [`notify_unmapped`]: the application tells us.
+//! - libc entry patching (`patch.rs`, `hooks.rs`, x86_64): munmap/mremap/madvise/mmap(MAP_FIXED)/
+//!   shmdt/shmat(SHM_REMAP), synchronously *before* the pages go, including glibc's internal calls
+//!   from free/realloc/malloc_trim (they jump to the same code we patch).
+//! - userfaultfd (`uffd.rs`): UNMAP/REMOVE/REMAP events for mappings a [`UffdWatcher`] registered;
+//!   catches raw syscalls and brk shrinking, but only *after* the unmap.
+//!
+//! Files: `registry.rs` (listener slots), `guard.rs` (re-entrancy), `patch.rs` (code patching),
+//! `hooks.rs` (replacement functions), `ranges.rs` (what range each call invalidates),
+//! `maps.rs` (allocation-free /proc/self/maps reader), `uffd.rs` (userfaultfd), `switches.rs`
+//! (test-only disabling of single paths).
+
+mod guard;
+mod hooks;
+mod maps;
+mod patch;
+pub mod ranges;
+mod registry;
+mod switches;
+mod uffd;
+
+use std::sync::Mutex;
+
+pub use hooks::Hooked;
+pub use registry::{listener_count, subscribe, Subscription, MAX_LISTENERS};
+pub use switches::test_disable;
+pub use uffd::UffdWatcher;
 
 /// Receives "this range is (about to be) gone" events.
 pub trait MemoryListener: Send + Sync {
     fn on_unmap(&self, addr: usize, len: usize);
+}
+
+/// Fan an event out to all listeners (used by `fh_notify_unmapped` and by the hooks). Hook-safe:
+/// no allocation, no lock. A call made from inside a listener (on the same thread) is dropped, so a
+/// listener that unmaps memory cannot recurse.
+pub fn notify_unmapped(addr: usize, len: usize) {
+    guard::notify_guarded(addr, len);
+}
+
+/// Which event sources to turn on.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MonitorOptions {
+    /// Patch the entry of libc's unmap-family functions (x86_64 only).
+    pub patch_libc: bool,
+    /// Open a userfaultfd; [`UffdWatcher`] then registers pinned mappings with it.
+    pub userfaultfd: bool,
+}
+
+/// What is actually active (process-wide).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MonitorStatus {
+    /// Bitmask of [`Hooked`] functions whose libc entry is patched.
+    pub patched: u32,
+    /// Bitmask of [`Hooked`] functions we tried to patch and could not (symbol missing, mprotect...).
+    pub patch_failed: u32,
+    /// Patching was requested but this architecture is not supported.
+    pub patch_unsupported: bool,
+    /// A userfaultfd is open and its events are dispatched.
+    pub uffd: bool,
+    /// `UFFD_FEATURE_*` bits enabled on the fd.
+    pub uffd_features: u64,
+    /// errno of the failed userfaultfd setup step (0 = none).
+    pub uffd_errno: i32,
+    /// Mappings (VMAs) registered with userfaultfd so far.
+    pub uffd_registered: u64,
+    /// Mappings that userfaultfd refused (file-backed, other uffd owner...): hooks only there.
+    pub uffd_unsupported: u64,
+    /// Events read from the userfaultfd so far.
+    pub uffd_events: u64,
+}
+
+static INSTALL: Mutex<()> = Mutex::new(());
+
+/// Install once per process (idempotent; later calls may enable more). Returns what is active.
+///
+/// Patching rewrites libc code while other threads may be running it: call this early (before
+/// threads start calling munmap/mmap), e.g. at library init. A thread executing the first bytes of
+/// a patched function at the exact moment of the write could see torn instructions.
+pub fn install(opts: MonitorOptions) -> MonitorStatus {
+    let _g = INSTALL.lock().unwrap_or_else(|e| e.into_inner());
+    switches::load_from_env();
+    if opts.patch_libc {
+        patch::install_hooks();
+    }
+    if opts.userfaultfd && !switches::disabled(switches::UFFD) {
+        uffd::open();
+    }
+    status()
+}
+
+/// What is active now.
+pub fn status() -> MonitorStatus {
+    let mut s = MonitorStatus::default();
+    patch::fill_status(&mut s);
+    uffd::fill_status(&mut s);
+    s
 }

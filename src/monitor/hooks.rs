@@ -1,0 +1,245 @@
+//! Replacement bodies for the patched libc functions.
+//!
+//! Each one tells the listeners which range is about to lose its pages, then issues the system
+//! call itself (it never calls the original code, so no trampoline is needed) and reports errors
+//! the way glibc does: -1 / MAP_FAILED with errno set. Nothing here allocates, locks or unwinds
+//! (these are `extern "C"`, so a panicking listener aborts the process instead of unwinding into C).
+
+use libc::{c_int, c_long, c_void, off_t, size_t};
+
+use super::guard::notify_guarded;
+use super::maps;
+use super::ranges::{madvise_drops_pages, mmap_replaces, mremap_ranges, page_span, PAGE};
+
+/// The libc functions we patch; the discriminant is the bit in `MonitorStatus::patched`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum Hooked {
+    Munmap = 1,
+    Mremap = 2,
+    Madvise = 4,
+    Mmap = 8,
+    Shmdt = 16,
+    Shmat = 32,
+}
+
+impl Hooked {
+    pub const ALL: [Hooked; 6] = [
+        Hooked::Munmap,
+        Hooked::Mremap,
+        Hooked::Madvise,
+        Hooked::Mmap,
+        Hooked::Shmdt,
+        Hooked::Shmat,
+    ];
+
+    pub fn bit(self) -> u32 {
+        self as u32
+    }
+
+    /// The exported libc symbol (also the name used by `FH_TEST_DISABLE_HOOKS`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Hooked::Munmap => "munmap",
+            Hooked::Mremap => "mremap",
+            Hooked::Madvise => "madvise",
+            Hooked::Mmap => "mmap",
+            Hooked::Shmdt => "shmdt",
+            Hooked::Shmat => "shmat",
+        }
+    }
+
+    pub(crate) fn symbol(self) -> &'static std::ffi::CStr {
+        match self {
+            Hooked::Munmap => c"munmap",
+            Hooked::Mremap => c"mremap",
+            Hooked::Madvise => c"madvise",
+            Hooked::Mmap => c"mmap",
+            Hooked::Shmdt => c"shmdt",
+            Hooked::Shmat => c"shmat",
+        }
+    }
+
+    /// Address of our replacement.
+    pub(crate) fn replacement(self) -> usize {
+        match self {
+            Hooked::Munmap => fh_munmap as *const () as usize,
+            Hooked::Mremap => fh_mremap as *const () as usize,
+            Hooked::Madvise => fh_madvise as *const () as usize,
+            Hooked::Mmap => fh_mmap as *const () as usize,
+            Hooked::Shmdt => fh_shmdt as *const () as usize,
+            Hooked::Shmat => fh_shmat as *const () as usize,
+        }
+    }
+}
+
+fn errno_ptr() -> *mut c_int {
+    // SAFETY: __errno_location always returns this thread's errno slot.
+    unsafe { libc::__errno_location() }
+}
+
+/// Run listeners for a range without letting them disturb errno (callers of munmap & co. may
+/// inspect errno of an earlier call).
+fn notify(range: Option<(usize, usize)>) {
+    if let Some((addr, len)) = range {
+        // SAFETY: errno slot of this thread (see errno_ptr).
+        let saved = unsafe { *errno_ptr() };
+        notify_guarded(addr, len);
+        // SAFETY: as above.
+        unsafe { *errno_ptr() = saved };
+    }
+}
+
+fn fail_einval() {
+    // SAFETY: as in errno_ptr.
+    unsafe { *errno_ptr() = libc::EINVAL };
+}
+
+unsafe extern "C" fn fh_munmap(addr: *mut c_void, len: size_t) -> c_int {
+    notify(page_span(addr as usize, len));
+    // SAFETY: the caller's own munmap request, passed through unchanged.
+    unsafe { libc::syscall(libc::SYS_munmap, addr as c_long, len as c_long) as c_int }
+}
+
+unsafe extern "C" fn fh_madvise(addr: *mut c_void, len: size_t, advice: c_int) -> c_int {
+    if madvise_drops_pages(advice) {
+        notify(page_span(addr as usize, len));
+    }
+    // SAFETY: pass-through of the caller's request.
+    unsafe {
+        libc::syscall(
+            libc::SYS_madvise,
+            addr as c_long,
+            len as c_long,
+            advice as c_long,
+        ) as c_int
+    }
+}
+
+/// `mremap` is variadic in C; on x86_64 the optional fifth argument travels in r8 like a normal
+/// fifth argument, so a plain five-argument function receives it (garbage when not passed, and
+/// then, like glibc, we do not forward it).
+unsafe extern "C" fn fh_mremap(
+    old: *mut c_void,
+    old_size: size_t,
+    new_size: size_t,
+    flags: c_int,
+    new_addr: *mut c_void,
+) -> *mut c_void {
+    // glibc rejects unknown flag bits itself (MAYMOVE|FIXED|DONTUNMAP = 7).
+    if flags as u32 > 7 {
+        fail_einval();
+        return libc::MAP_FAILED;
+    }
+    const DONTUNMAP: c_int = 4;
+    let new_addr = if flags & (libc::MREMAP_FIXED | DONTUNMAP) != 0 {
+        new_addr as usize
+    } else {
+        0
+    };
+    for r in mremap_ranges(old as usize, old_size, new_size, flags, new_addr) {
+        notify(r);
+    }
+    // SAFETY: pass-through of the caller's request.
+    unsafe {
+        libc::syscall(
+            libc::SYS_mremap,
+            old as c_long,
+            old_size as c_long,
+            new_size as c_long,
+            flags as c_long,
+            new_addr as c_long,
+        ) as *mut c_void
+    }
+}
+
+unsafe extern "C" fn fh_mmap(
+    addr: *mut c_void,
+    len: size_t,
+    prot: c_int,
+    flags: c_int,
+    fd: c_int,
+    off: off_t,
+) -> *mut c_void {
+    // glibc checks the offset before the call; keep that (the listener must not run for a call
+    // that cannot succeed... although running it would only cost a spurious invalidation).
+    if off & (PAGE as off_t - 1) != 0 {
+        fail_einval();
+        return libc::MAP_FAILED;
+    }
+    notify(mmap_replaces(addr as usize, len, flags));
+    // SAFETY: pass-through of the caller's request.
+    unsafe {
+        libc::syscall(
+            libc::SYS_mmap,
+            addr as c_long,
+            len as c_long,
+            prot as c_long,
+            flags as c_long,
+            fd as c_long,
+            off as c_long,
+        ) as *mut c_void
+    }
+}
+
+/// Extent of the SysV segment attached at `addr`: the mapping that starts there plus contiguous
+/// mappings of the same segment (mprotect may have split it). Read from /proc/self/maps without
+/// allocating.
+fn shm_extent(addr: usize) -> Option<(usize, usize)> {
+    let mut first: Option<maps::Vma> = None;
+    let mut end = 0usize;
+    maps::for_each_vma(|v| match first {
+        None if v.start == addr && v.sysv_shm => {
+            first = Some(*v);
+            end = v.end;
+            true
+        }
+        None => v.start < addr,
+        Some(f) if v.start == end && v.sysv_shm && v.inode == f.inode => {
+            end = v.end;
+            true
+        }
+        Some(_) => false,
+    });
+    first.map(|f| (f.start, end - f.start))
+}
+
+unsafe extern "C" fn fh_shmdt(addr: *const c_void) -> c_int {
+    // Only look when listeners could care; the maps read costs a few µs and shmdt is rare.
+    if !super::guard::in_hook() {
+        notify(shm_extent(addr as usize));
+    }
+    // SAFETY: pass-through of the caller's request.
+    unsafe { libc::syscall(libc::SYS_shmdt, addr as c_long) as c_int }
+}
+
+unsafe extern "C" fn fh_shmat(id: c_int, addr: *const c_void, flags: c_int) -> *mut c_void {
+    if flags & libc::SHM_REMAP != 0 && !addr.is_null() {
+        let mut ds: libc::shmid_ds = unsafe { std::mem::zeroed() };
+        // SAFETY: IPC_STAT fills the stack struct we own; a raw syscall, no allocation.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_shmctl,
+                id as c_long,
+                libc::IPC_STAT as c_long,
+                &mut ds as *mut _,
+            )
+        };
+        if r == 0 {
+            let mut at = addr as usize;
+            if flags & libc::SHM_RND != 0 {
+                at &= !(PAGE - 1); // SHMLBA is the page size on x86_64
+            }
+            notify(page_span(at, ds.shm_segsz));
+        }
+    }
+    // SAFETY: pass-through of the caller's request.
+    unsafe {
+        libc::syscall(
+            libc::SYS_shmat,
+            id as c_long,
+            addr as c_long,
+            flags as c_long,
+        ) as *mut c_void
+    }
+}
