@@ -4,18 +4,17 @@
 # when CI=true, so that CI can never go green by running nothing.
 fh_skip_or_fail() {
     if [ "${CI:-}" = true ]; then
-        echo "FAIL (CI=true): $*"
+        echo "FAIL (CI=true): $*" >&2
         exit 1
     fi
-    echo "SKIP: $*"
+    echo "SKIP: $*" >&2
     exit 77
 }
 
-# fh_require_bin NAME: print the path of a prebuilt binary in $FH_BIN_DIR, or skip/fail if it is missing.
+# fh_require_bin NAME: skip/fail unless the prebuilt binary $FH_BIN_DIR/NAME exists. Call it directly
+# (not inside $(...)), so that its exit ends the test; then run "$FH_BIN_DIR/NAME".
 fh_require_bin() {
-    local path=$FH_BIN_DIR/$1
-    [ -x "$path" ] || fh_skip_or_fail "$path not built (cargo build --release first)"
-    echo "$path"
+    [ -x "$FH_BIN_DIR/$1" ] || fh_skip_or_fail "$FH_BIN_DIR/$1 not built (cargo build --release first)"
 }
 
 # fh_require_cmd NAME: like fh_require_bin for a command from PATH (e.g. perftest's ib_write_bw).
