@@ -1,0 +1,63 @@
+//! The two caches behind one small interface, so every measurement runs the exact same harness
+//! code (monomorphised: no dynamic dispatch in the timed loops).
+
+use std::sync::Arc;
+
+use firehose::cache::{Cache, Limits, Stats};
+use firehose::pin::{Access, Pinner};
+
+/// Resolve-or-register and release, as a communication library calls a registration cache.
+pub trait RegCache: Send + Sync {
+    /// Short name printed in the `impl` column.
+    fn name(&self) -> &'static str;
+    /// Register (or find) `[addr, addr + len)`; `None` on failure.
+    fn get(&self, addr: usize, len: usize) -> Option<u64>;
+    /// Release one `get`.
+    fn put(&self, handle: u64);
+}
+
+/// What both caches are asked for: a local-write + remote read/write registration
+/// (UCX's side gets PROT_READ | PROT_WRITE, its equivalent).
+pub const ACCESS: Access =
+    Access(Access::LOCAL_WRITE.0 | Access::REMOTE_WRITE.0 | Access::REMOTE_READ.0);
+
+/// firehose's pin-down cache.
+pub struct Ours {
+    cache: Arc<Cache>,
+}
+
+impl Ours {
+    pub fn new(pinner: Arc<dyn Pinner>, limits: Limits) -> Ours {
+        Ours {
+            cache: Cache::new(pinner, limits, None),
+        }
+    }
+    pub fn stats(&self) -> Stats {
+        self.cache.stats()
+    }
+}
+
+impl RegCache for Ours {
+    fn name(&self) -> &'static str {
+        "ours"
+    }
+    #[inline]
+    fn get(&self, addr: usize, len: usize) -> Option<u64> {
+        self.cache
+            .register(addr, len, ACCESS)
+            .ok()
+            .map(|r| r.handle)
+    }
+    #[inline]
+    fn put(&self, handle: u64) {
+        let _ = self.cache.deregister(handle);
+    }
+}
+
+/// Limits that keep everything (the hit rows): unbounded, like UCX's default.
+pub fn unbounded() -> Limits {
+    Limits {
+        max_pinned: usize::MAX,
+        max_regions: usize::MAX,
+    }
+}

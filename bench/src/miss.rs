@@ -1,0 +1,141 @@
+//! Miss cost: register + deregister where every op really pins and unpins, through each cache
+//! and directly through the backend ("raw"), interleaved round by round so the noise of a shared
+//! machine hits all three alike.
+
+use std::time::Instant;
+
+use firehose::pin::Pinner;
+
+use crate::backend::CountingBackend;
+use crate::impls::{RegCache, ACCESS};
+use crate::summary::{summarize, Summary};
+
+/// One miss row: one implementation at one size.
+#[derive(Debug, Clone)]
+pub struct MissRow {
+    pub size: usize,
+    pub imp: &'static str,
+    pub iterations: u64,
+    pub lat: Summary,
+    /// (p50 / raw p50 - 1) * 100; 0 for the raw row itself.
+    pub overhead_pct: f64,
+    /// Backend pins observed per timed op (1.0 = every op was a real miss).
+    pub pins_per_op: f64,
+}
+
+/// A way to do one forced miss (register fresh + deregister + eventual unpin).
+pub trait MissOp {
+    fn name(&self) -> &'static str;
+    /// Returns false on failure.
+    fn op(&self, addr: usize, len: usize) -> bool;
+}
+
+/// Direct pin/unpin through the backend, no cache.
+pub struct Raw<'a>(pub &'a CountingBackend);
+
+impl MissOp for Raw<'_> {
+    fn name(&self) -> &'static str {
+        "raw"
+    }
+    fn op(&self, addr: usize, len: usize) -> bool {
+        match self.0.pin(addr, len, ACCESS) {
+            Ok(p) => {
+                self.0.unpin(p, addr, len);
+                true
+            }
+            Err(_) => false,
+        }
+    }
+}
+
+/// A cache configured so nothing stays cached (ours: `max_regions = 0`).
+pub struct Uncached<'a, C: RegCache>(pub &'a C);
+
+impl<C: RegCache> MissOp for Uncached<'_, C> {
+    fn name(&self) -> &'static str {
+        self.0.name()
+    }
+    fn op(&self, addr: usize, len: usize) -> bool {
+        match self.0.get(addr, len) {
+            Some(h) => {
+                self.0.put(h);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// UCX's cache with each region invalidated while held, so the put unregisters it.
+pub struct UcxInvalidated<'a>(pub &'a crate::ucx::Ucx);
+
+impl MissOp for UcxInvalidated<'_> {
+    fn name(&self) -> &'static str {
+        "ucx"
+    }
+    fn op(&self, addr: usize, len: usize) -> bool {
+        match self.0.get(addr, len) {
+            Some(h) => {
+                self.0.invalidate(h);
+                self.0.put(h);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// An implementation under test plus the counter of the backend it pins through.
+pub struct Contender<'a> {
+    pub op: &'a dyn MissOp,
+    pub backend: &'a CountingBackend,
+}
+
+/// `rounds` rounds; in each, every contender runs `per_batch` ops on the same `addr..addr+len`.
+/// The order rotates per round. The first contender must be "raw" (the reference).
+pub fn run(
+    contenders: &[Contender<'_>],
+    addr: usize,
+    len: usize,
+    per_batch: usize,
+    rounds: usize,
+) -> Vec<MissRow> {
+    let k = contenders.len();
+    let mut samples = vec![Vec::with_capacity(rounds); k];
+    let mut pins = vec![0u64; k];
+    let mut failed = vec![false; k];
+    // Warm-up: one untimed op each (first-time costs: page tables, tree nodes, lazy init).
+    for c in contenders {
+        c.op.op(addr, len);
+    }
+    for round in 0..rounds {
+        for j in 0..k {
+            let i = (j + round) % k;
+            let c = &contenders[i];
+            let before = c.backend.pins();
+            let t0 = Instant::now();
+            for _ in 0..per_batch {
+                failed[i] |= !c.op.op(addr, len);
+            }
+            samples[i].push(t0.elapsed().as_nanos() as f64 / per_batch as f64);
+            pins[i] += c.backend.pins() - before;
+        }
+    }
+    let raw_p50 = summarize(&samples[0]).p50;
+    contenders
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let lat = summarize(&samples[i]);
+            let iterations = (rounds * per_batch) as u64;
+            MissRow {
+                size: len,
+                imp: c.op.name(),
+                iterations,
+                lat: if failed[i] { summarize(&[]) } else { lat },
+                overhead_pct: (lat.p50 / raw_p50 - 1.0) * 100.0,
+                pins_per_op: pins[i] as f64 / iterations as f64,
+            }
+        })
+        .collect()
+}
