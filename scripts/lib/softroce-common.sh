@@ -1,6 +1,7 @@
 # Shared settings for scripts/install-deps, scripts/softroce-vm and scripts/verbs-tests (sourced, not run).
 
 # virtme-ng version known to boot the Debian kernel with Soft-RoCE on this kind of machine.
+# shellcheck disable=SC2034 # used by the scripts that source this file
 FH_VIRTME_NG_VERSION=1.42
 
 # The repository root (this file lives in scripts/lib/).
@@ -11,6 +12,7 @@ fh_venv_dir() { echo "${FH_CACHE_DIR:-/var/cache/firehose}/venv"; }
 
 # The Debian kernel to boot in the guest: the newest installed one, not `uname -r` (the host
 # kernel of a container or CI runner may have no modules at all).
+# shellcheck disable=SC2012 # kernel release names are plain
 fh_guest_kver() { ls /lib/modules 2>/dev/null | sort -V | tail -1; }
 
 # Where host-side logs go: target/softroce/ unless overridden.

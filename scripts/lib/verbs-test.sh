@@ -24,8 +24,8 @@ fh_require_cmd() {
 
 # fh_wait_listen PORT PID: wait (up to ~30 s, TCG is slow) until a TCP listener is on PORT, while PID lives.
 fh_wait_listen() {
-    local port=$1 pid=$2 i
-    for i in $(seq 1 150); do
+    local port=$1 pid=$2
+    for _ in $(seq 1 150); do
         ss -Hltn "sport = :$port" 2>/dev/null | grep -q . && return 0
         kill -0 "$pid" 2>/dev/null || return 1
         sleep 0.2
