@@ -9,14 +9,18 @@ pub struct Args {
     pub quick: bool,
     /// Pinning backend under both caches and the raw comparison: "mlock", "verbs" or "null".
     pub backend: String,
+    /// Cached-region counts of the hit rows (default 1, 10^3, 10^5; `--regions` lowers them for
+    /// slow backends such as Soft-RoCE under TCG, where 10^5 ibv_reg_mr take minutes).
+    pub regions: Vec<usize>,
     /// Internal: measure metadata of one implementation in this (fresh) process and exit.
     pub internal_metadata: Option<(String, usize)>,
 }
 
-pub const USAGE: &str = "usage: firehose-bench [--json] [--quick] [--backend mlock|verbs|null]\n\
+pub const USAGE: &str = "usage: firehose-bench [--json] [--quick] [--backend mlock|verbs|null] [--regions 1,1000,100000]\n\
   --json     one JSON document with every row on stdout (tables are not printed)\n\
   --quick    short smoke run (< 20 s)\n\
-  --backend  pinning backend under both caches and the raw rows (default mlock)\n";
+  --backend  pinning backend under both caches and the raw rows (default mlock)\n\
+  --regions  cached-region counts of the hit rows (default 1,1000,100000)\n";
 
 pub fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
     let mut args = Args {
@@ -24,6 +28,7 @@ pub fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
         quick: false,
         backend: "mlock".to_string(),
         internal_metadata: None,
+        regions: vec![1, 1_000, 100_000],
     };
     while let Some(a) = it.next() {
         match a.as_str() {
@@ -33,6 +38,16 @@ pub fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
                 args.backend = it.next().ok_or("--backend needs a value")?;
             }
             s if s.starts_with("--backend=") => args.backend = s["--backend=".len()..].to_string(),
+            "--regions" => {
+                let list = it.next().ok_or("--regions needs a list like 1,1000")?;
+                args.regions = list
+                    .split(',')
+                    .map(|x| x.trim().parse::<usize>().ok().filter(|&n| n > 0))
+                    .collect::<Option<Vec<_>>>()
+                    .ok_or(format!("bad --regions list {list:?}"))?;
+                args.regions.sort_unstable();
+                args.regions.dedup();
+            }
             "--internal-metadata" => {
                 let imp = it.next().ok_or("--internal-metadata needs IMPL N")?;
                 let n = it
@@ -68,6 +83,11 @@ mod tests {
         assert!(a.json && a.quick);
         assert_eq!(a.backend, "verbs");
         assert_eq!(p(&["--backend=null"]).unwrap().backend, "null");
+        assert_eq!(a.regions, vec![1, 1_000, 100_000]);
+        assert_eq!(
+            p(&["--regions", "1000,1,1000"]).unwrap().regions,
+            vec![1, 1000]
+        );
     }
 
     #[test]
@@ -75,6 +95,8 @@ mod tests {
         assert!(p(&["--backend", "rdma"]).is_err());
         assert!(p(&["--frobnicate"]).is_err());
         assert!(p(&["--backend"]).is_err());
+        assert!(p(&["--regions", "1,x"]).is_err());
+        assert!(p(&["--regions", "0"]).is_err());
         let a = p(&["--internal-metadata", "ucx", "100"]).unwrap();
         assert_eq!(a.internal_metadata, Some(("ucx".to_string(), 100)));
     }

@@ -30,8 +30,6 @@ use ucx::Ucx;
 #[global_allocator]
 static GLOBAL: metadata::CountingAlloc = metadata::CountingAlloc;
 
-/// Cached-region counts of the hit rows.
-const REGION_COUNTS: [usize; 3] = [1, 1_000, 100_000];
 /// Miss sizes.
 const MISS_SIZES: [usize; 3] = [4 << 10, 64 << 10, 1 << 20];
 
@@ -84,14 +82,14 @@ fn run(args: &args::Args) -> Result<(), String> {
         info.backend, info.memlock, info.cpus
     );
 
-    let hits = hit_rows(&backend, threads, cfg)?;
+    let hits = hit_rows(&backend, &args.regions, threads, cfg)?;
     let misses = miss_rows(&backend, args.quick)?;
     eprintln!("metadata: caching 100000 regions in fresh child processes (null backend)");
     let meta = vec![
         metadata::measure("ours", 100_000)?,
         metadata::measure("ucx", 100_000)?,
     ];
-    let targets = targets::compute(&hits, &misses, &meta, &REGION_COUNTS);
+    let targets = targets::compute(&hits, &misses, &meta, &args.regions);
 
     if args.json {
         println!("{}", report::json(&info, &hits, &misses, &meta, &targets));
@@ -113,7 +111,7 @@ fn run(args: &args::Args) -> Result<(), String> {
     println!("\n## Hit cost (cached ranges; each thread its own regions)");
     print!("{}", report::hit_table(&hits));
     println!("\n## Thread scaling (aggregate throughput)");
-    print!("{}", report::scaling_table(&hits, &REGION_COUNTS, threads));
+    print!("{}", report::scaling_table(&hits, &args.regions, threads));
     println!(
         "\n## Miss cost vs raw {} (every op pins and unpins)",
         info.backend
@@ -129,18 +127,19 @@ fn run(args: &args::Args) -> Result<(), String> {
 /// Every hit row: per region count and thread count, a fresh cache of each implementation.
 fn hit_rows(
     backend: &Arc<dyn Pinner>,
+    counts: &[usize],
     threads: &[usize],
     cfg: HitConfig,
 ) -> Result<Vec<HitRow>, String> {
     let page = page_size();
-    let max_slots = REGION_COUNTS
+    let max_slots = counts
         .iter()
         .max()
         .unwrap()
         .max(threads.iter().max().unwrap());
     let arena = Arena::new(max_slots * page, true);
     let mut rows = Vec::new();
-    for &n in &REGION_COUNTS {
+    for &n in counts {
         for &t in threads {
             let addrs: Vec<usize> = (0..n.max(t)).map(|i| arena.slot(i, page)).collect();
             let slices = hit::split(&addrs, t);
