@@ -4,7 +4,7 @@
 # with FH_TEST_BREAK=1 must FAIL with a data mismatch, proving its byte check can fail.
 set -uo pipefail
 . "$FH_REPO/scripts/lib/verbs-test.sh"
-bin=$(fh_require_bin verbs-loopback) || exit $?
+bin=$(fh_require_bin verbs-loopback) || { rc=$?; echo "$bin"; exit "$rc"; }
 
 timeout 300 "$bin"
 rc=$?
