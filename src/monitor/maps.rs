@@ -78,6 +78,7 @@ pub fn for_each_vma(mut f: impl FnMut(&Vma) -> bool) -> bool {
 }
 
 /// The mapping containing `addr`, if any.
+#[cfg(test)]
 pub fn find(addr: usize) -> Option<Vma> {
     let mut found = None;
     for_each_vma(|v| {

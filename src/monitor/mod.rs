@@ -15,13 +15,16 @@
 //!
 //! Files: `registry.rs` (listener slots), `guard.rs` (re-entrancy), `patch.rs` (code patching),
 //! `hooks.rs` (replacement functions), `ranges.rs` (what range each call invalidates),
-//! `maps.rs` (allocation-free /proc/self/maps reader), `uffd.rs` (userfaultfd), `switches.rs`
+//! `maps.rs` (allocation-free /proc/self/maps reader), `uffd.rs` (userfaultfd), `interval_set.rs`
+//! (registered VMAs), `prune_ring.rs` (reader -> miss path, lock-free), `switches.rs`
 //! (test-only disabling of single paths).
 
 mod guard;
 mod hooks;
+mod interval_set;
 mod maps;
 mod patch;
+mod prune_ring;
 pub mod ranges;
 mod registry;
 mod switches;
@@ -33,6 +36,12 @@ pub use hooks::Hooked;
 pub use registry::{listener_count, subscribe, Subscription, MAX_LISTENERS};
 pub use switches::test_disable;
 pub use uffd::UffdWatcher;
+
+/// Register the mapping(s) under a range with userfaultfd now (what [`UffdWatcher`] does);
+/// returns how many mappings were newly registered.
+pub fn uffd_watch(addr: usize, len: usize) -> usize {
+    uffd::watch(addr, len)
+}
 
 /// Receives "this range is (about to be) gone" events.
 pub trait MemoryListener: Send + Sync {
