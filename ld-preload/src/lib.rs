@@ -1,1 +1,22 @@
-//! LD_PRELOAD shim (issue 4, not started).
+//! `libfirehose_preload.so`: an LD_PRELOAD shim that gives unmodified verbs programs (perftest,
+//! Open MPI/UCX, ...) the firehose registration cache.
+//!
+//! Hooks: `ibv_reg_mr`, `ibv_reg_mr_iova`, `ibv_reg_mr_iova2`, `ibv_dereg_mr`, `ibv_rereg_mr`,
+//! `ibv_dealloc_pd` (`verbs_hooks.rs`) and the libc unmap family (`unmap_hooks.rs`).
+//! Flow: depth guard (`guard.rs`) -> dispatch -> per-pd cache (`pd_cache.rs`) whose backend calls
+//! the real functions (`real_verbs.rs`, `real_pinner.rs`) -> a wrapper MR (`wrapper.rs`).
+//! Settings in `settings.rs`, counters and `FH_STATS` in `stats.rs`, `fork` in `fork.rs`.
+
+mod ffi_types;
+mod fork;
+mod guard;
+mod init;
+mod pd_cache;
+mod real_libc;
+mod real_pinner;
+mod real_verbs;
+mod settings;
+mod stats;
+mod unmap_hooks;
+mod verbs_hooks;
+mod wrapper;

@@ -1,0 +1,159 @@
+//! One registration cache per protection domain (`struct ibv_pd *` -> cache), created on the
+//! first registration in that domain and dropped by our `ibv_dealloc_pd` hook.
+//!
+//! The map lock is held only to find or insert an entry, never across a registration, so a slow
+//! `ibv_reg_mr` in one domain does not stall another; `fork_lock` lets the atfork handlers hold it
+//! across `fork` so a child never inherits it locked.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use firehose::cache::{Registration, Stats};
+use firehose::pin::{Access, Pinned, Pinner};
+use firehose::status::{fh_status, FhResult};
+
+use crate::ffi_types::IbvPd;
+use crate::real_pinner::RealPinner;
+use crate::real_verbs;
+
+/// The cache of one protection domain.
+pub struct PdCache {
+    pinner: Arc<RealPinner>,
+    // Stand-in until firehose::cache::Cache lands: every registration is a miss.
+    live: Mutex<HashMap<u64, (Pinned, usize, usize)>>,
+    next: std::sync::atomic::AtomicU64,
+    stats: Mutex<Stats>,
+}
+
+type PdMap = HashMap<usize, Arc<PdCache>>;
+
+static PDS: Mutex<Option<PdMap>> = Mutex::new(None);
+/// Counters of caches already dropped (their domain was deallocated), so totals never go back.
+static RETIRED: Mutex<Stats> = Mutex::new(Stats {
+    hits: 0,
+    misses: 0,
+    evictions: 0,
+    invalidations: 0,
+    pinned_bytes: 0,
+    pinned_peak: 0,
+    regions: 0,
+    in_use: 0,
+    pin_retries: 0,
+    pin_failures: 0,
+});
+
+fn pds() -> MutexGuard<'static, Option<PdMap>> {
+    PDS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Lock the map for `fork` (see `fork.rs`).
+pub fn fork_lock() -> MutexGuard<'static, Option<PdMap>> {
+    pds()
+}
+
+/// The cache for `pd`, created on first use.
+pub fn for_pd(pd: *mut IbvPd) -> FhResult<Arc<PdCache>> {
+    if let Some(c) = pds().as_ref().and_then(|m| m.get(&(pd as usize))) {
+        return Ok(c.clone());
+    }
+    // Build outside the lock (it may install the monitor, which can take a while).
+    let fresh = PdCache::new(pd)?;
+    let mut g = pds();
+    let map = g.get_or_insert_with(HashMap::new);
+    Ok(map.entry(pd as usize).or_insert(fresh).clone())
+}
+
+/// Forget the cache of `pd` and release every idle registration it keeps, so that the real
+/// `ibv_dealloc_pd` does not fail with EBUSY because of MRs only the cache still holds.
+pub fn drop_pd(pd: *mut IbvPd) {
+    let gone = pds().as_mut().and_then(|m| m.remove(&(pd as usize)));
+    if let Some(c) = gone {
+        c.flush();
+        let s = c.stats();
+        let mut r = RETIRED.lock().unwrap_or_else(|e| e.into_inner());
+        r.hits += s.hits;
+        r.misses += s.misses;
+        r.evictions += s.evictions;
+        r.invalidations += s.invalidations;
+    }
+}
+
+/// Cache counters summed over live and retired domains, and the number of live domains.
+pub fn stats_sum() -> (Stats, u64) {
+    let caches: Vec<Arc<PdCache>> = pds()
+        .as_ref()
+        .map(|m| m.values().cloned().collect())
+        .unwrap_or_default();
+    let mut t = *RETIRED.lock().unwrap_or_else(|e| e.into_inner());
+    for c in &caches {
+        let s = c.stats();
+        t.hits += s.hits;
+        t.misses += s.misses;
+        t.evictions += s.evictions;
+        t.invalidations += s.invalidations;
+        t.regions += s.regions;
+        t.in_use += s.in_use;
+    }
+    (t, caches.len() as u64)
+}
+
+impl PdCache {
+    fn new(pd: *mut IbvPd) -> FhResult<Arc<PdCache>> {
+        let pinner = Arc::new(RealPinner::new(pd, real_verbs::get()));
+        Ok(Arc::new(PdCache {
+            pinner,
+            live: Mutex::new(HashMap::new()),
+            next: std::sync::atomic::AtomicU64::new(1),
+            stats: Mutex::new(Stats::default()),
+        }))
+    }
+
+    /// Register (or find) `[addr, addr + len)` with at least `access`.
+    pub fn register(&self, addr: usize, len: usize, access: Access) -> FhResult<Registration> {
+        let p = self
+            .pinner
+            .pin(addr, len, access)
+            .map_err(|_| fh_status::FH_ERR_PIN_FAILED)?;
+        let h = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.live
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(h, (p, addr, len));
+        self.stats.lock().unwrap_or_else(|e| e.into_inner()).misses += 1;
+        Ok(Registration {
+            handle: h,
+            addr,
+            len,
+            lkey: p.lkey,
+            rkey: p.rkey,
+        })
+    }
+
+    /// Release one registration returned by `register`.
+    pub fn deregister(&self, handle: u64) -> FhResult<()> {
+        let e = self
+            .live
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&handle);
+        match e {
+            Some((p, a, l)) => {
+                self.pinner.unpin(p, a, l);
+                Ok(())
+            }
+            None => Err(fh_status::FH_ERR_UNKNOWN_HANDLE),
+        }
+    }
+
+    /// Release every idle registration.
+    pub fn flush(&self) {}
+
+    pub fn stats(&self) -> Stats {
+        *self.stats.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Kernel handle of the live MR with this lkey.
+    pub fn mr_handle(&self, lkey: u32) -> u32 {
+        self.pinner.handle_of(lkey)
+    }
+}

@@ -1,0 +1,119 @@
+//! `FH_*` settings of the shim, read once in the constructor.
+//!
+//! - `FH_DISABLE=1`: every hook passes straight through (no cache, no monitor, no wrappers).
+//! - `FH_STATS=1`: a one-screen summary at exit, to a duplicate of stderr taken at start-up (the
+//!   application may close fd 2 first), or to `FH_STATS_FILE` (appended) when set.
+//! - `FH_TEST_NO_INVALIDATE=1` (tests only): no monitor, no notifications, so stale-registration
+//!   tests can be shown to fail.
+//! - Cache limits come from the library's own `FH_*` variables.
+//!
+//! Hooks read only the atomics below: they may run before the constructor (then the defaults,
+//! "enabled", apply), and must not allocate.
+
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+
+static DISABLED: AtomicBool = AtomicBool::new(false);
+static NO_INVALIDATE: AtomicBool = AtomicBool::new(false);
+static STATS_FD: AtomicI32 = AtomicI32::new(-1);
+
+/// Descriptors at or above this are unlikely to be closed by an application's fd sweep.
+const STATS_FD_MIN: i32 = 500;
+
+/// True when `FH_DISABLE` asks for pure pass-through.
+#[inline]
+pub fn disabled() -> bool {
+    DISABLED.load(Ordering::Relaxed)
+}
+
+/// True when memory events should reach the caches.
+#[inline]
+pub fn invalidation_enabled() -> bool {
+    !NO_INVALIDATE.load(Ordering::Relaxed) && !disabled()
+}
+
+/// Where the exit summary goes (`None` without `FH_STATS`).
+pub fn stats_fd() -> Option<i32> {
+    let fd = STATS_FD.load(Ordering::Relaxed);
+    (fd >= 0).then_some(fd)
+}
+
+/// "1", "yes", "true", "on" (any case) are true; unset, empty or anything else is false.
+pub fn truthy(v: Option<&str>) -> bool {
+    matches!(
+        v.map(|s| s.trim().to_ascii_lowercase()).as_deref(),
+        Some("1" | "yes" | "true" | "on")
+    )
+}
+
+fn env_flag(name: &str) -> bool {
+    truthy(std::env::var(name).ok().as_deref())
+}
+
+/// Read the environment and open the stats descriptor. Called once from the constructor.
+pub fn load() {
+    DISABLED.store(env_flag("FH_DISABLE"), Ordering::Relaxed);
+    NO_INVALIDATE.store(env_flag("FH_TEST_NO_INVALIDATE"), Ordering::Relaxed);
+    if env_flag("FH_STATS") && !disabled() {
+        STATS_FD.store(open_stats_fd(), Ordering::Relaxed);
+    }
+}
+
+fn open_stats_fd() -> i32 {
+    let src = match std::env::var_os("FH_STATS_FILE") {
+        Some(path) if !path.is_empty() => {
+            let Ok(c) =
+                std::ffi::CString::new(std::os::unix::ffi::OsStrExt::as_bytes(path.as_os_str()))
+            else {
+                return -1;
+            };
+            // SAFETY: `c` is NUL-terminated; the descriptor is ours and closed just below.
+            let fd = unsafe {
+                libc::open(
+                    c.as_ptr(),
+                    libc::O_WRONLY | libc::O_CREAT | libc::O_APPEND | libc::O_CLOEXEC,
+                    0o644,
+                )
+            };
+            if fd < 0 {
+                return -1;
+            }
+            // SAFETY: `fd` is open; move it up high so the application's own numbering is not
+            // disturbed, then drop the low number.
+            let high = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, STATS_FD_MIN) };
+            // SAFETY: closing the descriptor we opened above.
+            unsafe { libc::close(fd) };
+            return high;
+        }
+        _ => 2,
+    };
+    // SAFETY: duplicating stderr (if it is open) to a high, close-on-exec descriptor.
+    unsafe { libc::fcntl(src, libc::F_DUPFD_CLOEXEC, STATS_FD_MIN) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn truthy_accepts_the_usual_spellings_only() {
+        for v in ["1", "yes", "TRUE", " on "] {
+            assert!(truthy(Some(v)), "{v:?}");
+        }
+        for v in ["0", "", "no", "off", "2"] {
+            assert!(!truthy(Some(v)), "{v:?}");
+        }
+        assert!(!truthy(None));
+    }
+
+    #[test]
+    fn the_stats_descriptor_is_high_and_close_on_exec() {
+        let fd = open_stats_fd();
+        assert!(fd >= STATS_FD_MIN, "got {fd}");
+        // SAFETY: querying and closing the descriptor opened above.
+        unsafe {
+            let flags = libc::fcntl(fd, libc::F_GETFD);
+            assert_ne!(flags & libc::FD_CLOEXEC, 0);
+            libc::close(fd);
+        }
+    }
+}

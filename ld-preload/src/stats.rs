@@ -1,0 +1,250 @@
+//! Shim counters, the `fh_preload_stats` query and the `FH_STATS` exit summary.
+
+use std::ffi::c_int;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use firehose::cache::Stats;
+
+/// Process-wide counters (relaxed atomics: they are statistics, not synchronisation).
+pub struct Counters {
+    /// Outermost application calls to any `ibv_reg_mr*` hook.
+    pub app_reg_calls: AtomicU64,
+    /// Calls that found this thread already inside a hook and went straight through.
+    pub nested_calls: AtomicU64,
+    /// Application registrations handed to libibverbs uncached (flags, iova, disabled, errors).
+    pub passthrough_reg: AtomicU64,
+    /// `ibv_dereg_mr` / `ibv_rereg_mr` of MRs the shim did not create.
+    pub passthrough_dereg: AtomicU64,
+    /// Wrapper MRs currently handed out.
+    pub wrappers_live: AtomicU64,
+    /// Real registrations the caches made (misses), their total time, and the same for unpins.
+    pub real_regs: AtomicU64,
+    pub real_reg_ns: AtomicU64,
+    pub real_deregs: AtomicU64,
+    pub real_dereg_ns: AtomicU64,
+    /// Bytes the caches hold pinned now, and the high mark (across every protection domain).
+    pub pinned_now: AtomicU64,
+    pub pinned_peak: AtomicU64,
+}
+
+pub static COUNTERS: Counters = Counters {
+    app_reg_calls: AtomicU64::new(0),
+    nested_calls: AtomicU64::new(0),
+    passthrough_reg: AtomicU64::new(0),
+    passthrough_dereg: AtomicU64::new(0),
+    wrappers_live: AtomicU64::new(0),
+    real_regs: AtomicU64::new(0),
+    real_reg_ns: AtomicU64::new(0),
+    real_deregs: AtomicU64::new(0),
+    real_dereg_ns: AtomicU64::new(0),
+    pinned_now: AtomicU64::new(0),
+    pinned_peak: AtomicU64::new(0),
+};
+
+#[inline]
+pub fn bump(c: &AtomicU64) {
+    c.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Account `len` newly pinned bytes and keep the high mark.
+pub fn pinned_add(len: u64) {
+    let now = COUNTERS.pinned_now.fetch_add(len, Ordering::Relaxed) + len;
+    COUNTERS.pinned_peak.fetch_max(now, Ordering::Relaxed);
+}
+
+pub fn pinned_sub(len: u64) {
+    COUNTERS.pinned_now.fetch_sub(len, Ordering::Relaxed);
+}
+
+/// What `fh_preload_stats` reports. Append-only: fields are never reordered; `struct_size` says
+/// how much the shim filled in.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FhPreloadStats {
+    pub struct_size: u32,
+    /// Bit 0: the shim is active (not `FH_DISABLE`); bit 1: invalidation is on.
+    pub flags: u32,
+    pub app_reg_calls: u64,
+    pub nested_calls: u64,
+    pub passthrough_reg: u64,
+    pub passthrough_dereg: u64,
+    pub wrappers_live: u64,
+    pub hits: u64,
+    pub misses: u64,
+    pub evictions: u64,
+    pub invalidations: u64,
+    pub pinned_bytes: u64,
+    pub pinned_peak: u64,
+    pub real_regs: u64,
+    pub real_reg_ns: u64,
+    pub real_deregs: u64,
+    pub real_dereg_ns: u64,
+    pub protection_domains: u64,
+}
+
+pub const FLAG_ACTIVE: u32 = 1;
+pub const FLAG_INVALIDATION: u32 = 2;
+
+/// A snapshot: shim counters plus the caches' own counters summed over protection domains.
+pub fn snapshot() -> FhPreloadStats {
+    let c = &COUNTERS;
+    let ld = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    let (cache, pds): (Stats, u64) = crate::pd_cache::stats_sum();
+    let mut flags = 0;
+    if !crate::settings::disabled() {
+        flags |= FLAG_ACTIVE;
+    }
+    if crate::settings::invalidation_enabled() {
+        flags |= FLAG_INVALIDATION;
+    }
+    FhPreloadStats {
+        struct_size: std::mem::size_of::<FhPreloadStats>() as u32,
+        flags,
+        app_reg_calls: ld(&c.app_reg_calls),
+        nested_calls: ld(&c.nested_calls),
+        passthrough_reg: ld(&c.passthrough_reg),
+        passthrough_dereg: ld(&c.passthrough_dereg),
+        wrappers_live: ld(&c.wrappers_live),
+        hits: cache.hits,
+        misses: cache.misses,
+        evictions: cache.evictions,
+        invalidations: cache.invalidations,
+        pinned_bytes: ld(&c.pinned_now),
+        pinned_peak: ld(&c.pinned_peak),
+        real_regs: ld(&c.real_regs),
+        real_reg_ns: ld(&c.real_reg_ns),
+        real_deregs: ld(&c.real_deregs),
+        real_dereg_ns: ld(&c.real_dereg_ns),
+        protection_domains: pds,
+    }
+}
+
+/// Copy a snapshot into `*out` (at most `size` bytes, so older callers with a shorter struct
+/// work). Returns 0, or -1 when `out` is NULL or `size` is too small for the first two fields.
+///
+/// # Safety
+/// `out` is NULL or valid for writing `size` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn fh_preload_stats(out: *mut FhPreloadStats, size: usize) -> c_int {
+    if out.is_null() || size < 8 {
+        return -1;
+    }
+    let s = std::panic::catch_unwind(snapshot).unwrap_or_default();
+    let n = size.min(std::mem::size_of::<FhPreloadStats>());
+    // SAFETY: `s` is a plain repr(C) value of at least `n` bytes; `out` is writable for `n`
+    // bytes per the contract; the two do not overlap.
+    unsafe { std::ptr::copy_nonoverlapping(&s as *const _ as *const u8, out as *mut u8, n) };
+    0
+}
+
+/// Mean of `total_ns` over `n` in microseconds (0 when `n == 0`).
+fn mean_us(total_ns: u64, n: u64) -> f64 {
+    if n == 0 {
+        0.0
+    } else {
+        total_ns as f64 / n as f64 / 1000.0
+    }
+}
+
+/// The `FH_STATS` summary text.
+pub fn summary(s: &FhPreloadStats) -> String {
+    let reg_us = mean_us(s.real_reg_ns, s.real_regs);
+    let dereg_us = mean_us(s.real_dereg_ns, s.real_deregs);
+    // Every hit is a registration (and later a deregistration) the application did not pay for.
+    let saved_ms = s.hits as f64 * (reg_us + dereg_us) / 1000.0;
+    let lookups = s.hits + s.misses;
+    let hit_pct = if lookups == 0 {
+        0.0
+    } else {
+        100.0 * s.hits as f64 / lookups as f64
+    };
+    format!(
+        "firehose-preload (pid {pid}) summary\n\
+         \x20 registrations: {calls} app calls ({nested} nested calls passed through), {pt} uncached\n\
+         \x20 cache:         {hits} hits, {misses} misses ({hit_pct:.1}% hits), {ev} evictions, {inv} invalidations\n\
+         \x20 pinned:        {now} bytes now, peak {peak} bytes, {pds} protection domain(s)\n\
+         \x20 miss cost:     ibv_reg_mr {reg_us:.1} us mean over {nr}, ibv_dereg_mr {dereg_us:.1} us mean over {nd}\n\
+         \x20 time saved:    ~{saved_ms:.3} ms (hits x measured mean reg+dereg cost)\n",
+        pid = std::process::id(),
+        calls = s.app_reg_calls,
+        nested = s.nested_calls,
+        pt = s.passthrough_reg,
+        hits = s.hits,
+        misses = s.misses,
+        ev = s.evictions,
+        inv = s.invalidations,
+        now = s.pinned_bytes,
+        peak = s.pinned_peak,
+        pds = s.protection_domains,
+        nr = s.real_regs,
+        nd = s.real_deregs,
+    )
+}
+
+/// `atexit` handler: write the summary to the stats descriptor. Never unwinds.
+pub extern "C" fn print_at_exit() {
+    let Some(fd) = crate::settings::stats_fd() else {
+        return;
+    };
+    let _ = std::panic::catch_unwind(|| {
+        let text = summary(&snapshot());
+        let mut buf = text.as_bytes();
+        while !buf.is_empty() {
+            // SAFETY: writing our own buffer to a descriptor we opened.
+            let n = unsafe { libc::write(fd, buf.as_ptr() as *const _, buf.len()) };
+            if n <= 0 {
+                break;
+            }
+            buf = &buf[n as usize..];
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn summary_estimates_time_saved_from_hits_and_mean_costs() {
+        let s = FhPreloadStats {
+            hits: 1000,
+            misses: 10,
+            real_regs: 10,
+            real_reg_ns: 10 * 40_000, // 40 us each
+            real_deregs: 4,
+            real_dereg_ns: 4 * 10_000, // 10 us each
+            ..Default::default()
+        };
+        let t = summary(&s);
+        assert!(t.contains("1000 hits, 10 misses (99.0% hits)"), "{t}");
+        assert!(t.contains("ibv_reg_mr 40.0 us mean over 10"), "{t}");
+        assert!(t.contains("~50.000 ms"), "{t}");
+        assert!(t.lines().count() <= 24, "one screen");
+    }
+
+    #[test]
+    fn query_respects_the_callers_struct_size() {
+        let mut full = FhPreloadStats::default();
+        // SAFETY: `full` is writable for its whole size.
+        assert_eq!(
+            unsafe { fh_preload_stats(&mut full, std::mem::size_of_val(&full)) },
+            0
+        );
+        assert_eq!(
+            full.struct_size as usize,
+            std::mem::size_of::<FhPreloadStats>()
+        );
+        let mut short = [0xAAu8; 16];
+        // SAFETY: `short` is writable for 16 bytes and we pass 16.
+        assert_eq!(
+            unsafe { fh_preload_stats(short.as_mut_ptr() as *mut _, 16) },
+            0
+        );
+        assert_eq!(
+            u32::from_ne_bytes(short[0..4].try_into().unwrap()),
+            full.struct_size
+        );
+        // SAFETY: NULL is rejected before any write.
+        assert_eq!(unsafe { fh_preload_stats(std::ptr::null_mut(), 64) }, -1);
+    }
+}

@@ -1,0 +1,414 @@
+//! The exported libibverbs entry points: depth guard -> dispatch (cache or pass through) -> real.
+//!
+//! Every export catches panics: a panic becomes a pass-through (or an error return), never an
+//! unwind into C. Pass-through cases: nested calls, `FH_DISABLE`, NULL pd, zero length,
+//! `iova != addr`, and access flags beyond local/remote read/write/atomic (ODP, MW bind, relaxed
+//! ordering, zero-based, hugetlb...), which the cache cannot serve. `ibv_reg_dmabuf_mr` is not
+//! exported at all.
+
+use std::ffi::{c_int, c_uint, c_void};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use firehose::pin::Access;
+
+use crate::ffi_types::*;
+use crate::guard::Outermost;
+use crate::stats::{bump, COUNTERS};
+use crate::wrapper::{self, Backing, WrapperMr};
+use crate::{pd_cache, real_verbs, settings};
+
+fn set_errno(e: c_int) {
+    // SAFETY: __errno_location returns this thread's errno slot.
+    unsafe { *libc::__errno_location() = e };
+}
+
+/// True for access flags the cache can serve exactly as libibverbs would.
+pub fn cacheable(access: u32) -> bool {
+    const LOCAL_WRITE: u32 = Access::LOCAL_WRITE.0;
+    const NEEDS_LOCAL_WRITE: u32 = Access::REMOTE_WRITE.0 | Access::REMOTE_ATOMIC.0;
+    // Remote write/atomic without local write is EINVAL in libibverbs: let it say so.
+    Access(access).is_valid() && (access & NEEDS_LOCAL_WRITE == 0 || access & LOCAL_WRITE != 0)
+}
+
+/// Serve a registration from the cache of `pd`; `None` means "pass it through".
+///
+/// # Safety
+/// `pd` is a live protection domain of the caller.
+unsafe fn cached_reg(pd: *mut IbvPd, addr: *mut c_void, len: usize, access: u32) -> *mut IbvMr {
+    let Ok(cache) = pd_cache::for_pd(pd) else {
+        return std::ptr::null_mut();
+    };
+    let Ok(reg) = cache.register(addr as usize, len, Access(access)) else {
+        return std::ptr::null_mut();
+    };
+    let mr = IbvMr {
+        // SAFETY: `pd` is live per the contract; `context` is its public first field.
+        context: unsafe { (*pd).context },
+        pd,
+        addr,
+        length: len,
+        handle: cache.mr_handle(reg.lkey),
+        lkey: reg.lkey,
+        rkey: reg.rkey,
+    };
+    wrapper::publish(Box::new(WrapperMr {
+        mr,
+        backing: Backing::Cached {
+            cache,
+            handle: reg.handle,
+        },
+        access,
+    }))
+}
+
+/// The common body of the three registration hooks. `pass` performs the real call.
+///
+/// # Safety
+/// Arguments as for `ibv_reg_mr_iova2`.
+unsafe fn register(
+    pd: *mut IbvPd,
+    addr: *mut c_void,
+    len: usize,
+    iova: u64,
+    access: u32,
+    pass: impl FnOnce() -> *mut IbvMr,
+) -> *mut IbvMr {
+    let Some(_outer) = Outermost::enter() else {
+        bump(&COUNTERS.nested_calls);
+        return pass();
+    };
+    bump(&COUNTERS.app_reg_calls);
+    let try_cache = !settings::disabled()
+        && !pd.is_null()
+        && !addr.is_null()
+        && len != 0
+        && iova == addr as u64
+        && cacheable(access);
+    if try_cache {
+        // SAFETY: `pd` is the caller's live protection domain (non-NULL, checked above).
+        let r = catch_unwind(AssertUnwindSafe(|| unsafe {
+            cached_reg(pd, addr, len, access)
+        }));
+        if let Ok(mr) = r {
+            if !mr.is_null() {
+                return mr;
+            }
+        }
+    }
+    // Uncacheable, or the cache failed: the real call gives the application the real errno.
+    bump(&COUNTERS.passthrough_reg);
+    pass()
+}
+
+fn missing_ptr() -> *mut IbvMr {
+    set_errno(libc::ENOSYS);
+    std::ptr::null_mut()
+}
+
+/// # Safety
+/// Same contract as libibverbs `ibv_reg_mr`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_reg_mr(
+    pd: *mut IbvPd,
+    addr: *mut c_void,
+    length: usize,
+    access: c_int,
+) -> *mut IbvMr {
+    // SAFETY: forwarded unchanged to the real function of the same signature.
+    unsafe {
+        register(
+            pd,
+            addr,
+            length,
+            addr as u64,
+            access as u32,
+            || match real_verbs::get().reg_mr {
+                Some(f) => f(pd, addr, length, access),
+                None => missing_ptr(),
+            },
+        )
+    }
+}
+
+/// # Safety
+/// Same contract as libibverbs `ibv_reg_mr_iova`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_reg_mr_iova(
+    pd: *mut IbvPd,
+    addr: *mut c_void,
+    length: usize,
+    iova: u64,
+    access: c_int,
+) -> *mut IbvMr {
+    // SAFETY: forwarded unchanged to the real function of the same signature.
+    unsafe {
+        register(
+            pd,
+            addr,
+            length,
+            iova,
+            access as u32,
+            || match real_verbs::get().reg_mr_iova {
+                Some(f) => f(pd, addr, length, iova, access),
+                None => missing_ptr(),
+            },
+        )
+    }
+}
+
+/// # Safety
+/// Same contract as libibverbs `ibv_reg_mr_iova2`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_reg_mr_iova2(
+    pd: *mut IbvPd,
+    addr: *mut c_void,
+    length: usize,
+    iova: u64,
+    access: c_uint,
+) -> *mut IbvMr {
+    // SAFETY: forwarded unchanged to the real function of the same signature.
+    unsafe {
+        register(pd, addr, length, iova, access, || {
+            match real_verbs::get().reg_mr_iova2 {
+                Some(f) => f(pd, addr, length, iova, access),
+                None => missing_ptr(),
+            }
+        })
+    }
+}
+
+/// Real `ibv_dereg_mr`, or ENOSYS.
+///
+/// # Safety
+/// `mr` is an MR libibverbs created.
+unsafe fn real_dereg(mr: *mut IbvMr) -> c_int {
+    match real_verbs::get().dereg_mr {
+        // SAFETY: per the contract, `mr` is a real MR.
+        Some(f) => unsafe { f(mr) },
+        None => libc::ENOSYS,
+    }
+}
+
+/// Release what stands behind a wrapper. On failure the backing is handed back.
+///
+/// # Safety
+/// A `Real` backing is a live MR that only this wrapper refers to.
+unsafe fn release(backing: Backing) -> Result<(), (Backing, c_int)> {
+    match backing {
+        Backing::Cached { cache, handle } => match cache.deregister(handle) {
+            Ok(()) => Ok(()),
+            Err(_) => Err((Backing::Cached { cache, handle }, libc::EINVAL)),
+        },
+        Backing::Real(mr) => {
+            // SAFETY: per the contract.
+            let rc = unsafe { real_dereg(mr) };
+            if rc == 0 {
+                Ok(())
+            } else {
+                Err((Backing::Real(mr), rc))
+            }
+        }
+    }
+}
+
+/// # Safety
+/// Same contract as libibverbs `ibv_dereg_mr`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut IbvMr) -> c_int {
+    let Some(_outer) = Outermost::enter() else {
+        // SAFETY: a nested call comes from libibverbs or our backend: a real MR.
+        return unsafe { real_dereg(mr) };
+    };
+    let Some(mut w) = wrapper::take(mr) else {
+        bump(&COUNTERS.passthrough_dereg);
+        // SAFETY: not a wrapper, so it is whatever libibverbs gave the application.
+        return unsafe { real_dereg(mr) };
+    };
+    let backing = std::mem::replace(&mut w.backing, Backing::Real(std::ptr::null_mut()));
+    // SAFETY: the wrapper was in the registry, so its backing is live and only it refers to it.
+    let r = catch_unwind(AssertUnwindSafe(|| unsafe { release(backing) }));
+    match r {
+        Ok(Ok(())) => 0,
+        Ok(Err((backing, rc))) => {
+            // Still registered (e.g. a memory window is bound): the MR stays valid, as in verbs.
+            w.backing = backing;
+            wrapper::publish(w);
+            rc
+        }
+        Err(_) => libc::EINVAL, // the backing is lost with the panic; the wrapper is freed
+    }
+}
+
+/// Build a backing for a (re)registration: the cache when possible, else a real MR we own.
+///
+/// # Safety
+/// `pd` is a live protection domain.
+unsafe fn new_backing(
+    pd: *mut IbvPd,
+    addr: *mut c_void,
+    len: usize,
+    access: u32,
+) -> Option<(Backing, u32, u32, u32)> {
+    if cacheable(access) && !settings::disabled() {
+        if let Ok(cache) = pd_cache::for_pd(pd) {
+            if let Ok(reg) = cache.register(addr as usize, len, Access(access)) {
+                let handle = cache.mr_handle(reg.lkey);
+                let b = Backing::Cached {
+                    cache,
+                    handle: reg.handle,
+                };
+                return Some((b, reg.lkey, reg.rkey, handle));
+            }
+        }
+    }
+    let f = real_verbs::get().reg_mr_iova2?;
+    // SAFETY: `pd` is live per the contract; this is a plain registration of the caller's range.
+    let m = unsafe { f(pd, addr, len, addr as u64, access) };
+    if m.is_null() {
+        return None;
+    }
+    // SAFETY: libibverbs returned a valid MR.
+    let r = unsafe { *m };
+    Some((Backing::Real(m), r.lkey, r.rkey, r.handle))
+}
+
+/// `ibv_rereg_mr` on a wrapper: register the new range first, then release the old one, and
+/// update the same wrapper in place. If the new registration fails the old one is untouched and
+/// the call returns `IBV_REREG_MR_ERR_INPUT` ("old MR is valid") with errno set.
+///
+/// # Safety
+/// `w` was taken from the registry; `pd` is NULL or live.
+unsafe fn rereg_wrapper(
+    w: &mut WrapperMr,
+    flags: c_int,
+    pd: *mut IbvPd,
+    addr: *mut c_void,
+    len: usize,
+    access: c_int,
+) -> c_int {
+    if flags & !IBV_REREG_MR_FLAGS_SUPPORTED != 0 {
+        set_errno(libc::EINVAL);
+        return IBV_REREG_MR_ERR_INPUT;
+    }
+    let translation = flags & IBV_REREG_MR_CHANGE_TRANSLATION != 0;
+    if (translation && (addr.is_null() || len == 0))
+        || (flags & IBV_REREG_MR_CHANGE_PD != 0 && pd.is_null())
+    {
+        set_errno(libc::EINVAL);
+        return IBV_REREG_MR_ERR_INPUT;
+    }
+    if flags == 0 {
+        return 0; // nothing to change
+    }
+    let new_pd = if flags & IBV_REREG_MR_CHANGE_PD != 0 {
+        pd
+    } else {
+        w.mr.pd
+    };
+    let (new_addr, new_len) = if translation {
+        (addr, len)
+    } else {
+        (w.mr.addr, w.mr.length)
+    };
+    let new_access = if flags & IBV_REREG_MR_CHANGE_ACCESS != 0 {
+        access as u32
+    } else {
+        w.access
+    };
+    // SAFETY: `new_pd` is the wrapper's own live pd or the caller's non-NULL one.
+    let Some((backing, lkey, rkey, handle)) =
+        (unsafe { new_backing(new_pd, new_addr, new_len, new_access) })
+    else {
+        return IBV_REREG_MR_ERR_INPUT; // errno from the failed registration
+    };
+    let old = std::mem::replace(&mut w.backing, backing);
+    // SAFETY: `old` was this wrapper's live backing. If releasing it fails the registration
+    // leaks until exit, but the wrapper is consistent and usable.
+    let _ = unsafe { release(old) };
+    w.mr = IbvMr {
+        // SAFETY: `new_pd` is live.
+        context: unsafe { (*new_pd).context },
+        pd: new_pd,
+        addr: new_addr,
+        length: new_len,
+        handle,
+        lkey,
+        rkey,
+    };
+    w.access = new_access;
+    0
+}
+
+/// # Safety
+/// Same contract as libibverbs `ibv_rereg_mr`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_rereg_mr(
+    mr: *mut IbvMr,
+    flags: c_int,
+    pd: *mut IbvPd,
+    addr: *mut c_void,
+    length: usize,
+    access: c_int,
+) -> c_int {
+    let real = || match real_verbs::get().rereg_mr {
+        // SAFETY: forwarded unchanged; `mr` is not a wrapper on this path.
+        Some(f) => unsafe { f(mr, flags, pd, addr, length, access) },
+        None => {
+            set_errno(libc::ENOSYS);
+            IBV_REREG_MR_ERR_INPUT
+        }
+    };
+    let Some(_outer) = Outermost::enter() else {
+        return real();
+    };
+    let Some(mut w) = wrapper::take(mr) else {
+        bump(&COUNTERS.passthrough_dereg);
+        return real();
+    };
+    // SAFETY: `w` came out of the registry; `pd` is the caller's.
+    let r = catch_unwind(AssertUnwindSafe(|| unsafe {
+        rereg_wrapper(&mut w, flags, pd, addr, length, access)
+    }));
+    wrapper::publish(w);
+    r.unwrap_or(IBV_REREG_MR_ERR_CMD)
+}
+
+/// Drop the domain's cache (releasing the registrations only the cache still holds) before the
+/// real call, or it would fail with EBUSY.
+///
+/// # Safety
+/// Same contract as libibverbs `ibv_dealloc_pd`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut IbvPd) -> c_int {
+    let outer = Outermost::enter();
+    if outer.is_some() && !pd.is_null() {
+        let _ = catch_unwind(|| pd_cache::drop_pd(pd));
+    }
+    match real_verbs::get().dealloc_pd {
+        // SAFETY: forwarded unchanged.
+        Some(f) => unsafe { f(pd) },
+        None => libc::ENOSYS,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cacheable_flags_are_exactly_the_plain_access_rights() {
+        assert!(cacheable(0));
+        assert!(cacheable(1 | 2 | 4 | 8));
+        assert!(cacheable(4), "remote read alone");
+        assert!(
+            !cacheable(2),
+            "remote write without local write: libibverbs says EINVAL"
+        );
+        assert!(!cacheable(8), "remote atomic without local write");
+        assert!(!cacheable(1 | 0x10), "MW_BIND");
+        assert!(!cacheable(1 | 0x20), "ZERO_BASED");
+        assert!(!cacheable(1 | 0x40), "ON_DEMAND");
+        assert!(!cacheable(1 | 0x80), "HUGETLB");
+        assert!(!cacheable(1 | 0x100000), "RELAXED_ORDERING");
+    }
+}

@@ -1,0 +1,116 @@
+//! Wrapper MRs: the `struct ibv_mr` the application gets for a cached registration.
+//!
+//! Providers find their private MR data with `container_of` on the `struct ibv_mr *`, so a wrapper
+//! must never reach libibverbs. We recognise our wrappers by address in a registry (never by
+//! dereferencing a pointer we did not allocate), and the registry owns them: removing an entry is
+//! what frees it. `ibv_mr` is the first field, so the wrapper's address is the MR's address.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::ffi_types::IbvMr;
+use crate::pd_cache::PdCache;
+
+/// What stands behind a wrapper.
+pub enum Backing {
+    /// A cache registration, released with `PdCache::deregister(handle)`.
+    Cached { cache: Arc<PdCache>, handle: u64 },
+    /// A real MR the shim owns (after an `ibv_rereg_mr` to flags the cache cannot serve).
+    Real(*mut IbvMr),
+}
+
+#[repr(C)]
+pub struct WrapperMr {
+    /// Must stay first: the application's `struct ibv_mr *` points here.
+    pub mr: IbvMr,
+    pub backing: Backing,
+    /// The caller's access flags, kept for `ibv_rereg_mr` without `CHANGE_ACCESS`.
+    pub access: u32,
+}
+
+// SAFETY: the raw pointers inside are verbs handles usable from any thread; a wrapper is only
+// touched by whoever removed it from the registry.
+unsafe impl Send for WrapperMr {}
+
+type Map = HashMap<usize, Box<WrapperMr>>;
+
+static REGISTRY: Mutex<Option<Map>> = Mutex::new(None);
+
+fn registry() -> MutexGuard<'static, Option<Map>> {
+    REGISTRY.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Lock the registry for `fork` (see `fork.rs`).
+pub fn fork_lock() -> MutexGuard<'static, Option<Map>> {
+    registry()
+}
+
+/// Hand a wrapper out: returns the `struct ibv_mr *` the application will use.
+pub fn publish(mut w: Box<WrapperMr>) -> *mut IbvMr {
+    let p: *mut IbvMr = &mut w.mr;
+    registry()
+        .get_or_insert_with(HashMap::new)
+        .insert(p as usize, w);
+    crate::stats::COUNTERS
+        .wrappers_live
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    p
+}
+
+/// Take the wrapper at `mr` back from the registry (`None`: not ours, pass it through).
+/// The caller owns it; to keep handing it out, `publish` it again (same address).
+pub fn take(mr: *mut IbvMr) -> Option<Box<WrapperMr>> {
+    let w = registry().as_mut()?.remove(&(mr as usize))?;
+    crate::stats::COUNTERS
+        .wrappers_live
+        .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    Some(w)
+}
+
+/// True if `mr` is a wrapper we handed out.
+#[cfg(test)]
+fn is_wrapper(mr: *mut IbvMr) -> bool {
+    registry()
+        .as_ref()
+        .is_some_and(|m| m.contains_key(&(mr as usize)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dummy(addr: usize) -> Box<WrapperMr> {
+        Box::new(WrapperMr {
+            mr: IbvMr {
+                context: std::ptr::null_mut(),
+                pd: std::ptr::null_mut(),
+                addr: addr as *mut _,
+                length: 10,
+                handle: 0,
+                lkey: 1,
+                rkey: 2,
+            },
+            backing: Backing::Real(std::ptr::null_mut()),
+            access: 0,
+        })
+    }
+
+    #[test]
+    fn published_wrappers_are_recognised_by_address_and_taken_once() {
+        let p = publish(dummy(0x1000));
+        assert!(is_wrapper(p));
+        // SAFETY: `p` points at the published wrapper's MR, alive while registered.
+        assert_eq!(unsafe { (*p).addr } as usize, 0x1000);
+        let mut foreign = dummy(0x2000);
+        assert!(!is_wrapper(&mut foreign.mr), "not published: not ours");
+        let w = take(p).expect("ours");
+        assert_eq!(
+            &w.mr as *const IbvMr, p as *const IbvMr,
+            "address is the MR's"
+        );
+        assert!(take(p).is_none(), "a second dereg passes through");
+        let again = publish(w);
+        assert_eq!(again, p, "republishing keeps the address (rereg)");
+        drop(take(again));
+    }
+}
