@@ -11,10 +11,12 @@ fh_skip_or_fail() {
     exit 77
 }
 
-# fh_require_bin NAME: skip/fail unless the prebuilt binary $FH_BIN_DIR/NAME exists. Call it directly
-# (not inside $(...)), so that its exit ends the test; then run "$FH_BIN_DIR/NAME".
+# fh_require_bin NAME: skip/fail unless the prebuilt binary $FH_BIN_DIR/NAME exists; print its path.
+# Either call it directly (its exit then ends the test) and run "$FH_BIN_DIR/NAME", or
+# `bin=$(fh_require_bin NAME) || exit $?` (the exit happens in the subshell: pass it on).
 fh_require_bin() {
     [ -x "$FH_BIN_DIR/$1" ] || fh_skip_or_fail "$FH_BIN_DIR/$1 not built (cargo build --release first)"
+    echo "$FH_BIN_DIR/$1"
 }
 
 # fh_require_cmd NAME: like fh_require_bin for a command from PATH (e.g. perftest's ib_write_bw).
