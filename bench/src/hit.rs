@@ -43,7 +43,8 @@ pub struct HitRow {
     pub iterations: u64,
     /// Per-op latency (one op = register + deregister), over every thread's batches.
     pub lat: Summary,
-    /// Aggregate throughput of all threads, millions of ops per second of wall time.
+    /// Aggregate throughput of all threads, millions of ops per second: median over rounds
+    /// (round = one batch on every thread, started together).
     pub mops: f64,
     /// Failed registrations in the timed loops (must be 0).
     pub failures: u64,
@@ -71,89 +72,93 @@ pub fn run<C: RegCache>(
             .map(|(t, regions)| {
                 let barrier = &barrier;
                 s.spawn(move || {
-                    let seq = match pattern {
-                        Pattern::Same => Vec::new(),
+                    // Addresses, not indices: the timed loop then reads one sequential stream
+                    // instead of adding a random access into a region table of its own.
+                    let seq: Vec<usize> = match pattern {
+                        Pattern::Same => vec![regions[0]],
                         Pattern::Random => {
                             let mut rng = XorShift::new(0x9e37_79b9 + t as u64);
                             let n = regions.len() as u32;
-                            (0..SEQ_LEN).map(|_| rng.below(n)).collect()
+                            (0..SEQ_LEN)
+                                .map(|_| regions[rng.below(n) as usize])
+                                .collect()
                         }
                     };
-                    thread_loop(cache, regions, &seq, len, cfg, barrier)
+                    thread_loop(cache, &seq, len, cfg, barrier)
                 })
             })
             .collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     });
-    let start = results.iter().map(|r| r.start).min().unwrap();
-    let end = results.iter().map(|r| r.end).max().unwrap();
-    let wall = end.duration_since(start).as_secs_f64();
+    // Throughput per round: all threads' ops over the span from the first start to the last end
+    // of that round. The median over rounds is robust to the odd preemption on a shared host,
+    // yet still honest about concurrency (threads that did not overlap stretch the span).
+    let round_mops: Vec<f64> = (0..cfg.batches)
+        .map(|b| {
+            let start = results.iter().map(|r| r.spans[b].0).min().unwrap();
+            let end = results.iter().map(|r| r.spans[b].1).max().unwrap();
+            (threads * cfg.batch) as f64 / end.duration_since(start).as_secs_f64() / 1e6
+        })
+        .collect();
     let per_op: Vec<f64> = results
         .iter()
-        .flat_map(|r| r.batch_ns.iter().copied())
+        .flat_map(|r| {
+            r.spans
+                .iter()
+                .map(|(a, b)| b.duration_since(*a).as_nanos() as f64 / cfg.batch as f64)
+        })
         .collect();
-    let iterations = (threads * cfg.batch * cfg.batches) as u64;
     HitRow {
         regions: slices.iter().map(Vec::len).sum(),
         pattern,
         threads,
         imp: cache.name(),
-        iterations,
+        iterations: (threads * cfg.batch * cfg.batches) as u64,
         lat: summarize(&per_op),
-        mops: iterations as f64 / wall / 1e6,
+        mops: summarize(&round_mops).p50,
         failures: results.iter().map(|r| r.failures).sum(),
     }
 }
 
 struct ThreadResult {
-    start: Instant,
-    end: Instant,
-    /// Per-op ns of each timed batch.
-    batch_ns: Vec<f64>,
+    /// (start, end) of each timed batch; batch `b` of every thread ran in the same round.
+    spans: Vec<(Instant, Instant)>,
     failures: u64,
 }
 
 fn thread_loop<C: RegCache>(
     cache: &C,
-    regions: &[usize],
-    seq: &[u32],
+    seq: &[usize],
     len: usize,
     cfg: HitConfig,
     barrier: &Barrier,
 ) -> ThreadResult {
-    let mut batch_ns = Vec::with_capacity(cfg.batches);
-    let mut failures = 0u64;
+    let mut spans = Vec::with_capacity(cfg.batches);
     let mut pos = 0usize;
-    // One untimed warm-up batch, then wait so all threads start together.
-    failures += one_batch(cache, regions, seq, &mut pos, len, cfg.batch);
-    barrier.wait();
-    let start = Instant::now();
+    // One untimed warm-up batch.
+    let mut failures = one_batch(cache, seq, &mut pos, len, cfg.batch);
     for _ in 0..cfg.batches {
+        // Rounds: every thread starts batch b together, so the threads really contend.
+        barrier.wait();
         let t0 = Instant::now();
-        failures += one_batch(cache, regions, seq, &mut pos, len, cfg.batch);
-        batch_ns.push(t0.elapsed().as_nanos() as f64 / cfg.batch as f64);
+        failures += one_batch(cache, seq, &mut pos, len, cfg.batch);
+        spans.push((t0, Instant::now()));
     }
-    ThreadResult {
-        start,
-        end: Instant::now(),
-        batch_ns,
-        failures,
-    }
+    ThreadResult { spans, failures }
 }
 
 /// `batch` register+deregister pairs; returns how many registrations failed.
 #[inline(never)]
 fn one_batch<C: RegCache>(
     cache: &C,
-    regions: &[usize],
-    seq: &[u32],
+    seq: &[usize],
     pos: &mut usize,
     len: usize,
     batch: usize,
 ) -> u64 {
     let mut failures = 0;
-    if seq.is_empty() {
-        let addr = regions[0];
+    if seq.len() == 1 {
+        let addr = seq[0];
         for _ in 0..batch {
             match cache.get(std::hint::black_box(addr), len) {
                 Some(h) => cache.put(h),
@@ -162,7 +167,7 @@ fn one_batch<C: RegCache>(
         }
     } else {
         for _ in 0..batch {
-            let addr = regions[seq[*pos] as usize];
+            let addr = seq[*pos];
             *pos = (*pos + 1) & (seq.len() - 1);
             match cache.get(addr, len) {
                 Some(h) => cache.put(h),

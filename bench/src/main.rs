@@ -24,7 +24,7 @@ use firehose::pin::Pinner;
 use arena::{page_size, Arena};
 use backend::CountingBackend;
 use hit::{HitConfig, HitRow, Pattern};
-use impls::{unbounded, Ours, RegCache};
+use impls::{unbounded, Ceiling, Ours, RegCache};
 use ucx::Ucx;
 
 #[global_allocator]
@@ -65,7 +65,7 @@ fn run(args: &args::Args) -> Result<(), String> {
     let backend = backend::open(&args.backend)?;
     let threads: &[usize] = if args.quick { &[1, 2] } else { &[1, 2, 4] };
     let cfg = HitConfig {
-        batch: 10_000,
+        batch: if args.quick { 20_000 } else { 50_000 },
         batches: if args.quick { 10 } else { 100 },
     };
     let info = report::RunInfo {
@@ -76,10 +76,11 @@ fn run(args: &args::Args) -> Result<(), String> {
         batch: cfg.batch,
         batches: cfg.batches,
         ucx_region_struct: Ucx::region_struct_size(),
+        loadavg: loadavg(),
     };
     eprintln!(
-        "firehose-bench: backend {}, {}, {} cpus",
-        info.backend, info.memlock, info.cpus
+        "firehose-bench: backend {}, {}, {} cpus, load average {}",
+        info.backend, info.memlock, info.cpus, info.loadavg
     );
 
     let hits = hit_rows(&backend, &args.regions, threads, cfg)?;
@@ -96,10 +97,11 @@ fn run(args: &args::Args) -> Result<(), String> {
         return Ok(());
     }
     println!(
-        "# firehose-bench  backend={}  {}  cpus={}  hit batches: {} x {} ops per thread{}",
+        "# firehose-bench  backend={}  {}  cpus={}  load average at start {}  hit batches: {} x {} ops per thread{}",
         info.backend,
         info.memlock,
         info.cpus,
+        info.loadavg,
         cfg.batches,
         cfg.batch,
         if args.quick { "  (quick)" } else { "" }
@@ -151,6 +153,11 @@ fn hit_rows(
             let counted = CountingBackend::new(backend.clone());
             let ucx = Ucx::new(counted.clone(), 0)?;
             rows.extend(hit_one(&ucx, &counted, &addrs, &slices, page, cfg)?);
+            if n == 1 {
+                // Machine ceiling for the scaling ratios (needs no backend).
+                let row = hit::run(&Ceiling, &slices, page, Pattern::Same, cfg);
+                rows.push(row);
+            }
         }
     }
     // Display order: region count (as asked, not max(n, threads)), pattern, threads, impl.
@@ -249,4 +256,13 @@ fn miss_rows(backend: &Arc<dyn Pinner>, quick: bool) -> Result<Vec<miss::MissRow
         rows.extend(miss::run(&contenders, addr, size, per_batch, rounds));
     }
     Ok(rows)
+}
+
+/// The 1-minute load average at start: on a shared host, a load above the CPU count means the
+/// multi-thread rows measured the scheduler as much as the caches (see the "ceil" rows).
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().map(str::to_string))
+        .unwrap_or_else(|| "?".to_string())
 }

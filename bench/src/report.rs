@@ -17,6 +17,7 @@ pub struct RunInfo {
     pub batch: usize,
     pub batches: usize,
     pub ucx_region_struct: (usize, usize),
+    pub loadavg: String,
 }
 
 const HIT_HEADER: &str =
@@ -57,7 +58,7 @@ pub fn scaling_table(rows: &[HitRow], counts: &[usize], threads: &[usize]) -> St
     let _ = writeln!(s, "{head}");
     for &n in counts {
         for p in [Pattern::Same, Pattern::Random] {
-            for imp in ["ours", "ucx"] {
+            for imp in ["ours", "ucx", "ceil"] {
                 let Some(one) = rows
                     .iter()
                     .find(|r| r.imp == imp && r.regions == n && r.pattern == p && r.threads == 1)
@@ -244,8 +245,8 @@ pub fn json(
         })
         .collect();
     format!(
-        "{{\"backend\":{},\"memlock\":{},\"quick\":{},\"cpus\":{},\"hit_batch_ops\":{},\"hit_batches\":{},\"ucx_region_struct_bytes\":{},\"ucx_base_region_bytes\":{},\n\"hit\":[\n{}\n],\n\"miss\":[\n{}\n],\n\"metadata\":[\n{}\n],\n\"targets\":[\n{}\n]}}",
-        jstr(&info.backend), jstr(&info.memlock), info.quick, info.cpus, info.batch, info.batches,
+        "{{\"backend\":{},\"memlock\":{},\"quick\":{},\"cpus\":{},\"loadavg\":{},\"hit_batch_ops\":{},\"hit_batches\":{},\"ucx_region_struct_bytes\":{},\"ucx_base_region_bytes\":{},\n\"hit\":[\n{}\n],\n\"miss\":[\n{}\n],\n\"metadata\":[\n{}\n],\n\"targets\":[\n{}\n]}}",
+        jstr(&info.backend), jstr(&info.memlock), info.quick, info.cpus, jstr(&info.loadavg), info.batch, info.batches,
         info.ucx_region_struct.1, info.ucx_region_struct.0,
         hit.join(",\n"), miss.join(",\n"), md.join(",\n"), tg.join(",\n")
     )

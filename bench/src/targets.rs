@@ -110,7 +110,10 @@ pub fn compute(
         limit: 1.6,
         cmp: Cmp::AtLeast,
         unit: "x",
-        detail: format!("ours worst at {at}; UCX worst {s_ucx:.2}x at {at_ucx}"),
+        detail: format!(
+            "ours worst at {at}; UCX worst {s_ucx:.2}x at {at_ucx}; machine ceiling {:.2}x",
+            scaling(hits, "ceil", 1, Pattern::Same, 2)
+        ),
     });
 
     let bytes = |imp: &str| {
