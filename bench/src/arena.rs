@@ -46,10 +46,6 @@ impl Arena {
         self.base
     }
 
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
     /// Address of the `i`-th `size`-byte slot.
     pub fn slot(&self, i: usize, size: usize) -> usize {
         assert!((i + 1) * size <= self.len, "arena too small");

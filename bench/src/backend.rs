@@ -49,10 +49,6 @@ impl CountingBackend {
     pub fn failures(&self) -> u64 {
         self.failures.load(Relaxed)
     }
-    /// The backend under the counter, for the "raw" rows (no counting overhead there).
-    pub fn inner(&self) -> &Arc<dyn Pinner> {
-        &self.inner
-    }
 }
 
 impl Pinner for CountingBackend {

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use firehose::cache::{Cache, Limits, Stats};
+use firehose::cache::{Cache, Limits};
 use firehose::pin::{Access, Pinner};
 
 /// Resolve-or-register and release, as a communication library calls a registration cache.
@@ -31,9 +31,6 @@ impl Ours {
         Ours {
             cache: Cache::new(pinner, limits, None),
         }
-    }
-    pub fn stats(&self) -> Stats {
-        self.cache.stats()
     }
 }
 

@@ -196,7 +196,7 @@ fn hit_one<C: RegCache>(
         let before = counted.pins();
         let row = hit::run(cache, slices, len, p, cfg);
         let extra = counted.pins() - before;
-        if extra > 0 || row.failures > 0 {
+        if extra > 0 || row.failures > 0 || counted.failures() > 0 {
             return Err(format!(
                 "{} {} {} regions {}T: {extra} backend pins and {} failures in a hit run",
                 cache.name(),

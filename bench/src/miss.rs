@@ -19,7 +19,7 @@ pub struct MissRow {
     pub lat: Summary,
     /// (p50 / raw p50 - 1) * 100; 0 for the raw row itself.
     pub overhead_pct: f64,
-    /// Backend pins observed per timed op (1.0 = every op was a real miss).
+    /// Backend pin+unpin pairs observed per timed op (1.0 = every op was a real miss).
     pub pins_per_op: f64,
 }
 
@@ -112,13 +112,14 @@ pub fn run(
         for j in 0..k {
             let i = (j + round) % k;
             let c = &contenders[i];
-            let before = c.backend.pins();
+            let before = c.backend.pins().min(c.backend.unpins());
             let t0 = Instant::now();
             for _ in 0..per_batch {
                 failed[i] |= !c.op.op(addr, len);
             }
             samples[i].push(t0.elapsed().as_nanos() as f64 / per_batch as f64);
-            pins[i] += c.backend.pins() - before;
+            // A miss counts once it was pinned *and* unpinned (lazy unpin may trail by one op).
+            pins[i] += c.backend.pins().min(c.backend.unpins()) - before;
         }
     }
     let raw_p50 = summarize(&samples[0]).p50;

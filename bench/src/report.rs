@@ -162,9 +162,9 @@ pub fn targets_table(targets: &[Target]) -> String {
 }
 
 fn size_name(b: usize) -> String {
-    if b >= 1 << 20 && b % (1 << 20) == 0 {
+    if b >= 1 << 20 && b & ((1 << 20) - 1) == 0 {
         format!("{}MiB", b >> 20)
-    } else if b >= 1 << 10 && b % (1 << 10) == 0 {
+    } else if b >= 1 << 10 && b & ((1 << 10) - 1) == 0 {
         format!("{}KiB", b >> 10)
     } else {
         format!("{b}B")

@@ -48,7 +48,7 @@ impl XorShift {
     }
     /// Uniform in `0..n` (multiply-shift; bias is negligible for n ≤ 2^32).
     pub fn below(&mut self, n: u32) -> u32 {
-        ((self.next() >> 32) * n as u64 >> 32) as u32
+        (((self.next() >> 32) * n as u64) >> 32) as u32
     }
 }
 
