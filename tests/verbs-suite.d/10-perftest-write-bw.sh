@@ -3,6 +3,7 @@
 # Server and client must both exit 0 and the client must report a positive average bandwidth for
 # exactly the size and iteration count asked for.
 set -uo pipefail
+# shellcheck source=scripts/lib/verbs-test.sh
 . "$FH_REPO/scripts/lib/verbs-test.sh"
 fh_require_cmd ib_write_bw
 
@@ -28,7 +29,7 @@ attempt() {
     echo "attempt $n: server exit $src, client exit $crc"
     echo "--- client"; cat "$cli"; echo "--- server"; cat "$srv"
     # Under TCG perftest's CPU clock calibration sometimes fails its own r^2 check: a test-bed
-    # artefact, not a verbs failure, so it earns one retry.
+    # artefact, not a verbs failure, so it earns a retry.
     if grep -q "Correlation coefficient" "$cli" "$srv"; then return 2; fi
     [ "$src" = 0 ] && [ "$crc" = 0 ] || return 1
     # The result row: "#bytes #iterations BW-peak BW-average MsgRate"; the average must be a positive number.
@@ -37,11 +38,12 @@ attempt() {
         END { exit !ok }' "$cli" || { echo "no numeric BW row for $SIZE bytes x $ITERS in the client output"; return 1; }
 }
 
-attempt 1
-rc=$?
-if [ "$rc" = 2 ]; then
-    echo "perftest clock check failed (TCG); retrying once"
-    attempt 2
+# The clock check fails in maybe one run in five under TCG (r^2 just under 0.9): up to two retries,
+# for that message only, keep a CI run from flaking on it; any other failure fails at once.
+for n in 1 2 3; do
+    attempt "$n"
     rc=$?
-fi
+    [ "$rc" = 2 ] || break
+    echo "perftest clock check failed (TCG artefact)"
+done
 exit "$rc"
