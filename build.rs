@@ -1,4 +1,38 @@
+//! Build script: SONAME for the cdylib, and the C header generated with cbindgen into OUT_DIR.
+//!
+//! The header goes to `$OUT_DIR/firehose.h`, never into the source tree, so a normal build does
+//! not dirty the checkout; `scripts/check-header` compares it with the checked-in
+//! `include/firehose.h` (and `--update` copies it over).
+
+use std::path::PathBuf;
+
 fn main() {
     // A cdylib gets no SONAME by default; C programs would then record an absolute path.
     println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libfirehose.so.0");
+
+    let root = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets it"));
+    let out = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets it")).join("firehose.h");
+    for input in ["cbindgen.toml", "src/ffi", "src/status.rs"] {
+        println!("cargo:rerun-if-changed={input}");
+    }
+    let config =
+        cbindgen::Config::from_file(root.join("cbindgen.toml")).expect("cbindgen.toml is valid");
+    // Parse only the ABI's own sources, so that public items elsewhere in the crate can never leak
+    // into the header.
+    match cbindgen::Builder::new()
+        .with_config(config)
+        .with_src(root.join("src/ffi/mod.rs"))
+        .with_src(root.join("src/status.rs"))
+        .generate()
+    {
+        Ok(bindings) => {
+            bindings.write_to_file(&out);
+        }
+        // A header failure must not stop the Rust build (e.g. while a module is half-written);
+        // scripts/check-header fails loudly instead when the header is missing.
+        Err(e) => {
+            let _ = std::fs::remove_file(&out);
+            println!("cargo:warning=cbindgen failed, no header generated: {e}");
+        }
+    }
 }

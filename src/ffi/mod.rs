@@ -1,1 +1,31 @@
-//! The C ABI (in progress).
+//! The C ABI (`include/firehose.h` is generated from this module by cbindgen, see `build.rs`).
+//!
+//! Rules every export follows (style of rustls-ffi):
+//! - thin: validate pointers, call into `cache`/`monitor`, convert the result; no logic here;
+//! - one panic boundary, [`guard::ffi_guard!`], around every body: a panic is `FH_ERR_PANIC`;
+//! - every `Arc` <-> raw pointer conversion lives in [`handle`];
+//! - output parameters are written only on success; `_free`-style functions accept NULL;
+//! - NULL, zero length, overflow, bad access bits and unknown handles return a status and change
+//!   nothing.
+
+// C names (fh_cache, fh_mr...) are the ABI; Rust naming rules do not apply to them.
+#![allow(non_camel_case_types)]
+
+pub mod backend;
+pub mod cache_object;
+pub mod config;
+pub mod guard;
+pub mod handle;
+pub mod info;
+pub mod lifecycle;
+pub mod notify;
+pub mod ops;
+pub mod types;
+
+pub use cache_object::fh_cache;
+pub use config::fh_config_init;
+pub use info::{fh_get_stats, fh_info, fh_print_info, fh_status_str, fh_version};
+pub use lifecycle::{fh_cache_finalize, fh_cache_free, fh_cache_new};
+pub use notify::fh_notify_unmapped;
+pub use ops::{fh_deregister, fh_flush, fh_get_limits, fh_register, fh_set_limits};
+pub use types::*;

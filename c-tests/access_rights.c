@@ -1,0 +1,40 @@
+/* Case 10: a cached read-only registration must not satisfy a request for remote write; the
+ * upgraded registration must then serve both kinds of requests. */
+#include "fh_test.h"
+
+int main(void) {
+    fh_cache *c = fh_test_cache(64 << 20, 64, 0);
+    size_t page = fh_test_page();
+    char *buf = fh_test_map(8 * page);
+
+    fh_mr ro, rw, ro2, rw2;
+    CHECK_OK(fh_register(c, buf, 8 * page, FH_ACCESS_REMOTE_READ, &ro));
+    CHECK_OK(fh_deregister(c, ro.handle));
+
+    CHECK_OK(fh_register(c, buf, 8 * page, FH_ACCESS_LOCAL_WRITE | FH_ACCESS_REMOTE_WRITE, &rw));
+    fh_stats s = fh_test_stats(c);
+    CHECK_EQ_U64(s.hits, 0); /* read-only region did not serve a write request */
+    CHECK_EQ_U64(s.misses, 2);
+    CHECK_OK(fh_deregister(c, rw.handle));
+
+    /* Now both rights are covered by the new region: both requests hit. */
+    CHECK_OK(fh_register(c, buf, 8 * page, FH_ACCESS_REMOTE_READ, &ro2));
+    CHECK_OK(fh_register(c, buf, 8 * page, FH_ACCESS_REMOTE_WRITE, &rw2));
+    s = fh_test_stats(c);
+    CHECK_EQ_U64(s.hits, 2);
+    CHECK_EQ_U64(s.misses, 2);
+    CHECK_EQ_U64(ro2.rkey, rw2.rkey);
+    CHECK_OK(fh_deregister(c, ro2.handle));
+    CHECK_OK(fh_deregister(c, rw2.handle));
+
+    /* Atomic rights were never asked for: a miss again. */
+    fh_mr at;
+    CHECK_OK(fh_register(c, buf, page, FH_ACCESS_REMOTE_ATOMIC, &at));
+    s = fh_test_stats(c);
+    CHECK_EQ_U64(s.misses, 3);
+    CHECK_OK(fh_deregister(c, at.handle));
+
+    CHECK_OK(fh_cache_finalize(c));
+    puts("access_rights: ok");
+    return 0;
+}

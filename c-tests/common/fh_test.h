@@ -1,0 +1,95 @@
+/* Tiny helpers shared by the C tests: checks that print where they failed, a cache factory, and
+ * readers for process state the tests assert on. Header-only so a test is one .c file.
+ *
+ * Exit codes: 0 pass, 1 fail, 77 skip (ctest SKIP_RETURN_CODE). */
+#ifndef FH_TEST_H
+#define FH_TEST_H
+
+#define _GNU_SOURCE
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "firehose.h"
+
+#define FH_SKIP 77
+
+#define CHECK(cond)                                                                          \
+    do {                                                                                     \
+        if (!(cond)) {                                                                       \
+            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);         \
+            exit(1);                                                                         \
+        }                                                                                    \
+    } while (0)
+
+/* `call` must return `want` (an fh_status). */
+#define CHECK_STATUS(call, want)                                                             \
+    do {                                                                                     \
+        fh_status got_ = (call);                                                             \
+        if (got_ != (want)) {                                                                \
+            fprintf(stderr, "%s:%d: %s returned %d (%s), expected %d (%s)\n", __FILE__,      \
+                    __LINE__, #call, (int)got_, fh_status_str((int)got_), (int)(want),       \
+                    fh_status_str((int)(want)));                                             \
+            exit(1);                                                                         \
+        }                                                                                    \
+    } while (0)
+
+#define CHECK_OK(call) CHECK_STATUS(call, FH_OK)
+
+#define CHECK_EQ_U64(a, b)                                                                   \
+    do {                                                                                     \
+        uint64_t a_ = (uint64_t)(a), b_ = (uint64_t)(b);                                     \
+        if (a_ != b_) {                                                                      \
+            fprintf(stderr, "%s:%d: %s == %llu, expected %s == %llu\n", __FILE__, __LINE__,  \
+                    #a, (unsigned long long)a_, #b, (unsigned long long)b_);                 \
+            exit(1);                                                                         \
+        }                                                                                    \
+    } while (0)
+
+static inline fh_stats fh_test_stats(const fh_cache *c) {
+    fh_stats s;
+    CHECK_OK(fh_get_stats(c, &s));
+    return s;
+}
+
+/* A cache on the mlock backend with the given limits and FH_MONITOR_* bits. */
+static inline fh_cache *fh_test_cache(size_t max_pinned, size_t max_regions, uint32_t monitor) {
+    fh_config cfg;
+    CHECK_OK(fh_config_init(&cfg));
+    cfg.backend = FH_BACKEND_MLOCK;
+    cfg.max_pinned = max_pinned;
+    cfg.max_regions = max_regions;
+    cfg.monitor = monitor;
+    fh_cache *c = NULL;
+    CHECK_OK(fh_cache_new(&cfg, &c));
+    CHECK(c != NULL);
+    return c;
+}
+
+static inline size_t fh_test_page(void) { return (size_t)sysconf(_SC_PAGESIZE); }
+
+/* `n` fresh, page-aligned, touched bytes from mmap (so the test controls the address space). */
+static inline void *fh_test_map(size_t n) {
+    void *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    CHECK(p != MAP_FAILED);
+    memset(p, 0x5a, n);
+    return p;
+}
+
+/* Locked memory of this process in KiB (VmLck in /proc/self/status), or -1. */
+static inline long fh_test_vmlck_kib(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f) return -1;
+    char line[256];
+    long kib = -1;
+    while (fgets(line, sizeof line, f)) {
+        if (sscanf(line, "VmLck: %ld kB", &kib) == 1) break;
+    }
+    fclose(f);
+    return kib;
+}
+
+#endif /* FH_TEST_H */

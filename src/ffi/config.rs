@@ -1,0 +1,91 @@
+//! `fh_config`: defaults + `FH_*` environment, reading a caller's struct safely across ABI versions.
+
+use crate::config::{Backend, Config};
+use crate::status::{fh_status, FhResult};
+
+use super::guard::{ffi_guard, status_of};
+use super::handle::write_out;
+use super::types::*;
+
+/// Defaults plus `FH_*` environment variables, as an `fh_config`.
+pub(crate) fn from_env() -> FhResult<fh_config> {
+    let c = Config::from_env()?;
+    let mut monitor = 0;
+    if c.monitor.patch_libc {
+        monitor |= FH_MONITOR_PATCH_LIBC;
+    }
+    if c.monitor.userfaultfd {
+        monitor |= FH_MONITOR_USERFAULTFD;
+    }
+    Ok(fh_config {
+        struct_size: std::mem::size_of::<fh_config>() as u32,
+        backend: match c.backend {
+            Backend::Auto => FH_BACKEND_AUTO,
+            Backend::Verbs => FH_BACKEND_VERBS,
+            Backend::Mlock => FH_BACKEND_MLOCK,
+        },
+        max_pinned: c.max_pinned,
+        max_regions: c.max_regions,
+        ibv_pd: std::ptr::null_mut(),
+        monitor,
+        reserved: 0,
+    })
+}
+
+/// Copies a caller's config, honouring `struct_size`, and checks every field.
+///
+/// # Safety
+/// `cfg` is non-NULL and valid for reads of `cfg->struct_size` bytes (at least the `struct_size`
+/// field itself).
+pub(crate) unsafe fn read(cfg: *const fh_config) -> FhResult<fh_config> {
+    // SAFETY: the first field is readable per the contract; read it alone before trusting it.
+    let size = unsafe { std::ptr::addr_of!((*cfg).struct_size).read_unaligned() } as usize;
+    if !(FH_CONFIG_MIN_SIZE..=std::mem::size_of::<fh_config>()).contains(&size) {
+        return Err(fh_status::FH_ERR_BAD_CONFIG);
+    }
+    // Only one layout exists so far, so `size` is exactly ours; a later version would start from
+    // `from_env()` and copy `size` bytes over it.
+    // SAFETY: `size == size_of::<fh_config>()` bytes are readable per the contract.
+    let c = unsafe { cfg.read_unaligned() };
+    validate(&c)?;
+    Ok(c)
+}
+
+/// Field checks shared by every path that accepts a config.
+pub(crate) fn validate(c: &fh_config) -> FhResult<()> {
+    let backend_ok = matches!(
+        c.backend,
+        FH_BACKEND_AUTO | FH_BACKEND_VERBS | FH_BACKEND_MLOCK
+    );
+    let pd_ok = c.backend != FH_BACKEND_MLOCK || c.ibv_pd.is_null();
+    if !backend_ok
+        || !pd_ok
+        || c.max_pinned == 0
+        || c.monitor & !FH_MONITOR_ALL != 0
+        || c.reserved != 0
+    {
+        return Err(fh_status::FH_ERR_BAD_CONFIG);
+    }
+    Ok(())
+}
+
+/// Fills `*cfg` with the defaults overridden by the `FH_*` environment variables
+/// (`FH_BACKEND`, `FH_MAX_PINNED`, `FH_MAX_REGIONS`, `FH_MONITOR`) and sets `struct_size`.
+///
+/// Returns `FH_ERR_NULL` if `cfg` is NULL, `FH_ERR_BAD_CONFIG` if an environment variable is
+/// invalid (a message naming it goes to stderr); `*cfg` is written only on `FH_OK`.
+///
+/// # Safety
+/// `cfg` is NULL or valid for writing one `fh_config`.
+#[no_mangle]
+pub unsafe extern "C" fn fh_config_init(cfg: *mut fh_config) -> fh_status {
+    ffi_guard! {{
+        if cfg.is_null() {
+            return fh_status::FH_ERR_NULL;
+        }
+        status_of(from_env().map(|c| {
+            // SAFETY: non-NULL checked above; valid for writes per the contract.
+            unsafe { write_out(cfg, c) }
+        }))
+    }}
+}

@@ -1,0 +1,71 @@
+//! The one panic boundary of the C ABI.
+//!
+//! Unwinding out of an `extern "C"` function aborts the process (or is undefined behaviour on older
+//! compilers), and a C caller cannot do anything with a Rust panic anyway. So every export runs its
+//! body through [`ffi_guard!`], which turns a caught panic into `FH_ERR_PANIC` (or a caller-chosen
+//! fallback value for exports that do not return a status).
+
+/// Runs `$body` under `catch_unwind`.
+///
+/// - `ffi_guard! { body }`: `body` evaluates to `fh_status`; a panic becomes `FH_ERR_PANIC`.
+/// - `ffi_guard!(fallback = expr; { body })`: for exports returning something else (a pointer,
+///   `()`); a panic yields `expr`.
+///
+/// `AssertUnwindSafe` is right here: after a panic we never touch the state the closure saw again
+/// in this call, and the cache's own invariants are protected by its locks (poisoning is handled
+/// inside the cache).
+macro_rules! ffi_guard {
+    (fallback = $fallback:expr; $body:block) => {
+        match ::std::panic::catch_unwind(::std::panic::AssertUnwindSafe(|| $body)) {
+            Ok(value) => value,
+            Err(_) => $fallback,
+        }
+    };
+    ($body:block) => {
+        $crate::ffi::guard::ffi_guard!(fallback = $crate::status::fh_status::FH_ERR_PANIC; $body)
+    };
+}
+
+pub(crate) use ffi_guard;
+
+/// Turns a `FhResult<()>` into the status a C caller sees.
+#[inline]
+pub(crate) fn status_of(r: crate::status::FhResult<()>) -> crate::status::fh_status {
+    match r {
+        Ok(()) => crate::status::fh_status::FH_OK,
+        Err(e) => e,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::status::fh_status;
+
+    fn panics() -> fh_status {
+        ffi_guard! {{
+            let v: Vec<u8> = Vec::new();
+            // Index out of bounds on purpose: the guard must turn it into a status.
+            if v[usize::MAX / 2] == 0 { fh_status::FH_OK } else { fh_status::FH_ERR_NULL }
+        }}
+    }
+
+    #[test]
+    fn panic_becomes_status() {
+        let hook = std::panic::take_hook();
+        std::panic::set_hook(Box::new(|_| {}));
+        let got = panics();
+        std::panic::set_hook(hook);
+        assert_eq!(got, fh_status::FH_ERR_PANIC);
+    }
+
+    #[test]
+    fn fallback_value_on_panic() {
+        let hook = std::panic::take_hook();
+        std::panic::set_hook(Box::new(|_| {}));
+        let got: usize = ffi_guard!(fallback = 42; { panic!("boom") });
+        std::panic::set_hook(hook);
+        assert_eq!(got, 42);
+        let ok: usize = ffi_guard!(fallback = 42; { 7 });
+        assert_eq!(ok, 7);
+    }
+}

@@ -1,0 +1,246 @@
+//! Read-only introspection: `fh_get_stats`, `fh_info`, `fh_print_info`, `fh_status_str`, `fh_version`.
+
+use std::ffi::{c_char, c_int};
+use std::fmt::Write as _;
+
+use crate::status::fh_status;
+
+use super::cache_object::fh_cache;
+use super::guard::ffi_guard;
+use super::handle::{borrow, write_out};
+use super::types::*;
+
+/// Bytes in a short human unit (`1.5 MiB`).
+fn human(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = bytes as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+/// The one-screen summary, in the spirit of `ucx_info`: lines starting with `#`, one topic each.
+pub(crate) fn render(c: &fh_cache) -> String {
+    let s = c.cache.stats();
+    let l = c.cache.limits();
+    let lookups = s.hits + s.misses;
+    let hit_pct = if lookups == 0 {
+        0.0
+    } else {
+        100.0 * s.hits as f64 / lookups as f64
+    };
+    let mut monitor = Vec::new();
+    if c.monitor_requested & FH_MONITOR_PATCH_LIBC != 0 {
+        monitor.push("patch_libc");
+    }
+    if c.monitor_requested & FH_MONITOR_USERFAULTFD != 0 {
+        monitor.push("userfaultfd");
+    }
+    monitor.push("fh_notify_unmapped");
+    let mut o = String::new();
+    // Writing into a String cannot fail; the results are ignored on purpose.
+    let _ = writeln!(o, "# firehose {}", env!("CARGO_PKG_VERSION"));
+    let _ = writeln!(o, "#   backend:       {}", c.backend_detail);
+    let _ = writeln!(
+        o,
+        "#   limits:        max_pinned {} ({} bytes), max_regions {}",
+        human(l.max_pinned as u64),
+        l.max_pinned,
+        l.max_regions
+    );
+    let _ = writeln!(o, "#   monitor asked: {}", monitor.join(", "));
+    match &c.monitor {
+        Some(m) => {
+            let _ = writeln!(o, "#   monitor state: {m:?}");
+        }
+        None => {
+            let _ = writeln!(o, "#   monitor state: not installed by this cache");
+        }
+    }
+    let _ = writeln!(
+        o,
+        "#   lookups:       {} hits, {} misses ({hit_pct:.1}% hit)",
+        s.hits, s.misses
+    );
+    let _ = writeln!(
+        o,
+        "#   pinned:        {} now, {} peak, {} regions ({} in use)",
+        human(s.pinned_bytes),
+        human(s.pinned_peak),
+        s.regions,
+        s.in_use
+    );
+    let _ = writeln!(
+        o,
+        "#   dropped:       {} evictions, {} invalidations, {} pin retries, {} pin failures",
+        s.evictions, s.invalidations, s.pin_retries, s.pin_failures
+    );
+    o
+}
+
+/// Copies the cache's counters into `*out`.
+/// Returns `FH_ERR_NULL` if `cache` or `out` is NULL (then `*out` is not written).
+///
+/// # Safety
+/// `cache` is NULL or live; `out` is NULL or valid for one `fh_stats` write.
+#[no_mangle]
+pub unsafe extern "C" fn fh_get_stats(cache: *const fh_cache, out: *mut fh_stats) -> fh_status {
+    ffi_guard! {{
+        // SAFETY: NULL or live per the contract.
+        let Some(c) = (unsafe { borrow(cache) }) else {
+            return fh_status::FH_ERR_NULL;
+        };
+        if out.is_null() {
+            return fh_status::FH_ERR_NULL;
+        }
+        // SAFETY: non-NULL, writable per the contract.
+        unsafe { write_out(out, fh_stats::from(c.cache.stats())) };
+        fh_status::FH_OK
+    }}
+}
+
+/// Writes a one-screen, human-readable summary (backend, limits, monitor paths, counters) into
+/// `buf`, `snprintf`-style: at most `len - 1` characters plus a NUL; `needed` (may be NULL)
+/// receives the full length without the NUL, so a caller can retry with a larger buffer.
+/// `buf` may be NULL only if `len` is 0. Returns `FH_ERR_NULL` if `cache` is NULL, or `buf` is
+/// NULL with `len > 0`.
+///
+/// # Safety
+/// `cache` is NULL or live; `buf` is valid for `len` byte writes; `needed` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn fh_info(
+    cache: *const fh_cache,
+    buf: *mut c_char,
+    len: usize,
+    needed: *mut usize,
+) -> fh_status {
+    ffi_guard! {{
+        // SAFETY: NULL or live per the contract.
+        let Some(c) = (unsafe { borrow(cache) }) else {
+            return fh_status::FH_ERR_NULL;
+        };
+        if buf.is_null() && len > 0 {
+            return fh_status::FH_ERR_NULL;
+        }
+        let text = render(c);
+        if len > 0 {
+            let n = text.len().min(len - 1);
+            // SAFETY: `buf` is valid for `len` bytes per the contract and `n + 1 <= len`; the
+            // source is a live String that cannot overlap caller memory.
+            unsafe {
+                std::ptr::copy_nonoverlapping(text.as_ptr(), buf.cast::<u8>(), n);
+                buf.add(n).write(0);
+            }
+        }
+        if !needed.is_null() {
+            // SAFETY: non-NULL, writable per the contract.
+            unsafe { write_out(needed, text.len()) };
+        }
+        fh_status::FH_OK
+    }}
+}
+
+/// Writes the `fh_info` summary to file descriptor `fd` (e.g. 1 for stdout).
+/// Returns `FH_ERR_NULL` if `cache` is NULL, `FH_ERR_BAD_CONFIG` if `fd` is negative or the write
+/// fails.
+///
+/// # Safety
+/// `cache` is NULL or live.
+#[no_mangle]
+pub unsafe extern "C" fn fh_print_info(cache: *const fh_cache, fd: c_int) -> fh_status {
+    ffi_guard! {{
+        // SAFETY: NULL or live per the contract.
+        let Some(c) = (unsafe { borrow(cache) }) else {
+            return fh_status::FH_ERR_NULL;
+        };
+        if fd < 0 {
+            return fh_status::FH_ERR_BAD_CONFIG;
+        }
+        let text = render(c);
+        let mut rest = text.as_bytes();
+        while !rest.is_empty() {
+            // SAFETY: `rest` is a valid byte slice; `fd` is only passed to write(2), which
+            // reports EBADF itself for a closed descriptor.
+            let n = unsafe { libc::write(fd, rest.as_ptr().cast(), rest.len()) };
+            if n < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            if n <= 0 {
+                return fh_status::FH_ERR_BAD_CONFIG;
+            }
+            rest = &rest[n as usize..];
+        }
+        fh_status::FH_OK
+    }}
+}
+
+/// Static, NUL-terminated description of a status code; never NULL. Takes an `int` so that any
+/// value is safe to pass: unknown codes give "unknown status".
+#[no_mangle]
+pub extern "C" fn fh_status_str(status: c_int) -> *const c_char {
+    ffi_guard!(fallback = c"internal panic".as_ptr(); {
+        match status_from_int(status) {
+            Some(s) => s.as_cstr().as_ptr(),
+            None => c"unknown status".as_ptr(),
+        }
+    })
+}
+
+/// Maps an integer from C to a status without ever building an invalid enum value.
+fn status_from_int(v: c_int) -> Option<fh_status> {
+    use fh_status::*;
+    const ALL: [fh_status; 14] = [
+        FH_OK,
+        FH_ERR_NULL,
+        FH_ERR_ZERO_LENGTH,
+        FH_ERR_OVERFLOW,
+        FH_ERR_BAD_ACCESS,
+        FH_ERR_UNKNOWN_HANDLE,
+        FH_ERR_NO_MEMORY,
+        FH_ERR_PIN_FAILED,
+        FH_ERR_TOO_LARGE,
+        FH_ERR_BAD_CONFIG,
+        FH_ERR_NO_DEVICE,
+        FH_ERR_BUSY,
+        FH_ERR_PANIC,
+        FH_ERR_UNSUPPORTED,
+    ];
+    ALL.into_iter().find(|s| *s as c_int == v)
+}
+
+/// The library version, e.g. "0.1.0" (static, never NULL).
+#[no_mangle]
+pub extern "C" fn fh_version() -> *const c_char {
+    concat!(env!("CARGO_PKG_VERSION"), "\0").as_ptr().cast()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_str_is_total() {
+        for v in [-1, 1, 7000, 7014, c_int::MAX] {
+            // SAFETY: the function returns a static C string.
+            let s = unsafe { std::ffi::CStr::from_ptr(fh_status_str(v)) };
+            assert_eq!(s.to_str().unwrap(), "unknown status");
+        }
+        // SAFETY: as above.
+        let s = unsafe { std::ffi::CStr::from_ptr(fh_status_str(7005)) };
+        assert_eq!(s, fh_status::FH_ERR_UNKNOWN_HANDLE.as_cstr());
+    }
+
+    #[test]
+    fn human_units() {
+        assert_eq!(human(512), "512 B");
+        assert_eq!(human(1536), "1.5 KiB");
+        assert_eq!(human(3 << 30), "3.0 GiB");
+    }
+}

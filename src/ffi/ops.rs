@@ -1,0 +1,138 @@
+//! The hot calls: `fh_register`, `fh_deregister`, plus `fh_flush` and `fh_set_limits`.
+
+use crate::cache::Limits;
+use crate::pin::Access;
+use crate::status::fh_status;
+
+use super::cache_object::fh_cache;
+use super::guard::{ffi_guard, status_of};
+use super::handle::{borrow, write_out};
+use super::types::fh_mr;
+
+/// Registers `[addr, addr + len)` with `access` (`FH_ACCESS_*` bits), from the cache if possible.
+///
+/// Returns `FH_ERR_NULL` (`cache`, `addr` or `out` NULL), `FH_ERR_ZERO_LENGTH`, `FH_ERR_OVERFLOW`
+/// (`addr + len` wraps), `FH_ERR_BAD_ACCESS` (unknown bits), `FH_ERR_TOO_LARGE` (`len` over
+/// `max_pinned`), `FH_ERR_NO_MEMORY`, `FH_ERR_PIN_FAILED`. On any error nothing changes and
+/// `*out` is not written. Each `FH_OK` must be matched by one `fh_deregister(out->handle)`.
+///
+/// # Safety
+/// `cache` is NULL or live; `out` is NULL or valid for one `fh_mr` write. `addr` is not
+/// dereferenced by this library, only pinned.
+#[no_mangle]
+pub unsafe extern "C" fn fh_register(
+    cache: *mut fh_cache,
+    addr: *const std::ffi::c_void,
+    len: usize,
+    access: u32,
+    out: *mut fh_mr,
+) -> fh_status {
+    ffi_guard! {{
+        // SAFETY: NULL or live per the contract.
+        let Some(c) = (unsafe { borrow(cache) }) else {
+            return fh_status::FH_ERR_NULL;
+        };
+        if addr.is_null() || out.is_null() {
+            return fh_status::FH_ERR_NULL;
+        }
+        match c.cache.register(addr as usize, len, Access(access)) {
+            Ok(reg) => {
+                // SAFETY: non-NULL checked above, writable per the contract.
+                unsafe { write_out(out, fh_mr::from(reg)) };
+                fh_status::FH_OK
+            }
+            Err(e) => e,
+        }
+    }}
+}
+
+/// Releases one registration. The region stays cached (pinned) until evicted or invalidated.
+///
+/// Returns `FH_ERR_NULL` (`cache` NULL) or `FH_ERR_UNKNOWN_HANDLE` (never issued, or already
+/// released — double release is detected and changes nothing).
+///
+/// # Safety
+/// `cache` is NULL or live.
+#[no_mangle]
+pub unsafe extern "C" fn fh_deregister(cache: *mut fh_cache, handle: u64) -> fh_status {
+    ffi_guard! {{
+        // SAFETY: NULL or live per the contract.
+        match unsafe { borrow(cache) } {
+            Some(c) => status_of(c.cache.deregister(handle)),
+            None => fh_status::FH_ERR_NULL,
+        }
+    }}
+}
+
+/// Unpins every idle registration (and processes pending invalidations). `unpinned` may be NULL;
+/// otherwise it receives how many regions were unpinned. Returns `FH_ERR_NULL` if `cache` is NULL.
+///
+/// # Safety
+/// `cache` is NULL or live; `unpinned` is NULL or valid for one `size_t` write.
+#[no_mangle]
+pub unsafe extern "C" fn fh_flush(cache: *mut fh_cache, unpinned: *mut usize) -> fh_status {
+    ffi_guard! {{
+        // SAFETY: NULL or live per the contract.
+        let Some(c) = (unsafe { borrow(cache) }) else {
+            return fh_status::FH_ERR_NULL;
+        };
+        let n = c.cache.flush();
+        if !unpinned.is_null() {
+            // SAFETY: non-NULL, writable per the contract.
+            unsafe { write_out(unpinned, n) };
+        }
+        fh_status::FH_OK
+    }}
+}
+
+/// Changes the bounds of lazy release; shrinking evicts idle regions (LRU first) right away.
+/// Returns `FH_ERR_NULL` (`cache` NULL) or `FH_ERR_BAD_CONFIG` (`max_pinned` 0; nothing changes).
+///
+/// # Safety
+/// `cache` is NULL or live.
+#[no_mangle]
+pub unsafe extern "C" fn fh_set_limits(
+    cache: *mut fh_cache,
+    max_pinned: usize,
+    max_regions: usize,
+) -> fh_status {
+    ffi_guard! {{
+        // SAFETY: NULL or live per the contract.
+        let Some(c) = (unsafe { borrow(cache) }) else {
+            return fh_status::FH_ERR_NULL;
+        };
+        if max_pinned == 0 {
+            return fh_status::FH_ERR_BAD_CONFIG;
+        }
+        c.cache.set_limits(Limits { max_pinned, max_regions });
+        fh_status::FH_OK
+    }}
+}
+
+/// Current bounds. Either output may be NULL. Returns `FH_ERR_NULL` if `cache` is NULL.
+///
+/// # Safety
+/// `cache` is NULL or live; each output is NULL or valid for one `size_t` write.
+#[no_mangle]
+pub unsafe extern "C" fn fh_get_limits(
+    cache: *const fh_cache,
+    max_pinned: *mut usize,
+    max_regions: *mut usize,
+) -> fh_status {
+    ffi_guard! {{
+        // SAFETY: NULL or live per the contract.
+        let Some(c) = (unsafe { borrow(cache) }) else {
+            return fh_status::FH_ERR_NULL;
+        };
+        let l = c.cache.limits();
+        if !max_pinned.is_null() {
+            // SAFETY: non-NULL, writable per the contract.
+            unsafe { write_out(max_pinned, l.max_pinned) };
+        }
+        if !max_regions.is_null() {
+            // SAFETY: non-NULL, writable per the contract.
+            unsafe { write_out(max_regions, l.max_regions) };
+        }
+        fh_status::FH_OK
+    }}
+}
