@@ -1,1 +1,293 @@
-//! Settings: the `fh_config` struct and `FH_*` environment variables (in progress).
+//! Settings: defaults plus the `FH_*` environment variables.
+//!
+//! | variable         | values                                   | default                          |
+//! |------------------|------------------------------------------|----------------------------------|
+//! | `FH_BACKEND`     | `auto`, `verbs`, `mlock`                 | `auto` (verbs if a device works) |
+//! | `FH_MAX_PINNED`  | bytes, suffix `k`/`m`/`g`/`t` (x1024), `inf` | 75 % of min(RLIMIT_MEMLOCK, RAM) |
+//! | `FH_MAX_REGIONS` | count, or `inf`                          | 16384                            |
+//! | `FH_MONITOR`     | comma list of `uffd`, `patch`; or `none` | `uffd,patch`                     |
+//!
+//! An invalid value is `FH_ERR_BAD_CONFIG`, with a message naming the variable on stderr.
+
+use crate::status::{fh_status, FhResult};
+
+/// Which pinning backend to use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// verbs when an RDMA device can be opened, else mlock.
+    Auto,
+    Verbs,
+    Mlock,
+}
+
+/// Which memory-event sources the monitor installs (`FH_MONITOR`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MonitorFlags {
+    /// Patch the entry of libc's unmap-family functions (sees glibc-internal calls, synchronously).
+    pub patch_libc: bool,
+    /// userfaultfd UNMAP/REMOVE/REMAP events (sees raw syscalls; asynchronous).
+    pub userfaultfd: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Config {
+    pub backend: Backend,
+    /// Default: 75 % of min(RLIMIT_MEMLOCK if finite, physical memory) -- GASNet firehose's
+    /// M = 75 %: leaves a quarter of lockable memory to the application and other libraries, and
+    /// makes ENOMEM from the kernel (which costs a failed pin) the exception rather than the rule.
+    pub max_pinned: usize,
+    /// Default 16384: keeps cache metadata small (~2.5 MiB at ~160 bytes per region all told),
+    /// stays far below the MR tables of common HCAs and Soft-RoCE, and is 16x libfabric's 1024
+    /// default, which MPI codes with many peers and buffers were seen to thrash.
+    pub max_regions: usize,
+    pub monitor: MonitorFlags,
+}
+
+pub const DEFAULT_MAX_REGIONS: usize = 16384;
+
+/// A bad variable: its name and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    pub var: &'static str,
+    pub msg: String,
+}
+
+impl std::fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "firehose: invalid {}: {}", self.var, self.msg)
+    }
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            backend: Backend::Auto,
+            max_pinned: default_max_pinned(),
+            max_regions: DEFAULT_MAX_REGIONS,
+            monitor: MonitorFlags {
+                patch_libc: true,
+                userfaultfd: true,
+            },
+        }
+    }
+}
+
+impl Config {
+    /// Defaults overridden by the process environment. Prints the reason to stderr on error.
+    pub fn from_env() -> FhResult<Config> {
+        Self::from_lookup(|k| std::env::var(k).ok()).map_err(|e| {
+            eprintln!("{e}");
+            fh_status::FH_ERR_BAD_CONFIG
+        })
+    }
+
+    /// Defaults overridden by whatever `get` returns for each `FH_*` name (testable core).
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
+        let mut c = Config::default();
+        if let Some(v) = get("FH_BACKEND") {
+            c.backend = parse_backend(&v).ok_or_else(|| ConfigError {
+                var: "FH_BACKEND",
+                msg: format!("{v:?} is not one of auto, verbs, mlock"),
+            })?;
+        }
+        if let Some(v) = get("FH_MAX_PINNED") {
+            c.max_pinned = parse_size(&v)
+                .filter(|&n| n > 0)
+                .ok_or_else(|| ConfigError {
+                    var: "FH_MAX_PINNED",
+                    msg: format!("{v:?} is not a positive byte count (e.g. 512m, 4g, inf)"),
+                })?;
+        }
+        if let Some(v) = get("FH_MAX_REGIONS") {
+            c.max_regions = parse_count(&v)
+                .filter(|&n| n > 0)
+                .ok_or_else(|| ConfigError {
+                    var: "FH_MAX_REGIONS",
+                    msg: format!("{v:?} is not a positive count or inf"),
+                })?;
+        }
+        if let Some(v) = get("FH_MONITOR") {
+            c.monitor = parse_monitor(&v).ok_or_else(|| ConfigError {
+                var: "FH_MONITOR",
+                msg: format!("{v:?} is not `none` or a comma list of uffd, patch"),
+            })?;
+        }
+        Ok(c)
+    }
+}
+
+fn parse_backend(v: &str) -> Option<Backend> {
+    match v.trim().to_ascii_lowercase().as_str() {
+        "auto" => Some(Backend::Auto),
+        "verbs" => Some(Backend::Verbs),
+        "mlock" => Some(Backend::Mlock),
+        _ => None,
+    }
+}
+
+/// `123`, `64k`, `512M`, `4g`, `1t` (binary multiples), `inf`/`unlimited` -> usize::MAX.
+pub fn parse_size(v: &str) -> Option<usize> {
+    let v = v.trim().to_ascii_lowercase();
+    if v == "inf" || v == "unlimited" {
+        return Some(usize::MAX);
+    }
+    let (digits, shift) = match v.strip_suffix(['k', 'm', 'g', 't']) {
+        Some(d) => (d, 10 * (1 + "kmgt".find(v.chars().last()?)?)),
+        None => (v.as_str(), 0),
+    };
+    let digits = digits.strip_suffix('i').unwrap_or(digits); // tolerate "ki" typed as "kib"-ish
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let n: usize = digits.parse().ok()?;
+    n.checked_mul(1usize.checked_shl(shift as u32)?)
+}
+
+fn parse_count(v: &str) -> Option<usize> {
+    let v = v.trim().to_ascii_lowercase();
+    if v == "inf" || v == "unlimited" {
+        return Some(usize::MAX);
+    }
+    if v.is_empty() || !v.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    v.parse().ok()
+}
+
+fn parse_monitor(v: &str) -> Option<MonitorFlags> {
+    let mut f = MonitorFlags {
+        patch_libc: false,
+        userfaultfd: false,
+    };
+    let v = v.trim().to_ascii_lowercase();
+    if v == "none" {
+        return Some(f);
+    }
+    for tok in v.split(',').map(str::trim) {
+        match tok {
+            "uffd" | "userfaultfd" => f.userfaultfd = true,
+            "patch" | "libc" => f.patch_libc = true,
+            _ => return None,
+        }
+    }
+    Some(f)
+}
+
+/// 75 % of min(RLIMIT_MEMLOCK if finite, physical memory).
+pub fn default_max_pinned() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let (pages, page) = unsafe {
+        (
+            libc::sysconf(libc::_SC_PHYS_PAGES),
+            libc::sysconf(libc::_SC_PAGESIZE),
+        )
+    };
+    let phys = if pages > 0 && page > 0 {
+        (pages as usize).saturating_mul(page as usize)
+    } else {
+        usize::MAX
+    };
+    let mut rl = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `rl` is a valid out-pointer.
+    let memlock = if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut rl) } == 0
+        && rl.rlim_cur != libc::RLIM_INFINITY
+    {
+        rl.rlim_cur as usize
+    } else {
+        usize::MAX
+    };
+    let base = phys.min(memlock);
+    (base / 4 * 3).max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn with(vars: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        let m: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Config::from_lookup(|k| m.get(k).cloned())
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("123"), Some(123));
+        assert_eq!(parse_size("64k"), Some(64 << 10));
+        assert_eq!(parse_size("512M"), Some(512 << 20));
+        assert_eq!(parse_size(" 4g "), Some(4 << 30));
+        assert_eq!(parse_size("1t"), Some(1 << 40));
+        assert_eq!(parse_size("INF"), Some(usize::MAX));
+        assert_eq!(parse_size("99999999999999999999g"), None, "overflow");
+        for bad in ["", "k", "-1", "1.5g", "12x", "g12", "0x10"] {
+            assert_eq!(parse_size(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn defaults_and_overrides() {
+        let d = with(&[]).unwrap();
+        assert_eq!(d.backend, Backend::Auto);
+        assert_eq!(d.max_regions, DEFAULT_MAX_REGIONS);
+        assert!(d.max_pinned > 0 && d.max_pinned == default_max_pinned());
+        assert!(d.monitor.patch_libc && d.monitor.userfaultfd);
+        let c = with(&[
+            ("FH_BACKEND", "MLOCK"),
+            ("FH_MAX_PINNED", "8m"),
+            ("FH_MAX_REGIONS", "100"),
+            ("FH_MONITOR", "uffd"),
+        ])
+        .unwrap();
+        assert_eq!(c.backend, Backend::Mlock);
+        assert_eq!(c.max_pinned, 8 << 20);
+        assert_eq!(c.max_regions, 100);
+        assert_eq!(
+            c.monitor,
+            MonitorFlags {
+                patch_libc: false,
+                userfaultfd: true
+            }
+        );
+        let n = with(&[("FH_MONITOR", "none"), ("FH_MAX_REGIONS", "inf")]).unwrap();
+        assert!(!n.monitor.patch_libc && !n.monitor.userfaultfd);
+        assert_eq!(n.max_regions, usize::MAX);
+        let p = with(&[("FH_MONITOR", "patch, uffd")]).unwrap();
+        assert!(p.monitor.patch_libc && p.monitor.userfaultfd);
+    }
+
+    #[test]
+    fn errors_name_the_variable() {
+        for (var, val) in [
+            ("FH_BACKEND", "ibverbs"),
+            ("FH_MAX_PINNED", "lots"),
+            ("FH_MAX_PINNED", "0"),
+            ("FH_MAX_REGIONS", "-3"),
+            ("FH_MAX_REGIONS", "0"),
+            ("FH_MONITOR", "uffd,ptrace"),
+            ("FH_MONITOR", ""),
+        ] {
+            let e = with(&[(var, val)]).unwrap_err();
+            assert_eq!(e.var, var);
+            assert!(e.to_string().contains(var));
+        }
+    }
+
+    #[test]
+    fn default_respects_a_finite_memlock() {
+        let mut rl = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: valid out-pointer.
+        assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut rl) }, 0);
+        if rl.rlim_cur != libc::RLIM_INFINITY {
+            assert!(default_max_pinned() <= rl.rlim_cur as usize / 4 * 3);
+        }
+    }
+}

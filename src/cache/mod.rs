@@ -6,10 +6,17 @@
 //!
 //! (Implementation lives in the sibling files; this file is the public surface.)
 
-use std::sync::Arc;
+mod core;
+mod handles;
+mod hash_front;
+mod index;
+mod inflight;
+mod inval_queue;
+mod readers;
+mod region;
 
-use crate::pin::{Access, Pinner};
-use crate::status::FhResult;
+pub use self::core::Cache;
+pub use self::inval_queue::QUEUE_CAPACITY;
 
 /// Bounds on what the cache keeps pinned. Regions in use are never evicted, so the bounds apply
 /// to what lazy release keeps around; a request that alone exceeds `max_pinned` is refused.
@@ -53,3 +60,6 @@ pub struct Stats {
 pub trait RangeWatcher: Send + Sync {
     fn watch(&self, addr: usize, len: usize);
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,654 @@
+//! `Cache`: the pin-down cache proper (seed 003) with hook-safe invalidation.
+//!
+//! Concurrency design (why the hit path scales):
+//! * The index (non-overlapping regions) is mutated only by a *writer*: a thread holding `mutex`
+//!   that has raised `writer` and waited until every reader slot is empty. Readers (hits, and the
+//!   hook-side overlap filter) enter their own per-thread slot, check `writer` and the
+//!   invalidation queue, look up, bump the region's refcount and leave. A hit therefore writes only
+//!   its slot line, the region's refcount and its handle record.
+//! * The writer holds readers off only around index mutations, never around backend calls: misses
+//!   pin with the mutex held but readers running, so hits on other regions continue meanwhile.
+//! * `invalidate` (hooks) never blocks: it checks for overlap as a reader (or conservatively
+//!   assumes overlap if a writer is active or a pin is in flight) and pushes the range into a
+//!   fixed ring. Every register sees a non-empty ring and drains it (as writer) before looking up,
+//!   so after `invalidate` returns no lookup can hit an overlapping region.
+//! * Regions leave the index by being *detached* (`DETACHED` bit). Whoever brings the count of a
+//!   detached region to zero unpins and frees it; readers can no longer find it, and any reader
+//!   that found it earlier finished before the writer detached it.
+
+use std::cell::UnsafeCell;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use super::handles::Handles;
+use super::index::{Index, RegionPtr};
+use super::inflight::Inflight;
+use super::inval_queue::InvalQueue;
+use super::readers::{my_slot, my_slot_no_alloc, ReaderSlot, SLOTS};
+use super::region::{Region, COUNT_MASK, DETACHED};
+use super::{Limits, RangeWatcher, Registration, Stats};
+use crate::pin::{Access, PinError, Pinner};
+use crate::status::{fh_status, FhResult};
+
+#[repr(align(128))]
+struct Padded<T>(T);
+
+/// Counters changed only on slow paths (misses, evictions, releases of detached regions).
+#[derive(Default)]
+struct SlowCounters {
+    misses: AtomicU64,
+    evictions: AtomicU64,
+    invalidations: AtomicU64,
+    pinned_bytes: AtomicU64,
+    pinned_peak: AtomicU64,
+    regions: AtomicU64,
+    pin_retries: AtomicU64,
+    pin_failures: AtomicU64,
+}
+
+/// The pin-down cache. `Send + Sync`; share it as `Arc<Cache>`.
+pub struct Cache {
+    pinner: Arc<dyn Pinner>,
+    watcher: Option<Arc<dyn RangeWatcher>>,
+    page: usize,
+    slots: Box<[ReaderSlot]>,
+    writer: Padded<AtomicBool>,
+    queue: Padded<InvalQueue>,
+    /// Set when a hook found the ring full: the next drain invalidates everything.
+    overflow: Padded<AtomicBool>,
+    inflight: Inflight,
+    index: UnsafeCell<Index>,
+    /// Serialises writers (misses, drains, evictions); guards the limits.
+    mutex: Mutex<Limits>,
+    max_pinned: AtomicUsize,
+    max_regions: AtomicUsize,
+    handles: Handles,
+    c: SlowCounters,
+}
+
+// SAFETY: `index` is mutated only by the writer (mutex held + readers excluded, see
+// `Writer::exclude`) and read by readers only inside reader sections; regions are Sync; the rest
+// is atomics or locks.
+unsafe impl Sync for Cache {}
+// SAFETY: nothing in Cache is tied to a thread.
+unsafe impl Send for Cache {}
+
+enum Fast {
+    Hit(RegionPtr),
+    Miss,
+    Busy,
+}
+
+/// Proof that the cache mutex is held.
+struct Writer<'a> {
+    cache: &'a Cache,
+    limits: MutexGuard<'a, Limits>,
+}
+
+/// Proof that readers are excluded; lowers the writer flag on drop.
+struct Exclusive<'a> {
+    cache: &'a Cache,
+}
+
+impl Drop for Exclusive<'_> {
+    fn drop(&mut self) {
+        self.cache.writer.0.store(false, Ordering::SeqCst);
+    }
+}
+
+impl Exclusive<'_> {
+    #[allow(clippy::mut_from_ref)]
+    fn index(&self) -> &mut Index {
+        // SAFETY: readers are excluded and the mutex serialises writers, so this is the only
+        // reference to the index while `self` lives (callers never hold two at once).
+        unsafe { &mut *self.cache.index.get() }
+    }
+}
+
+impl Writer<'_> {
+    fn exclude(&self) -> Exclusive<'_> {
+        let c = self.cache;
+        c.writer.0.store(true, Ordering::SeqCst);
+        for s in c.slots.iter() {
+            let mut spins = 0u32;
+            while s.readers.load(Ordering::SeqCst) != 0 {
+                spins += 1;
+                if spins < 64 {
+                    std::hint::spin_loop();
+                } else {
+                    std::thread::yield_now();
+                }
+            }
+        }
+        Exclusive { cache: c }
+    }
+
+    fn index(&self) -> &Index {
+        // SAFETY: we hold the mutex, so no writer mutates the index concurrently; shared reads are
+        // fine alongside readers.
+        unsafe { &*self.cache.index.get() }
+    }
+}
+
+impl Cache {
+    /// A cache over `pinner`, bounded by `limits`, telling `watcher` about every new pin.
+    pub fn new(
+        pinner: Arc<dyn Pinner>,
+        limits: Limits,
+        watcher: Option<Arc<dyn RangeWatcher>>,
+    ) -> Arc<Cache> {
+        // SAFETY: sysconf has no memory-safety preconditions.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+        Arc::new(Cache {
+            pinner,
+            watcher,
+            page: if page > 0 { page as usize } else { 4096 },
+            slots: (0..SLOTS).map(|_| ReaderSlot::default()).collect(),
+            writer: Padded(AtomicBool::new(false)),
+            queue: Padded(InvalQueue::new()),
+            overflow: Padded(AtomicBool::new(false)),
+            inflight: Inflight::new(),
+            index: UnsafeCell::new(Index::new()),
+            mutex: Mutex::new(limits),
+            max_pinned: AtomicUsize::new(limits.max_pinned),
+            max_regions: AtomicUsize::new(limits.max_regions),
+            handles: Handles::new(),
+            c: SlowCounters::default(),
+        })
+    }
+
+    pub fn backend_name(&self) -> &'static str {
+        self.pinner.name()
+    }
+
+    pub fn limits(&self) -> Limits {
+        Limits {
+            max_pinned: self.max_pinned.load(Ordering::Relaxed),
+            max_regions: self.max_regions.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Invalidations are waiting in the ring (one read-mostly line).
+    #[inline]
+    fn pending(&self) -> bool {
+        self.queue.0.len() != 0 || self.overflow.0.load(Ordering::SeqCst)
+    }
+
+    fn lock(&self) -> Writer<'_> {
+        Writer {
+            cache: self,
+            limits: self.mutex.lock().unwrap_or_else(|e| e.into_inner()),
+        }
+    }
+
+    /// Validates, page-aligns, hits or pins. Returns the caller's exact addr/len plus keys.
+    pub fn register(&self, addr: usize, len: usize, access: Access) -> FhResult<Registration> {
+        if len == 0 {
+            return Err(fh_status::FH_ERR_ZERO_LENGTH);
+        }
+        let end = addr.checked_add(len).ok_or(fh_status::FH_ERR_OVERFLOW)?;
+        if !access.is_valid() {
+            return Err(fh_status::FH_ERR_BAD_ACCESS);
+        }
+        let start = addr & !(self.page - 1);
+        let end = end
+            .checked_add(self.page - 1)
+            .ok_or(fh_status::FH_ERR_OVERFLOW)?
+            & !(self.page - 1);
+        if end - start > self.max_pinned.load(Ordering::Relaxed) {
+            return Err(fh_status::FH_ERR_TOO_LARGE);
+        }
+        let sid = my_slot();
+        let mut tries = 0;
+        let region = loop {
+            match self.try_hit(sid, start, end, access) {
+                Fast::Hit(r) => {
+                    self.slots[sid].add_hit(sid);
+                    break r;
+                }
+                Fast::Busy if tries < 100 => {
+                    tries += 1;
+                    while self.writer.0.load(Ordering::Relaxed) {
+                        std::hint::spin_loop();
+                    }
+                }
+                _ => break self.register_slow(sid, start, end, access)?,
+            }
+        };
+        self.issue(sid, region, addr, len)
+    }
+
+    /// Reader section: one lookup, refcount bump on success.
+    #[inline]
+    fn try_hit(&self, sid: usize, start: usize, end: usize, access: Access) -> Fast {
+        let slot = &self.slots[sid];
+        slot.enter();
+        if self.writer.0.load(Ordering::SeqCst) {
+            slot.exit();
+            return Fast::Busy;
+        }
+        if self.pending() {
+            slot.exit();
+            return Fast::Miss;
+        }
+        // SAFETY: inside a reader section with no writer active: the index is not mutated and its
+        // regions are not freed until we exit.
+        let index = unsafe { &*self.index.get() };
+        let res = match index.lookup(start, end, access) {
+            Some(r) => {
+                let prev = r.state.fetch_add(1, Ordering::Relaxed);
+                if prev & COUNT_MASK == 0 {
+                    slot.add_in_use(sid, 1);
+                }
+                r.touch();
+                Fast::Hit(NonNull::from(r))
+            }
+            None => Fast::Miss,
+        };
+        slot.exit();
+        res
+    }
+
+    fn issue(&self, sid: usize, r: RegionPtr, addr: usize, len: usize) -> FhResult<Registration> {
+        match self.handles.acquire(sid, r) {
+            Some(handle) => {
+                // SAFETY: we hold a reference count on `r`, so it is live.
+                let p = unsafe { r.as_ref() }.pinned;
+                Ok(Registration {
+                    handle,
+                    addr,
+                    len,
+                    lkey: p.lkey,
+                    rkey: p.rkey,
+                })
+            }
+            None => {
+                self.release_region(sid, r);
+                Err(fh_status::FH_ERR_NO_MEMORY)
+            }
+        }
+    }
+
+    /// Miss path: drain, re-check, make room, pin (readers running), insert.
+    fn register_slow(
+        &self,
+        sid: usize,
+        start: usize,
+        end: usize,
+        access: Access,
+    ) -> FhResult<RegionPtr> {
+        let w = self.lock();
+        let mut unpins = Vec::new();
+        self.drain(&w, &mut unpins, None);
+        if let Some(r) = w.index().lookup(start, end, access) {
+            // Only we mutate the index, so the region cannot be detached under us.
+            if r.state.fetch_add(1, Ordering::Relaxed) & COUNT_MASK == 0 {
+                self.slots[sid].add_in_use(sid, 1);
+            }
+            r.touch();
+            self.slots[sid].add_hit(sid);
+            let r = NonNull::from(r);
+            self.unpin_all(unpins);
+            return Ok(r);
+        }
+        self.c.misses.fetch_add(1, Ordering::Relaxed);
+
+        // Target: the union with every overlapping region (their rights too), unless too big.
+        let max_pinned = w.limits.max_pinned;
+        let overlaps = w.index().overlapping(start, end);
+        let (mut ts, mut te, mut ta) = (start, end, access);
+        for p in &overlaps {
+            // SAFETY: indexed regions are live while we hold the mutex.
+            let r = unsafe { p.as_ref() };
+            ts = ts.min(r.start);
+            te = te.max(r.end);
+            ta = ta.union(r.access);
+        }
+        if te - ts > max_pinned {
+            (ts, te, ta) = (start, end, access);
+        }
+        {
+            let x = w.exclude();
+            // The index stays non-overlapping: old regions leave it (holders keep them).
+            for p in overlaps {
+                self.detach(&x, p, &mut unpins);
+            }
+            self.make_room(&w, &x, te - ts, &mut unpins);
+        }
+        self.unpin_all(unpins);
+
+        self.inflight.set(ts, te);
+        let pinned = loop {
+            match self.pinner.pin(ts, te - ts, ta) {
+                Ok(p) => break p,
+                Err(PinError::NoMemory(_)) => {
+                    let mut unpins = Vec::new();
+                    let victim = {
+                        let x = w.exclude();
+                        x.index().clock_victim().inspect(|&p| {
+                            self.detach(&x, p, &mut unpins);
+                        })
+                    };
+                    if victim.is_none() {
+                        self.inflight.clear();
+                        self.c.pin_failures.fetch_add(1, Ordering::Relaxed);
+                        return Err(fh_status::FH_ERR_NO_MEMORY);
+                    }
+                    self.c.evictions.fetch_add(1, Ordering::Relaxed);
+                    self.c.pin_retries.fetch_add(1, Ordering::Relaxed);
+                    self.unpin_all(unpins);
+                }
+                Err(PinError::Failed(_)) if (ts, te, ta) != (start, end, access) => {
+                    // The union may cover memory that is gone; the request alone may still pin.
+                    (ts, te, ta) = (start, end, access);
+                    self.inflight.set(ts, te);
+                }
+                Err(PinError::Failed(_)) => {
+                    self.inflight.clear();
+                    self.c.pin_failures.fetch_add(1, Ordering::Relaxed);
+                    return Err(fh_status::FH_ERR_PIN_FAILED);
+                }
+            }
+        };
+        let len = (te - ts) as u64;
+        let bytes = self.c.pinned_bytes.fetch_add(len, Ordering::Relaxed) + len;
+        self.c.pinned_peak.fetch_max(bytes, Ordering::Relaxed);
+        self.c.regions.fetch_add(1, Ordering::Relaxed);
+        self.slots[sid].add_in_use(sid, 1);
+        let region = NonNull::from(Box::leak(Box::new(Region::new(ts, te, pinned, ta, 1))));
+
+        let mut unpins = Vec::new();
+        {
+            // Invalidations that arrived while pinning may cover the new range: then it is handed
+            // to this caller only (detached), never cached.
+            let hit = self.drain(&w, &mut unpins, Some((ts, te)));
+            let x = w.exclude();
+            if hit {
+                // SAFETY: we own the only reference to the new region.
+                unsafe { region.as_ref() }
+                    .state
+                    .fetch_or(DETACHED, Ordering::Relaxed);
+                self.c.invalidations.fetch_add(1, Ordering::Relaxed);
+            } else {
+                x.index().insert(region);
+            }
+        }
+        self.inflight.clear();
+        self.unpin_all(unpins);
+        drop(w);
+        if let Some(watch) = &self.watcher {
+            watch.watch(ts, te - ts);
+        }
+        Ok(region)
+    }
+
+    /// Evict idle regions (CLOCK order) until `extra` more bytes and one more region fit.
+    fn make_room(&self, w: &Writer, x: &Exclusive, extra: usize, unpins: &mut Vec<RegionPtr>) {
+        let limits = *w.limits;
+        loop {
+            let going: usize = unpins
+                .iter()
+                // SAFETY: regions queued for unpin are still allocated.
+                .map(|p| unsafe { p.as_ref() }.len())
+                .sum();
+            let bytes = self.c.pinned_bytes.load(Ordering::Relaxed) as usize - going;
+            let regions = self.c.regions.load(Ordering::Relaxed) as usize - unpins.len();
+            if bytes + extra <= limits.max_pinned
+                && regions + (extra > 0) as usize <= limits.max_regions
+            {
+                return;
+            }
+            match x.index().clock_victim() {
+                Some(p) => {
+                    self.detach(x, p, unpins);
+                    self.c.evictions.fetch_add(1, Ordering::Relaxed);
+                }
+                None => return,
+            }
+        }
+    }
+
+    /// Remove `p` from the index; if idle, queue it for unpinning (else its last holder unpins).
+    fn detach(&self, x: &Exclusive, p: RegionPtr, unpins: &mut Vec<RegionPtr>) {
+        x.index().remove(p);
+        // SAFETY: `p` was indexed, hence live; readers are excluded, so its count cannot rise.
+        let prev = unsafe { p.as_ref() }
+            .state
+            .fetch_or(DETACHED, Ordering::AcqRel);
+        if prev & COUNT_MASK == 0 {
+            unpins.push(p);
+        }
+    }
+
+    /// Process queued invalidations. Returns whether any of them overlapped `extra`.
+    fn drain(
+        &self,
+        w: &Writer,
+        unpins: &mut Vec<RegionPtr>,
+        extra: Option<(usize, usize)>,
+    ) -> bool {
+        if !self.pending() {
+            return false;
+        }
+        let mut extra_hit = false;
+        let x = w.exclude();
+        let all = self.overflow.0.swap(false, Ordering::SeqCst);
+        let mut victims = Vec::new();
+        while let Some((s, e)) = self.queue.0.pop() {
+            if !all {
+                victims.extend(x.index().overlapping(s, e));
+            }
+            extra_hit |= extra.is_some_and(|(a, b)| a < e && s < b);
+        }
+        if all {
+            victims = x.index().all();
+            extra_hit |= extra.is_some();
+        }
+        victims.sort_unstable();
+        victims.dedup();
+        self.c
+            .invalidations
+            .fetch_add(victims.len() as u64, Ordering::Relaxed);
+        for p in victims {
+            self.detach(&x, p, unpins);
+        }
+        extra_hit
+    }
+
+    fn unpin_all(&self, unpins: Vec<RegionPtr>) {
+        for p in unpins {
+            self.unpin_free(p);
+        }
+    }
+
+    /// Unpin and free a detached region nobody holds.
+    fn unpin_free(&self, p: RegionPtr) {
+        // SAFETY: `p` is detached with zero holders, so we hold the only reference; it was
+        // allocated by `Box::new` in `register_slow`.
+        let r = unsafe { Box::from_raw(p.as_ptr()) };
+        self.pinner.unpin(r.pinned, r.start, r.len());
+        self.c
+            .pinned_bytes
+            .fetch_sub(r.len() as u64, Ordering::Relaxed);
+        self.c.regions.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// Drop one reference; the last holder of a detached region unpins it.
+    fn release_region(&self, sid: usize, p: RegionPtr) {
+        // SAFETY: the caller owned one reference, so the region is live until we drop it here.
+        let prev = unsafe { p.as_ref() }.state.fetch_sub(1, Ordering::AcqRel);
+        debug_assert!(prev & COUNT_MASK != 0, "refcount underflow");
+        if prev & COUNT_MASK == 1 {
+            self.slots[sid].add_in_use(sid, -1);
+            if prev & DETACHED != 0 {
+                self.unpin_free(p);
+            } else if self.over_limits() {
+                // Lazy release left the cache above its bounds (it was full of in-use regions).
+                let w = self.lock();
+                let mut unpins = Vec::new();
+                self.drain(&w, &mut unpins, None);
+                {
+                    let x = w.exclude();
+                    self.make_room(&w, &x, 0, &mut unpins);
+                }
+                self.unpin_all(unpins);
+            }
+        }
+    }
+
+    fn over_limits(&self) -> bool {
+        self.c.pinned_bytes.load(Ordering::Relaxed) as usize
+            > self.max_pinned.load(Ordering::Relaxed)
+            || self.c.regions.load(Ordering::Relaxed) as usize
+                > self.max_regions.load(Ordering::Relaxed)
+    }
+
+    /// Unknown / already released handle -> `FH_ERR_UNKNOWN_HANDLE` and nothing changes.
+    pub fn deregister(&self, handle: u64) -> FhResult<()> {
+        let sid = my_slot();
+        let r = self
+            .handles
+            .release(sid, handle)
+            .ok_or(fh_status::FH_ERR_UNKNOWN_HANDLE)?;
+        self.release_region(sid, r);
+        if self.pending() {
+            self.drain_now();
+        }
+        Ok(())
+    }
+
+    fn drain_now(&self) -> usize {
+        let w = self.lock();
+        let mut unpins = Vec::new();
+        self.drain(&w, &mut unpins, None);
+        let n = unpins.len();
+        self.unpin_all(unpins);
+        n
+    }
+
+    /// HOOK-SAFE: no allocation, no blocking, no backend call. Regions overlapping the range can
+    /// never be hit again once this returns; they are unpinned at the next normal call.
+    pub fn invalidate(&self, addr: usize, len: usize) {
+        if len == 0 {
+            return;
+        }
+        let start = addr & !(self.page - 1);
+        let end = addr.saturating_add(len).saturating_add(self.page - 1) & !(self.page - 1);
+        if self.may_be_cached(start, end) {
+            if !self.queue.0.push(start, end) {
+                self.overflow.0.store(true, Ordering::SeqCst);
+            }
+        }
+    }
+
+    /// Filter for `invalidate`: false only when no indexed region and no in-flight pin overlaps.
+    /// Conservative (true) whenever a writer is active.
+    fn may_be_cached(&self, start: usize, end: usize) -> bool {
+        if self.inflight.overlaps(start, end) {
+            return true;
+        }
+        let sid = my_slot_no_alloc();
+        let slot = &self.slots[sid];
+        slot.enter();
+        let res = if self.writer.0.load(Ordering::SeqCst) {
+            true
+        } else {
+            // SAFETY: reader section, no writer active (see `try_hit`).
+            unsafe { &*self.index.get() }.any_overlapping(start, end)
+        };
+        slot.exit();
+        // A pin may have started after the first check and before we entered.
+        res || self.inflight.overlaps(start, end)
+    }
+
+    /// Shrinking evicts idle regions down to the new bounds.
+    pub fn set_limits(&self, limits: Limits) {
+        let mut w = self.lock();
+        *w.limits = limits;
+        self.max_pinned.store(limits.max_pinned, Ordering::Relaxed);
+        self.max_regions
+            .store(limits.max_regions, Ordering::Relaxed);
+        let mut unpins = Vec::new();
+        self.drain(&w, &mut unpins, None);
+        {
+            let x = w.exclude();
+            self.make_room(&w, &x, 0, &mut unpins);
+        }
+        self.unpin_all(unpins);
+    }
+
+    /// Counters; processes pending invalidations first so "now" values are current.
+    pub fn stats(&self) -> Stats {
+        if self.pending() {
+            self.drain_now();
+        }
+        let (mut hits, mut in_use) = (0u64, 0i64);
+        for s in self.slots.iter() {
+            hits += s.hits.load(Ordering::Relaxed);
+            in_use += s.in_use.load(Ordering::Relaxed);
+        }
+        let c = &self.c;
+        Stats {
+            hits,
+            misses: c.misses.load(Ordering::Relaxed),
+            evictions: c.evictions.load(Ordering::Relaxed),
+            invalidations: c.invalidations.load(Ordering::Relaxed),
+            pinned_bytes: c.pinned_bytes.load(Ordering::Relaxed),
+            pinned_peak: c.pinned_peak.load(Ordering::Relaxed),
+            regions: c.regions.load(Ordering::Relaxed),
+            in_use: in_use.max(0) as u64,
+            pin_retries: c.pin_retries.load(Ordering::Relaxed),
+            pin_failures: c.pin_failures.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Unpin every idle region (also processes pending invalidations). Returns how many.
+    pub fn flush(&self) -> usize {
+        let w = self.lock();
+        let mut unpins = Vec::new();
+        self.drain(&w, &mut unpins, None);
+        let drained = unpins.len();
+        {
+            let x = w.exclude();
+            for p in x.index().all() {
+                // SAFETY: indexed regions are live; readers are excluded.
+                if unsafe { p.as_ref() }.holders() == 0 {
+                    self.detach(&x, p, &mut unpins);
+                }
+            }
+        }
+        self.c
+            .evictions
+            .fetch_add((unpins.len() - drained) as u64, Ordering::Relaxed);
+        let n = unpins.len();
+        self.unpin_all(unpins);
+        n
+    }
+
+    /// Entries waiting in the invalidation ring (for tests and diagnostics).
+    pub fn queued_invalidations(&self) -> usize {
+        self.queue.0.len()
+    }
+}
+
+impl crate::monitor::MemoryListener for Cache {
+    fn on_unmap(&self, addr: usize, len: usize) {
+        self.invalidate(addr, len)
+    }
+}
+
+impl Drop for Cache {
+    fn drop(&mut self) {
+        let mut all = self.index.get_mut().all();
+        all.extend(self.handles.live_regions());
+        all.sort_unstable();
+        all.dedup();
+        for p in all {
+            // SAFETY: we have exclusive access; every region is either indexed or held by a live
+            // handle (detached idle ones were already freed), each listed once.
+            let r = unsafe { Box::from_raw(p.as_ptr()) };
+            self.pinner.unpin(r.pinned, r.start, r.len());
+        }
+    }
+}

@@ -1,0 +1,200 @@
+//! Generation-checked handles: `handle = generation << 32 | (record index + 1)`.
+//!
+//! A record holds the acquired region and a generation that is odd while the handle is live.
+//! Release CASes the generation from the handle's value to the next one, so a double release (even
+//! two racing ones) and a made-up handle are both detected (`None`). Records live in fixed chunks
+//! that never move (a lock-free reader may be looking at one while another chunk is added), and
+//! free record indices sit in per-thread-slot free lists, so the hit path touches no shared
+//! allocator line. Generations are 32 bits: a handle kept across 2^31 reuses of its record could be
+//! mistaken for a live one (documented limit).
+
+use std::cell::UnsafeCell;
+use std::ptr::{null_mut, NonNull};
+use std::sync::atomic::{AtomicPtr, AtomicU32, Ordering};
+use std::sync::Mutex;
+
+use super::readers::SLOTS;
+use super::region::Region;
+
+const CHUNK_BITS: u32 = 12;
+const CHUNK: usize = 1 << CHUNK_BITS;
+const MAX_CHUNKS: usize = 1024; // 4 Mi live handles
+const BATCH: u32 = 64; // records taken from the global pool at a time
+
+#[derive(Default)]
+struct Record {
+    gen: AtomicU32,
+    region: AtomicPtr<Region>,
+}
+
+#[repr(align(128))]
+#[derive(Default)]
+struct FreeList(UnsafeCell<Vec<u32>>);
+
+pub struct Handles {
+    chunks: Box<[AtomicPtr<Record>]>,
+    next: AtomicU32,
+    grow: Mutex<()>,
+    /// Per exclusive slot; index 0 (shared slot) is unused, `shared` below is used instead.
+    local: Box<[FreeList]>,
+    shared: Mutex<Vec<u32>>,
+}
+
+// SAFETY: `local[i]` is only touched by the thread that currently owns slot id `i` (ids are handed
+// out exclusively by `readers`, with a mutex between owners); everything else is atomic or locked.
+unsafe impl Sync for Handles {}
+
+impl Handles {
+    pub fn new() -> Self {
+        Handles {
+            chunks: (0..MAX_CHUNKS)
+                .map(|_| AtomicPtr::new(null_mut()))
+                .collect(),
+            next: AtomicU32::new(0),
+            grow: Mutex::new(()),
+            local: (0..SLOTS).map(|_| FreeList::default()).collect(),
+            shared: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn record(&self, idx: u32) -> Option<&Record> {
+        let c = self.chunks.get((idx >> CHUNK_BITS) as usize)?;
+        let base = c.load(Ordering::Acquire);
+        if base.is_null() {
+            return None;
+        }
+        // SAFETY: a non-null chunk pointer points at CHUNK records that live until `self` drops.
+        Some(unsafe { &*base.add(idx as usize & (CHUNK - 1)) })
+    }
+
+    fn with_free<R>(&self, slot: usize, f: impl FnOnce(&mut Vec<u32>) -> R) -> R {
+        if slot == 0 {
+            f(&mut self.shared.lock().unwrap_or_else(|e| e.into_inner()))
+        } else {
+            // SAFETY: only the owner thread of slot `slot` gets here with this index, and it does
+            // not re-enter (nothing inside `f` calls back into the handle table).
+            f(unsafe { &mut *self.local[slot].0.get() })
+        }
+    }
+
+    /// Issue a handle for `region`. `None` when 4 Mi handles are live at once.
+    pub fn acquire(&self, slot: usize, region: NonNull<Region>) -> Option<u64> {
+        let idx = match self.with_free(slot, |v| v.pop()) {
+            Some(i) => i,
+            None => self.refill(slot)?,
+        };
+        let rec = self.record(idx)?;
+        let gen = rec.gen.load(Ordering::Relaxed).wrapping_add(1); // even -> odd: live
+        rec.region.store(region.as_ptr(), Ordering::Relaxed);
+        rec.gen.store(gen, Ordering::Release);
+        Some(((gen as u64) << 32) | (idx as u64 + 1))
+    }
+
+    #[cold]
+    fn refill(&self, slot: usize) -> Option<u32> {
+        let base = self.next.fetch_add(BATCH, Ordering::Relaxed);
+        if base as usize + BATCH as usize > CHUNK * MAX_CHUNKS {
+            self.next.fetch_sub(BATCH, Ordering::Relaxed);
+            return None;
+        }
+        let c = &self.chunks[(base >> CHUNK_BITS) as usize];
+        if c.load(Ordering::Acquire).is_null() {
+            let _g = self.grow.lock().unwrap_or_else(|e| e.into_inner());
+            if c.load(Ordering::Acquire).is_null() {
+                let chunk: Box<[Record]> = (0..CHUNK).map(|_| Record::default()).collect();
+                c.store(Box::into_raw(chunk) as *mut Record, Ordering::Release);
+            }
+        }
+        self.with_free(slot, |v| v.extend((base + 1..base + BATCH).rev()));
+        Some(base)
+    }
+
+    /// Retire `handle`; returns its region, or `None` if the handle is not live.
+    pub fn release(&self, slot: usize, handle: u64) -> Option<NonNull<Region>> {
+        let low = handle as u32;
+        let gen = (handle >> 32) as u32;
+        if low == 0 || gen & 1 == 0 {
+            return None;
+        }
+        let idx = low - 1;
+        let rec = self.record(idx)?;
+        rec.gen
+            .compare_exchange(
+                gen,
+                gen.wrapping_add(1),
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            )
+            .ok()?;
+        // The record cannot be reissued before we put it back on a free list below.
+        let region = NonNull::new(rec.region.load(Ordering::Relaxed));
+        self.with_free(slot, |v| v.push(idx));
+        region
+    }
+
+    /// Regions of every live handle (used by the cache's Drop; exclusive access).
+    pub fn live_regions(&mut self) -> Vec<NonNull<Region>> {
+        let n = self.next.load(Ordering::Relaxed);
+        (0..n)
+            .filter_map(|i| self.record(i))
+            .filter(|r| r.gen.load(Ordering::Relaxed) & 1 == 1)
+            .filter_map(|r| NonNull::new(r.region.load(Ordering::Relaxed)))
+            .collect()
+    }
+}
+
+impl Drop for Handles {
+    fn drop(&mut self) {
+        for c in self.chunks.iter() {
+            let p = c.load(Ordering::Acquire);
+            if !p.is_null() {
+                // SAFETY: allocated in `refill` as a boxed slice of CHUNK records.
+                drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(p, CHUNK)) });
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fake(n: usize) -> NonNull<Region> {
+        NonNull::new((n * 64) as *mut Region).unwrap()
+    }
+
+    #[test]
+    fn double_and_bogus_release_are_detected() {
+        let h = Handles::new();
+        let a = h.acquire(1, fake(1)).unwrap();
+        let b = h.acquire(1, fake(2)).unwrap();
+        assert_ne!(a, b);
+        assert_eq!(h.release(1, a), Some(fake(1)));
+        assert_eq!(h.release(1, a), None, "double release");
+        assert_eq!(h.release(1, 0), None);
+        assert_eq!(h.release(1, u64::MAX), None);
+        assert_eq!(h.release(1, b ^ (1 << 33)), None, "wrong generation");
+        // Record reuse gets a new generation: the stale handle stays dead.
+        let c = h.acquire(1, fake(3)).unwrap();
+        assert_ne!(c, a);
+        assert_eq!(h.release(1, a), None);
+        assert_eq!(h.release(2, c), Some(fake(3)), "release from another slot");
+        assert_eq!(h.release(1, b), Some(fake(2)));
+    }
+
+    #[test]
+    fn racing_double_release_succeeds_once() {
+        let h = std::sync::Arc::new(Handles::new());
+        for round in 0..200 {
+            let x = h.acquire(0, fake(round + 1)).unwrap();
+            let wins: usize = (0..2)
+                .map(|t| {
+                    let h = h.clone();
+                    std::thread::spawn(move || h.release(t * 3, x).is_some() as usize)
+                })
+                .map(|j| j.join().unwrap())
+                .sum();
+            assert_eq!(wins, 1);
+        }
+    }
+}

@@ -1,0 +1,158 @@
+//! Per-thread reader indicators (a "big reader" scheme) plus per-thread hit counters.
+//!
+//! Each thread gets a small id from a global pool (1..SLOTS, returned at thread exit). Id 0 is the
+//! shared slot: used by threads beyond the pool, during thread teardown, and by memory hooks
+//! (which must not run TLS destructors registration, i.e. must not allocate). Every cache has one
+//! cache-line-padded slot per id, so a reader only writes its own line. Reader counts are always
+//! atomic read-modify-writes (the shared slot really is shared); the statistics counters of an
+//! exclusively owned slot are updated with a plain load + store (no lock prefix), because only the
+//! owning thread writes them.
+
+use std::cell::Cell;
+use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering};
+use std::sync::Mutex;
+
+/// Number of reader slots per cache (including the shared slot 0).
+pub const SLOTS: usize = 128;
+const NO_ID: u32 = 0;
+const SHARED_FOREVER: u32 = u32::MAX;
+
+static FREE_IDS: Mutex<Vec<u32>> = Mutex::new(Vec::new());
+static IDS_INIT: std::sync::Once = std::sync::Once::new();
+
+struct IdGuard;
+
+impl Drop for IdGuard {
+    fn drop(&mut self) {
+        let id = MY_ID
+            .try_with(|c| c.replace(SHARED_FOREVER))
+            .unwrap_or(NO_ID);
+        if id != NO_ID && id != SHARED_FOREVER {
+            if let Ok(mut free) = FREE_IDS.lock() {
+                free.push(id);
+            }
+        }
+    }
+}
+
+thread_local! {
+    // const-initialised, no destructor: reading it never allocates (safe from hooks).
+    static MY_ID: Cell<u32> = const { Cell::new(NO_ID) };
+    static ID_GUARD: IdGuard = const { IdGuard };
+}
+
+/// This thread's slot, assigning one on first use. Not hook-safe (may allocate once per thread).
+#[inline]
+pub fn my_slot() -> usize {
+    match MY_ID.try_with(|c| c.get()) {
+        Ok(NO_ID) => assign(),
+        Ok(SHARED_FOREVER) | Err(_) => 0,
+        Ok(id) => id as usize,
+    }
+}
+
+/// This thread's slot if it already has one, else the shared slot. Hook-safe.
+#[inline]
+pub fn my_slot_no_alloc() -> usize {
+    match MY_ID.try_with(|c| c.get()) {
+        Ok(NO_ID) | Ok(SHARED_FOREVER) | Err(_) => 0,
+        Ok(id) => id as usize,
+    }
+}
+
+#[cold]
+fn assign() -> usize {
+    IDS_INIT.call_once(|| {
+        let mut free = FREE_IDS.lock().unwrap_or_else(|e| e.into_inner());
+        free.extend((1..SLOTS as u32).rev());
+    });
+    let id = FREE_IDS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .pop()
+        .unwrap_or(SHARED_FOREVER);
+    let _ = MY_ID.try_with(|c| c.set(id));
+    if id != SHARED_FOREVER && ID_GUARD.try_with(|_| ()).is_err() {
+        // Thread is tearing down: give the id back and use the shared slot.
+        let _ = MY_ID.try_with(|c| c.set(SHARED_FOREVER));
+        FREE_IDS.lock().unwrap_or_else(|e| e.into_inner()).push(id);
+        return 0;
+    }
+    if id == SHARED_FOREVER {
+        0
+    } else {
+        id as usize
+    }
+}
+
+/// One thread's line in one cache.
+#[repr(align(128))] // two lines: adjacent-line prefetch must not couple neighbours
+#[derive(Default)]
+pub struct ReaderSlot {
+    /// Threads of this slot currently inside a reader section.
+    pub readers: AtomicU32,
+    /// Hits served by this slot's thread(s).
+    pub hits: AtomicU64,
+    /// Net regions this slot moved from idle to in use (may be negative: another thread released).
+    pub in_use: AtomicI64,
+}
+
+impl ReaderSlot {
+    #[inline]
+    pub fn enter(&self) {
+        // SeqCst pairs with the writer's SeqCst flag store + count loads (Dekker): either the writer
+        // sees us, or we see its flag.
+        self.readers.fetch_add(1, Ordering::SeqCst);
+    }
+
+    #[inline]
+    pub fn exit(&self) {
+        self.readers.fetch_sub(1, Ordering::Release);
+    }
+
+    #[inline]
+    pub fn add_hit(&self, id: usize) {
+        bump_u64(&self.hits, 1, id);
+    }
+
+    #[inline]
+    pub fn add_in_use(&self, id: usize, d: i64) {
+        if id == 0 {
+            self.in_use.fetch_add(d, Ordering::Relaxed);
+        } else {
+            let v = self.in_use.load(Ordering::Relaxed);
+            self.in_use.store(v + d, Ordering::Relaxed);
+        }
+    }
+}
+
+#[inline]
+fn bump_u64(c: &AtomicU64, d: u64, id: usize) {
+    if id == 0 {
+        c.fetch_add(d, Ordering::Relaxed);
+    } else {
+        // Only the owner of slot `id` writes this counter: a plain store cannot lose updates.
+        c.store(c.load(Ordering::Relaxed) + d, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn threads_get_distinct_ids_and_return_them() {
+        let main = my_slot();
+        assert_ne!(main, 0);
+        assert_eq!(my_slot(), main, "stable per thread");
+        let ids: Vec<usize> = (0..8)
+            .map(|_| std::thread::spawn(my_slot))
+            .map(|h| h.join().unwrap())
+            .collect();
+        assert!(ids.iter().all(|&i| i != 0 && i != main));
+        // Ids are recycled at thread exit, so 300 sequential threads never exhaust the pool.
+        for _ in 0..300 {
+            assert_ne!(std::thread::spawn(my_slot).join().unwrap(), 0);
+        }
+    }
+}

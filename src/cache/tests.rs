@@ -1,0 +1,195 @@
+//! Unit tests of the cache core against the counting double (fake addresses: the double never
+//! touches memory).
+
+use std::sync::Arc;
+
+use super::{Cache, Limits, QUEUE_CAPACITY};
+use crate::pin::counting::CountingPinner;
+use crate::pin::Access;
+use crate::status::fh_status::*;
+
+const P: usize = 4096;
+const RW: Access = Access(1 | 2);
+const R: Access = Access::REMOTE_READ;
+
+fn cache(max_pinned: usize, max_regions: usize) -> (Arc<CountingPinner>, Arc<Cache>) {
+    let pin = Arc::new(CountingPinner::new());
+    let c = Cache::new(
+        pin.clone(),
+        Limits {
+            max_pinned,
+            max_regions,
+        },
+        None,
+    );
+    (pin, c)
+}
+
+#[test]
+fn validation_errors_change_nothing() {
+    let (pin, c) = cache(1 << 30, 100);
+    assert_eq!(c.register(P, 0, R), Err(FH_ERR_ZERO_LENGTH));
+    assert_eq!(c.register(usize::MAX - 5, 10, R), Err(FH_ERR_OVERFLOW));
+    assert_eq!(
+        c.register(usize::MAX - 5, 3, R),
+        Err(FH_ERR_OVERFLOW),
+        "page round-up overflows"
+    );
+    assert_eq!(c.register(P, 10, Access(16)), Err(FH_ERR_BAD_ACCESS));
+    assert_eq!(c.register(P, (1 << 30) + 1, R), Err(FH_ERR_TOO_LARGE));
+    assert_eq!(c.deregister(12345), Err(FH_ERR_UNKNOWN_HANDLE));
+    assert_eq!(pin.attempts(), 0);
+    assert_eq!(c.stats(), Default::default());
+}
+
+#[test]
+fn hit_after_lazy_release_and_exact_addr_returned() {
+    let (pin, c) = cache(1 << 30, 100);
+    let a = c.register(P + 100, 50, RW).unwrap();
+    assert_eq!((a.addr, a.len), (P + 100, 50));
+    let rec = pin.record(a.lkey).unwrap();
+    assert_eq!((rec.addr, rec.len), (P, P));
+    c.deregister(a.handle).unwrap();
+    assert_eq!(c.deregister(a.handle), Err(FH_ERR_UNKNOWN_HANDLE));
+    let b = c.register(P + 8, 8, Access::LOCAL_WRITE).unwrap();
+    assert_eq!(b.lkey, a.lkey, "contained + covered access = hit");
+    let s = c.stats();
+    assert_eq!((s.hits, s.misses, s.regions, s.in_use), (1, 1, 1, 1));
+    assert_eq!(s.pinned_bytes, P as u64);
+    c.deregister(b.handle).unwrap();
+    assert_eq!(c.stats().in_use, 0);
+    assert_eq!(c.flush(), 1);
+    assert_eq!(pin.live_count(), 0);
+}
+
+#[test]
+fn read_only_never_serves_remote_write_and_union_replaces() {
+    let (pin, c) = cache(1 << 30, 100);
+    let a = c.register(P, P, R).unwrap();
+    let b = c.register(P, 2 * P, Access::REMOTE_WRITE).unwrap();
+    assert_ne!(a.lkey, b.lkey);
+    let rb = pin.record(b.lkey).unwrap();
+    assert_eq!((rb.addr, rb.len), (P, 2 * P));
+    assert!(
+        rb.access.covers(R) && rb.access.covers(Access::REMOTE_WRITE),
+        "union of rights"
+    );
+    // The old region stays pinned for its holder, then goes.
+    assert_eq!(pin.live_count(), 2);
+    c.deregister(a.handle).unwrap();
+    assert_eq!(pin.live_count(), 1);
+    let c2 = c.register(P, P, R).unwrap();
+    assert_eq!(c2.lkey, b.lkey, "the union now serves the read request");
+}
+
+#[test]
+fn invalidate_in_use_and_idle_and_old_handle_after_reuse() {
+    let (pin, c) = cache(1 << 30, 100);
+    let a = c.register(P, P, RW).unwrap();
+    let idle = c.register(10 * P, P, RW).unwrap();
+    c.deregister(idle.handle).unwrap();
+    c.invalidate(P, 1);
+    c.invalidate(10 * P, P);
+    // Idle invalidated region is unpinned at the next call, not inside invalidate.
+    assert_eq!(pin.live_count(), 2);
+    let b = c.register(P, P, RW).unwrap();
+    assert_ne!(a.lkey, b.lkey, "no stale hit after invalidate");
+    assert_eq!(pin.live_count(), 2, "a (in use) and b");
+    assert_eq!(c.stats().invalidations, 2);
+    // Case 12: the old handle only drops the old region.
+    c.deregister(a.handle).unwrap();
+    assert_eq!(pin.live_count(), 1);
+    let b2 = c.register(P, P, RW).unwrap();
+    assert_eq!(b2.lkey, b.lkey);
+    assert_eq!(pin.bad_unpins(), 0);
+}
+
+#[test]
+fn lru_bounds_and_too_large() {
+    let (pin, c) = cache(4 * P, 3);
+    let mut keys = vec![];
+    for i in 0..5 {
+        let r = c.register(i * 2 * P, P, R).unwrap();
+        keys.push(r.lkey);
+        c.deregister(r.handle).unwrap();
+    }
+    let s = c.stats();
+    assert!(s.regions <= 3 && s.pinned_bytes <= 4 * P as u64, "{s:?}");
+    assert_eq!(s.evictions, 2);
+    // In-use regions are never evicted, even above the bounds.
+    let held: Vec<_> = (0..4)
+        .map(|i| c.register(100 * P + i * 2 * P, P, R).unwrap())
+        .collect();
+    assert_eq!(pin.live_count(), 4);
+    for h in &held {
+        c.deregister(h.handle).unwrap();
+    }
+    assert!(
+        c.stats().regions <= 3,
+        "lazy release trims back to the bound"
+    );
+    c.set_limits(Limits {
+        max_pinned: 4 * P,
+        max_regions: 1,
+    });
+    assert_eq!(c.stats().regions, 1);
+    assert_eq!(pin.live_count(), 1);
+    assert_eq!(c.register(0, 5 * P, R), Err(FH_ERR_TOO_LARGE));
+}
+
+#[test]
+fn no_memory_evicts_and_retries_then_fails() {
+    let (pin, c) = cache(1 << 30, 100);
+    pin.set_budget(Some(2 * P));
+    let a = c.register(0, P, R).unwrap();
+    let b = c.register(2 * P, P, R).unwrap();
+    c.deregister(a.handle).unwrap();
+    let d = c.register(4 * P, P, R).unwrap(); // evicts a
+    let s = c.stats();
+    assert_eq!((s.pin_retries, s.evictions, s.regions), (1, 1, 2));
+    // Everything in use: clear error, no hang.
+    assert_eq!(c.register(6 * P, P, R), Err(FH_ERR_NO_MEMORY));
+    assert_eq!(c.stats().pin_failures, 1);
+    pin.set_fail_all(true);
+    assert_eq!(c.register(8 * P, P, R), Err(FH_ERR_PIN_FAILED));
+    c.deregister(b.handle).unwrap();
+    c.deregister(d.handle).unwrap();
+}
+
+#[test]
+fn hook_filter_keeps_the_queue_empty_for_unrelated_ranges() {
+    let (_pin, c) = cache(1 << 30, 100);
+    let a = c.register(1 << 40, P, R).unwrap();
+    // Case 5: many unmaps of memory the cache does not hold leave nothing queued.
+    for i in 0..40_000usize {
+        c.invalidate((1 << 30) + i * P, P);
+    }
+    assert_eq!(c.queued_invalidations(), 0);
+    // Relevant ones are bounded by the ring, overflow invalidates everything (safe).
+    for _ in 0..3 * QUEUE_CAPACITY {
+        c.invalidate(1 << 40, P);
+    }
+    assert!(c.queued_invalidations() <= QUEUE_CAPACITY);
+    let b = c.register(1 << 40, P, R).unwrap();
+    assert_ne!(a.lkey, b.lkey);
+    assert_eq!(c.queued_invalidations(), 0);
+}
+
+#[test]
+fn drop_unpins_everything() {
+    let (pin, c) = cache(1 << 30, 100);
+    let a = c.register(0, P, R).unwrap();
+    let _b = c.register(4 * P, P, R).unwrap();
+    c.deregister(a.handle).unwrap();
+    c.invalidate(4 * P, P); // held + invalidated
+    let _ = c.register(8 * P, P, R).unwrap();
+    drop(c);
+    assert_eq!(pin.live_count(), 0);
+    assert_eq!(pin.bad_unpins(), 0);
+}
+
+#[test]
+fn cache_is_send_sync() {
+    fn ok<T: Send + Sync>() {}
+    ok::<Cache>();
+}
