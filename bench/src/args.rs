@@ -16,11 +16,13 @@ pub struct Args {
     pub internal_metadata: Option<(String, usize)>,
 }
 
-pub const USAGE: &str = "usage: firehose-bench [--json] [--quick] [--backend mlock|verbs|null] [--regions 1,1000,100000]\n\
-  --json     one JSON document with every row on stdout (tables are not printed)\n\
-  --quick    short smoke run (< 20 s)\n\
-  --backend  pinning backend under both caches and the raw rows (default mlock)\n\
-  --regions  cached-region counts of the hit rows (default 1,1000,100000)\n";
+pub const USAGE: &str = "\
+usage: firehose-bench [--json] [--quick] [--backend mlock|verbs|null] [--regions 1,1000,100000]
+  --json     one JSON document with every row on stdout (tables are not printed)
+  --quick    short smoke run (< 20 s)
+  --backend  pinning backend under both caches and the raw rows (default mlock)
+  --regions  cached-region counts of the hit rows (default 1,1000,100000)
+";
 
 pub fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
     let mut args = Args {
