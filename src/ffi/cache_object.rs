@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use crate::cache::Cache;
-use crate::monitor::{MonitorStatus, Subscription};
+use crate::monitor::Subscription;
 
 /// A registration cache. Opaque: create with `fh_cache_new`, free with `fh_cache_free` or
 /// `fh_cache_finalize`. Every call on one cache may come from any thread concurrently, except
@@ -17,8 +17,6 @@ pub struct fh_cache {
     pub(crate) cache: Arc<Cache>,
     /// `FH_MONITOR_*` bits it was built with (after defaults and env), for `fh_info`.
     pub(crate) monitor_requested: u32,
-    /// Which memory-release paths were active when the cache was created.
-    pub(crate) monitor: Option<MonitorStatus>,
     /// Human-readable backend description ("verbs (rxe0, caller PD)", "mlock").
     pub(crate) backend_detail: String,
 }

@@ -3,6 +3,7 @@
 use std::ffi::{c_char, c_int};
 use std::fmt::Write as _;
 
+use crate::monitor::Hooked;
 use crate::status::fh_status;
 
 use super::cache_object::fh_cache;
@@ -23,6 +24,20 @@ fn human(bytes: u64) -> String {
         format!("{bytes} B")
     } else {
         format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+/// Names of the libc functions in a `MonitorStatus` bitmask, or "none".
+fn bit_names(mask: u32) -> String {
+    let names: Vec<&str> = Hooked::ALL
+        .iter()
+        .filter(|h| mask & h.bit() != 0)
+        .map(|h| h.name())
+        .collect();
+    if names.is_empty() {
+        "none".to_string()
+    } else {
+        names.join(" ")
     }
 }
 
@@ -56,13 +71,31 @@ pub(crate) fn render(c: &fh_cache) -> String {
         l.max_regions
     );
     let _ = writeln!(o, "#   monitor asked: {}", monitor.join(", "));
-    match &c.monitor {
-        Some(m) => {
-            let _ = writeln!(o, "#   monitor state: {m:?}");
-        }
-        None => {
-            let _ = writeln!(o, "#   monitor state: not installed by this cache");
-        }
+    // Live, process-wide state (the monitor is shared by every cache).
+    let m = crate::monitor::status();
+    let _ = writeln!(o, "#   libc patched:  {}", bit_names(m.patched));
+    if m.patch_failed != 0 || m.patch_unsupported {
+        let _ = writeln!(
+            o,
+            "#   patch failed:  {}{}",
+            bit_names(m.patch_failed),
+            if m.patch_unsupported {
+                " (architecture not supported)"
+            } else {
+                ""
+            }
+        );
+    }
+    if m.uffd {
+        let _ = writeln!(
+            o,
+            "#   userfaultfd:   on, {} mappings watched, {} refused, {} events",
+            m.uffd_registered, m.uffd_unsupported, m.uffd_events
+        );
+    } else if m.uffd_errno != 0 {
+        let _ = writeln!(o, "#   userfaultfd:   off (errno {})", m.uffd_errno);
+    } else {
+        let _ = writeln!(o, "#   userfaultfd:   off");
     }
     let _ = writeln!(
         o,

@@ -23,9 +23,11 @@ unsafe fn build(cfg: fh_config) -> FhResult<Arc<fh_cache>> {
         patch_libc: cfg.monitor & FH_MONITOR_PATCH_LIBC != 0,
         userfaultfd: cfg.monitor & FH_MONITOR_USERFAULTFD != 0,
     };
-    // The monitor is process-wide and idempotent; installing nothing is fine (then only
-    // `fh_notify_unmapped` invalidates).
-    let status = (opts.patch_libc || opts.userfaultfd).then(|| monitor::install(opts));
+    // The monitor is process-wide and idempotent; with no bits set only `fh_notify_unmapped`
+    // invalidates. What is really active shows in `fh_info`.
+    if opts.patch_libc || opts.userfaultfd {
+        monitor::install(opts);
+    }
     let watcher: Option<Arc<dyn RangeWatcher>> = if opts.userfaultfd {
         Some(Arc::new(UffdWatcher))
     } else {
@@ -42,7 +44,6 @@ unsafe fn build(cfg: fh_config) -> FhResult<Arc<fh_cache>> {
         _subscription: subscription,
         cache,
         monitor_requested: cfg.monitor,
-        monitor: status,
         backend_detail: backend.detail,
     }))
 }
