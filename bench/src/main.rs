@@ -213,7 +213,7 @@ fn hit_one<C: RegCache>(
 
 /// Miss rows: raw backend, ours with nothing kept, UCX with every region invalidated.
 fn miss_rows(backend: &Arc<dyn Pinner>, quick: bool) -> Result<Vec<miss::MissRow>, String> {
-    let rounds = if quick { 5 } else { 40 };
+    let rounds = if quick { 9 } else { 40 };
     let arena = Arena::new(MISS_SIZES.iter().sum(), true);
     let mut rows = Vec::new();
     let mut offset = 0;

@@ -17,7 +17,9 @@ pub struct MissRow {
     pub imp: &'static str,
     pub iterations: u64,
     pub lat: Summary,
-    /// (p50 / raw p50 - 1) * 100; 0 for the raw row itself.
+    /// Median over rounds of (this / raw in the same round) - 1, in %; 0 for raw itself.
+    /// Pairing by round compares batches run milliseconds apart, so load that comes and goes
+    /// on a shared host cancels out instead of landing on one side.
     pub overhead_pct: f64,
     /// Backend pin+unpin pairs observed per timed op (1.0 = every op was a real miss).
     pub pins_per_op: f64,
@@ -122,7 +124,6 @@ pub fn run(
             pins[i] += c.backend.pins().min(c.backend.unpins()) - before;
         }
     }
-    let raw_p50 = summarize(&samples[0]).p50;
     contenders
         .iter()
         .enumerate()
@@ -134,9 +135,28 @@ pub fn run(
                 imp: c.op.name(),
                 iterations,
                 lat: if failed[i] { summarize(&[]) } else { lat },
-                overhead_pct: (lat.p50 / raw_p50 - 1.0) * 100.0,
+                overhead_pct: overhead_pct(&samples[i], &samples[0]),
                 pins_per_op: pins[i] as f64 / iterations as f64,
             }
         })
         .collect()
+}
+
+/// Median of per-round ratios `a[r] / b[r]`, as an overhead in percent.
+fn overhead_pct(a: &[f64], b: &[f64]) -> f64 {
+    let ratios: Vec<f64> = a.iter().zip(b).map(|(x, y)| x / y).collect();
+    (summarize(&ratios).p50 - 1.0) * 100.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn overhead_pairs_rounds_and_ignores_a_noisy_one() {
+        let raw = [100.0, 100.0, 1000.0, 100.0, 100.0];
+        let ours = [110.0, 110.0, 1100.0, 110.0, 5000.0];
+        assert!((overhead_pct(&ours, &raw) - 10.0).abs() < 1e-9);
+        assert_eq!(overhead_pct(&raw, &raw), 0.0);
+    }
 }
