@@ -29,6 +29,18 @@ extern "C" fn prepare() {
     });
 }
 
+static IN_CHILD: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// True in a process created by `fork` after the shim was loaded.
+pub fn in_child() -> bool {
+    IN_CHILD.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+extern "C" fn child() {
+    IN_CHILD.store(true, std::sync::atomic::Ordering::Relaxed);
+    release();
+}
+
 extern "C" fn release() {
     let _ = std::panic::catch_unwind(|| {
         // SAFETY: see `Held`; dropping the guards unlocks in this process's copy of the mutexes.
@@ -40,5 +52,5 @@ extern "C" fn release() {
 /// Register the handlers (once, from the constructor).
 pub fn install() {
     // SAFETY: registering plain functions that never unwind.
-    unsafe { libc::pthread_atfork(Some(prepare), Some(release), Some(release)) };
+    unsafe { libc::pthread_atfork(Some(prepare), Some(release), Some(child)) };
 }

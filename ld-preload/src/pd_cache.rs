@@ -8,23 +8,22 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use firehose::cache::{Registration, Stats};
-use firehose::pin::{Access, Pinned, Pinner};
+use firehose::cache::{Cache, Limits, RangeWatcher, Registration, Stats};
+use firehose::monitor::{self, MonitorOptions, Subscription, UffdWatcher};
+use firehose::pin::Access;
 use firehose::status::{fh_status, FhResult};
 
 use crate::ffi_types::IbvPd;
 use crate::real_pinner::RealPinner;
-use crate::real_verbs;
+use crate::{real_verbs, settings};
 
 /// The cache of one protection domain.
 pub struct PdCache {
+    /// Declared first so it drops first: events stop reaching the cache before it goes away.
+    _events: Option<Subscription>,
+    cache: Arc<Cache>,
     pinner: Arc<RealPinner>,
-    // Stand-in until firehose::cache::Cache lands: every registration is a miss.
-    live: Mutex<HashMap<u64, (Pinned, usize, usize)>>,
-    next: std::sync::atomic::AtomicU64,
-    stats: Mutex<Stats>,
 }
-
 type PdMap = HashMap<usize, Arc<PdCache>>;
 
 static PDS: Mutex<Option<PdMap>> = Mutex::new(None);
@@ -97,59 +96,76 @@ pub fn stats_sum() -> (Stats, u64) {
     (t, caches.len() as u64)
 }
 
+/// Install the monitor once, on the first registration of the process (not in the constructor:
+/// most processes that inherit LD_PRELOAD never register, and userfaultfd starts a thread).
+fn ensure_monitor() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let m = settings::config().monitor;
+        monitor::install(MonitorOptions {
+            patch_libc: m.patch_libc,
+            userfaultfd: m.userfaultfd,
+        });
+    });
+}
+
 impl PdCache {
     fn new(pd: *mut IbvPd) -> FhResult<Arc<PdCache>> {
+        let cfg = settings::config();
         let pinner = Arc::new(RealPinner::new(pd, real_verbs::get()));
+        let limits = Limits {
+            max_pinned: cfg.max_pinned,
+            max_regions: cfg.max_regions,
+        };
+        if !settings::invalidation_enabled() {
+            // FH_TEST_NO_INVALIDATE: a cache deaf to memory events (tests only).
+            let cache = Cache::new(pinner.clone(), limits, None);
+            return Ok(Arc::new(PdCache {
+                _events: None,
+                cache,
+                pinner,
+            }));
+        }
+        ensure_monitor();
+        // A forked child inherits the parent's userfaultfd, whose registrations act on the
+        // parent's address space: a child relies on the libc hooks alone.
+        let watcher: Option<Arc<dyn RangeWatcher>> =
+            if cfg.monitor.userfaultfd && !crate::fork::in_child() {
+                Some(Arc::new(UffdWatcher))
+            } else {
+                None
+            };
+        let cache = Cache::new(pinner.clone(), limits, watcher);
+        let events = monitor::subscribe(cache.clone());
+        if !events.is_active() {
+            // Every listener slot is taken: a cache nobody invalidates would serve stale
+            // registrations, so this domain goes uncached.
+            return Err(fh_status::FH_ERR_UNSUPPORTED);
+        }
         Ok(Arc::new(PdCache {
+            _events: Some(events),
+            cache,
             pinner,
-            live: Mutex::new(HashMap::new()),
-            next: std::sync::atomic::AtomicU64::new(1),
-            stats: Mutex::new(Stats::default()),
         }))
     }
 
     /// Register (or find) `[addr, addr + len)` with at least `access`.
     pub fn register(&self, addr: usize, len: usize, access: Access) -> FhResult<Registration> {
-        let p = self
-            .pinner
-            .pin(addr, len, access)
-            .map_err(|_| fh_status::FH_ERR_PIN_FAILED)?;
-        let h = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        self.live
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(h, (p, addr, len));
-        self.stats.lock().unwrap_or_else(|e| e.into_inner()).misses += 1;
-        Ok(Registration {
-            handle: h,
-            addr,
-            len,
-            lkey: p.lkey,
-            rkey: p.rkey,
-        })
+        self.cache.register(addr, len, access)
     }
 
     /// Release one registration returned by `register`.
     pub fn deregister(&self, handle: u64) -> FhResult<()> {
-        let e = self
-            .live
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&handle);
-        match e {
-            Some((p, a, l)) => {
-                self.pinner.unpin(p, a, l);
-                Ok(())
-            }
-            None => Err(fh_status::FH_ERR_UNKNOWN_HANDLE),
-        }
+        self.cache.deregister(handle)
     }
 
     /// Release every idle registration.
-    pub fn flush(&self) {}
+    pub fn flush(&self) {
+        self.cache.flush();
+    }
 
     pub fn stats(&self) -> Stats {
-        *self.stats.lock().unwrap_or_else(|e| e.into_inner())
+        self.cache.stats()
     }
 
     /// Kernel handle of the live MR with this lkey.

@@ -11,6 +11,9 @@
 //! "enabled", apply), and must not allocate.
 
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::sync::OnceLock;
+
+use firehose::config::Config;
 
 static DISABLED: AtomicBool = AtomicBool::new(false);
 static NO_INVALIDATE: AtomicBool = AtomicBool::new(false);
@@ -49,8 +52,21 @@ fn env_flag(name: &str) -> bool {
     truthy(std::env::var(name).ok().as_deref())
 }
 
+static CONFIG: OnceLock<Config> = OnceLock::new();
+
+/// The library's own settings (`FH_MAX_PINNED`, `FH_MAX_REGIONS`, `FH_MONITOR`...). An invalid
+/// value is reported once on stderr (by the parser) and the defaults apply.
+pub fn config() -> Config {
+    *CONFIG.get_or_init(|| {
+        Config::from_env()
+            .or_else(|_| Config::from_lookup(|_| None).map_err(|_| ()))
+            .expect("the defaults are valid")
+    })
+}
+
 /// Read the environment and open the stats descriptor. Called once from the constructor.
 pub fn load() {
+    let _ = config();
     DISABLED.store(env_flag("FH_DISABLE"), Ordering::Relaxed);
     NO_INVALIDATE.store(env_flag("FH_TEST_NO_INVALIDATE"), Ordering::Relaxed);
     if env_flag("FH_STATS") && !disabled() {
