@@ -17,6 +17,19 @@
 
 #define FH_SKIP 77
 
+/* ASan replaces malloc (quarantine: freed addresses are not reused at once) and turns mlock into a
+ * no-op, so tests that depend on either check this. */
+#if defined(__SANITIZE_ADDRESS__)
+#define FH_TEST_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define FH_TEST_ASAN 1
+#endif
+#endif
+#ifndef FH_TEST_ASAN
+#define FH_TEST_ASAN 0
+#endif
+
 #define CHECK(cond)                                                                          \
     do {                                                                                     \
         if (!(cond)) {                                                                       \
