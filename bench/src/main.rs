@@ -11,6 +11,7 @@ mod impls;
 mod memlock;
 mod metadata;
 mod miss;
+mod ofi;
 mod report;
 mod summary;
 mod targets;
@@ -62,6 +63,10 @@ fn main() {
 
 fn run(args: &args::Args) -> Result<(), String> {
     let memlock = memlock::raise();
+    let with_ofi = args.backend == "verbs";
+    if with_ofi {
+        ofi::Ofi::configure_env(*args.regions.iter().max().unwrap_or(&1));
+    }
     let backend = backend::open(&args.backend)?;
     let threads: &[usize] = if args.quick { &[1, 2] } else { &[1, 2, 4] };
     let cfg = HitConfig {
@@ -83,7 +88,7 @@ fn run(args: &args::Args) -> Result<(), String> {
         info.backend, info.memlock, info.cpus, info.loadavg
     );
 
-    let hits = hit_rows(&backend, &args.regions, threads, cfg)?;
+    let hits = hit_rows(&backend, &args.regions, threads, cfg, with_ofi)?;
     let misses = miss_rows(&backend, args.quick)?;
     eprintln!("metadata: caching 100000 regions in fresh child processes (null backend)");
     let meta = vec![
@@ -132,6 +137,7 @@ fn hit_rows(
     counts: &[usize],
     threads: &[usize],
     cfg: HitConfig,
+    with_ofi: bool,
 ) -> Result<Vec<HitRow>, String> {
     let page = page_size();
     let max_slots = counts
@@ -148,11 +154,18 @@ fn hit_rows(
             eprintln!("hit: {} regions, {t} thread(s)", addrs.len());
             let counted = CountingBackend::new(backend.clone());
             let ours = Ours::new(counted.clone(), unbounded());
-            rows.extend(hit_one(&ours, &counted, &addrs, &slices, page, cfg)?);
+            rows.extend(hit_one(&ours, Some(&counted), &addrs, &slices, page, cfg)?);
             drop(ours);
             let counted = CountingBackend::new(backend.clone());
             let ucx = Ucx::new(counted.clone(), 0)?;
-            rows.extend(hit_one(&ucx, &counted, &addrs, &slices, page, cfg)?);
+            rows.extend(hit_one(&ucx, Some(&counted), &addrs, &slices, page, cfg)?);
+            drop(ucx);
+            if with_ofi {
+                match ofi::Ofi::open("verbs") {
+                    Ok(o) => rows.extend(hit_one(&o, None, &addrs, &slices, page, cfg)?),
+                    Err(e) => eprintln!("hit: skipping libfabric rows: {e}"),
+                }
+            }
             if n == 1 {
                 // Machine ceiling for the scaling ratios (needs no backend).
                 let row = hit::run(&Ceiling, &slices, page, Pattern::Same, cfg);
@@ -168,10 +181,11 @@ fn hit_rows(
     Ok(rows)
 }
 
-/// Populate, then time both patterns; checks that the timed loops never reached the backend.
+/// Populate, then time both patterns; checks that the timed loops never reached the backend
+/// (when the bench owns the backend: `counted` is None for libfabric, which pins by itself).
 fn hit_one<C: RegCache>(
     cache: &C,
-    counted: &CountingBackend,
+    counted: Option<&CountingBackend>,
     addrs: &[usize],
     slices: &[Vec<usize>],
     len: usize,
@@ -183,20 +197,22 @@ fn hit_one<C: RegCache>(
             .ok_or_else(|| format!("{}: populate failed at {a:#x}", cache.name()))?;
         cache.put(h);
     }
-    if counted.pins() != addrs.len() as u64 {
+    let pins = || counted.map_or(0, |c| c.pins());
+    let backend_failures = || counted.map_or(0, |c| c.failures());
+    if counted.is_some() && pins() != addrs.len() as u64 {
         return Err(format!(
             "{}: {} backend pins to cache {} distinct regions",
             cache.name(),
-            counted.pins(),
+            pins(),
             addrs.len()
         ));
     }
     let mut rows = Vec::new();
     for p in [Pattern::Same, Pattern::Random] {
-        let before = counted.pins();
+        let before = pins();
         let row = hit::run(cache, slices, len, p, cfg);
-        let extra = counted.pins() - before;
-        if extra > 0 || row.failures > 0 || counted.failures() > 0 {
+        let extra = pins() - before;
+        if extra > 0 || row.failures > 0 || backend_failures() > 0 {
             return Err(format!(
                 "{} {} {} regions {}T: {extra} backend pins and {} failures in a hit run",
                 cache.name(),

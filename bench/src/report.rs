@@ -58,7 +58,7 @@ pub fn scaling_table(rows: &[HitRow], counts: &[usize], threads: &[usize]) -> St
     let _ = writeln!(s, "{head}");
     for &n in counts {
         for p in [Pattern::Same, Pattern::Random] {
-            for imp in ["ours", "ucx", "ceil"] {
+            for imp in ["ours", "ucx", "ofi", "ceil"] {
                 let Some(one) = rows
                     .iter()
                     .find(|r| r.imp == imp && r.regions == n && r.pattern == p && r.threads == 1)
