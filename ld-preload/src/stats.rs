@@ -187,7 +187,13 @@ pub extern "C" fn print_at_exit() {
         return;
     };
     let _ = std::panic::catch_unwind(|| {
-        let text = summary(&snapshot());
+        let s = snapshot();
+        // Every child inherits LD_PRELOAD (shells, launchers, `timeout`...): only processes that
+        // used verbs report.
+        if s.app_reg_calls == 0 && s.nested_calls == 0 && s.passthrough_dereg == 0 {
+            return;
+        }
+        let text = summary(&s);
         let mut buf = text.as_bytes();
         while !buf.is_empty() {
             // SAFETY: writing our own buffer to a descriptor we opened.
