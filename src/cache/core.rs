@@ -578,11 +578,9 @@ impl Cache {
         self.unpin_all(unpins);
     }
 
-    /// Counters; processes pending invalidations first so "now" values are current.
+    /// Counters. A pure read (takes no lock, changes nothing): idle regions invalidated since the
+    /// last call still count as pinned until the next register/deregister/flush unpins them.
     pub fn stats(&self) -> Stats {
-        if self.pending() {
-            self.drain_now();
-        }
         let (mut hits, mut in_use) = (0u64, 0i64);
         for s in self.slots.iter() {
             hits += s.hits.load(Ordering::Relaxed);
