@@ -48,6 +48,22 @@ pub struct HitRow {
     pub mops: f64,
     /// Failed registrations in the timed loops (must be 0).
     pub failures: u64,
+    /// The samples behind `lat` (per-op ns of each batch) and `mops` (one per round), kept so
+    /// segments of one row measured at different times can be merged.
+    pub per_op: Vec<f64>,
+    pub round_mops: Vec<f64>,
+}
+
+impl HitRow {
+    /// Fold another segment of the same configuration into this row.
+    pub fn merge(&mut self, other: HitRow) {
+        self.iterations += other.iterations;
+        self.failures += other.failures;
+        self.per_op.extend(other.per_op);
+        self.round_mops.extend(other.round_mops);
+        self.lat = summarize(&self.per_op);
+        self.mops = summarize(&self.round_mops).p50;
+    }
 }
 
 /// Length of the precomputed random index sequence (per thread); long enough that a 10^5-region
@@ -117,6 +133,8 @@ pub fn run<C: RegCache>(
         lat: summarize(&per_op),
         mops: summarize(&round_mops).p50,
         failures: results.iter().map(|r| r.failures).sum(),
+        per_op,
+        round_mops,
     }
 }
 

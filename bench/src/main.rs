@@ -150,26 +150,47 @@ fn hit_rows(
     for &n in counts {
         for &t in threads {
             let addrs: Vec<usize> = (0..n.max(t)).map(|i| arena.slot(i, page)).collect();
-            let slices = hit::split(&addrs, t);
+            let slices = &hit::split(&addrs, t);
             eprintln!("hit: {} regions, {t} thread(s)", addrs.len());
-            let counted = CountingBackend::new(backend.clone());
-            let ours = Ours::new(counted.clone(), unbounded());
-            rows.extend(hit_one(&ours, Some(&counted), &addrs, &slices, page, cfg)?);
-            drop(ours);
-            let counted = CountingBackend::new(backend.clone());
-            let ucx = Ucx::new(counted.clone(), 0)?;
-            rows.extend(hit_one(&ucx, Some(&counted), &addrs, &slices, page, cfg)?);
-            drop(ucx);
-            if with_ofi {
+            // Every implementation is populated up front and then measured in alternating
+            // segments, so load that comes and goes on a shared host lands on all of them.
+            let ours_b = CountingBackend::new(backend.clone());
+            let ours = Ours::new(ours_b.clone(), unbounded());
+            populate(&ours, Some(&ours_b), &addrs, page)?;
+            let ucx_b = CountingBackend::new(backend.clone());
+            let ucx = Ucx::new(ucx_b.clone(), 0)?;
+            populate(&ucx, Some(&ucx_b), &addrs, page)?;
+            let ofi = if with_ofi {
                 match ofi::Ofi::open("verbs") {
-                    Ok(o) => rows.extend(hit_one(&o, None, &addrs, &slices, page, cfg)?),
-                    Err(e) => eprintln!("hit: skipping libfabric rows: {e}"),
+                    Ok(o) => {
+                        populate(&o, None, &addrs, page)?;
+                        Some(o)
+                    }
+                    Err(e) => {
+                        eprintln!("hit: skipping libfabric rows: {e}");
+                        None
+                    }
                 }
+            } else {
+                None
+            };
+            let mut contenders: Vec<HitFn<'_>> = vec![
+                Box::new(|p, c| timed(&ours, Some(&ours_b), slices, page, p, c).map(Some)),
+                Box::new(|p, c| timed(&ucx, Some(&ucx_b), slices, page, p, c).map(Some)),
+            ];
+            if let Some(o) = &ofi {
+                contenders.push(Box::new(move |p, c| {
+                    timed(o, None, slices, page, p, c).map(Some)
+                }));
             }
             if n == 1 {
-                // Machine ceiling for the scaling ratios (needs no backend).
-                let row = hit::run(&Ceiling, &slices, page, Pattern::Same, cfg);
-                rows.push(row);
+                // Machine ceiling for the scaling ratios (needs no backend, one pattern).
+                contenders.push(Box::new(|p, c| {
+                    Ok((p == Pattern::Same).then(|| hit::run(&Ceiling, slices, page, p, c)))
+                }));
+            }
+            for p in [Pattern::Same, Pattern::Random] {
+                rows.extend(alternate(&mut contenders, p, cfg)?);
             }
         }
     }
@@ -181,50 +202,89 @@ fn hit_rows(
     Ok(rows)
 }
 
-/// Populate, then time both patterns; checks that the timed loops never reached the backend
-/// (when the bench owns the backend: `counted` is None for libfabric, which pins by itself).
-fn hit_one<C: RegCache>(
+/// One implementation's timed run of a pattern for some batches (None: not measured).
+type HitFn<'a> = Box<dyn FnMut(Pattern, HitConfig) -> Result<Option<HitRow>, String> + 'a>;
+
+/// Segments per row: each implementation runs `batches / SEGMENTS` batches at a time, in
+/// rotating order, until every one has run all of its batches.
+const SEGMENTS: usize = 5;
+
+fn alternate(
+    contenders: &mut [HitFn<'_>],
+    p: Pattern,
+    cfg: HitConfig,
+) -> Result<Vec<HitRow>, String> {
+    let segs = SEGMENTS.min(cfg.batches);
+    let mut rows: Vec<Option<HitRow>> = vec![None; contenders.len()];
+    for seg in 0..segs {
+        let seg_cfg = HitConfig {
+            batch: cfg.batch,
+            batches: cfg.batches * (seg + 1) / segs - cfg.batches * seg / segs,
+        };
+        for j in 0..contenders.len() {
+            let i = (j + seg) % contenders.len();
+            if let Some(r) = (contenders[i])(p, seg_cfg)? {
+                match &mut rows[i] {
+                    Some(acc) => acc.merge(r),
+                    slot => *slot = Some(r),
+                }
+            }
+        }
+    }
+    Ok(rows.into_iter().flatten().collect())
+}
+
+/// Cache every region once (get + put) and check each cost exactly one backend pin.
+fn populate<C: RegCache>(
     cache: &C,
     counted: Option<&CountingBackend>,
     addrs: &[usize],
-    slices: &[Vec<usize>],
     len: usize,
-    cfg: HitConfig,
-) -> Result<Vec<HitRow>, String> {
+) -> Result<(), String> {
     for &a in addrs {
         let h = cache
             .get(a, len)
             .ok_or_else(|| format!("{}: populate failed at {a:#x}", cache.name()))?;
         cache.put(h);
     }
-    let pins = || counted.map_or(0, |c| c.pins());
-    let backend_failures = || counted.map_or(0, |c| c.failures());
-    if counted.is_some() && pins() != addrs.len() as u64 {
-        return Err(format!(
+    match counted {
+        Some(c) if c.pins() != addrs.len() as u64 => Err(format!(
             "{}: {} backend pins to cache {} distinct regions",
             cache.name(),
-            pins(),
+            c.pins(),
             addrs.len()
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// One timed segment; fails if the backend saw a single pin during it (not a pure hit run) —
+/// checked when the bench owns the backend (`counted` is None for libfabric, which pins itself).
+fn timed<C: RegCache>(
+    cache: &C,
+    counted: Option<&CountingBackend>,
+    slices: &[Vec<usize>],
+    len: usize,
+    p: Pattern,
+    cfg: HitConfig,
+) -> Result<HitRow, String> {
+    let pins = || counted.map_or(0, |c| c.pins());
+    let before = pins();
+    let row = hit::run(cache, slices, len, p, cfg);
+    let extra = pins() - before;
+    let backend_failures = counted.map_or(0, |c| c.failures());
+    if extra > 0 || row.failures > 0 || backend_failures > 0 {
+        return Err(format!(
+            "{} {} {} regions {}T: {extra} backend pins, {} failed gets, {backend_failures} \
+             failed pins in a hit run",
+            cache.name(),
+            p.name(),
+            row.regions,
+            row.threads,
+            row.failures
         ));
     }
-    let mut rows = Vec::new();
-    for p in [Pattern::Same, Pattern::Random] {
-        let before = pins();
-        let row = hit::run(cache, slices, len, p, cfg);
-        let extra = pins() - before;
-        if extra > 0 || row.failures > 0 || backend_failures() > 0 {
-            return Err(format!(
-                "{} {} {} regions {}T: {extra} backend pins and {} failures in a hit run",
-                cache.name(),
-                p.name(),
-                row.regions,
-                row.threads,
-                row.failures
-            ));
-        }
-        rows.push(row);
-    }
-    Ok(rows)
+    Ok(row)
 }
 
 /// Miss rows: raw backend, ours with nothing kept, UCX with every region invalidated.

@@ -160,6 +160,8 @@ mod tests {
             lat: summarize(&[p50]),
             mops,
             failures: 0,
+            per_op: vec![p50],
+            round_mops: vec![mops],
         }
     }
 
