@@ -25,7 +25,7 @@ use super::handles::Handles;
 use super::index::{Index, RegionPtr};
 use super::inflight::Inflight;
 use super::inval_queue::InvalQueue;
-use super::readers::{my_slot, my_slot_no_alloc, ReaderSlot, SLOTS};
+use super::readers::{my_slot, ReaderSlot, SLOTS};
 use super::region::{Region, COUNT_MASK, DETACHED};
 use super::{Limits, RangeWatcher, Registration, Stats};
 use crate::pin::{Access, PinError, Pinner};
@@ -208,9 +208,16 @@ impl Cache {
                     break r;
                 }
                 Fast::Busy if tries < 100 => {
+                    // A writer is mutating the index (briefly; never across a backend call).
                     tries += 1;
+                    let mut spins = 0;
                     while self.writer.0.load(Ordering::Relaxed) {
-                        std::hint::spin_loop();
+                        spins += 1;
+                        if spins < 64 {
+                            std::hint::spin_loop();
+                        } else {
+                            std::thread::yield_now(); // the writer may be descheduled
+                        }
                     }
                 }
                 _ => break self.register_slow(sid, start, end, access)?,
@@ -223,13 +230,13 @@ impl Cache {
     #[inline]
     fn try_hit(&self, sid: usize, start: usize, end: usize, access: Access) -> Fast {
         let slot = &self.slots[sid];
-        slot.enter();
+        slot.enter(sid);
         if self.writer.0.load(Ordering::SeqCst) {
-            slot.exit();
+            slot.exit(sid);
             return Fast::Busy;
         }
         if self.pending() {
-            slot.exit();
+            slot.exit(sid);
             return Fast::Miss;
         }
         // SAFETY: inside a reader section with no writer active: the index is not mutated and its
@@ -246,7 +253,7 @@ impl Cache {
             }
             None => Fast::Miss,
         };
-        slot.exit();
+        slot.exit(sid);
         res
     }
 
@@ -386,26 +393,28 @@ impl Cache {
     /// Evict idle regions (CLOCK order) until `extra` more bytes and one more region fit.
     fn make_room(&self, w: &Writer, x: &Exclusive, extra: usize, unpins: &mut Vec<RegionPtr>) {
         let limits = *w.limits;
-        loop {
-            let going: usize = unpins
-                .iter()
-                // SAFETY: regions queued for unpin are still allocated.
-                .map(|p| unsafe { p.as_ref() }.len())
-                .sum();
-            let bytes = self.c.pinned_bytes.load(Ordering::Relaxed) as usize - going;
-            let regions = self.c.regions.load(Ordering::Relaxed) as usize - unpins.len();
-            if bytes + extra <= limits.max_pinned
-                && regions + (extra > 0) as usize <= limits.max_regions
-            {
-                return;
-            }
-            match x.index().clock_victim() {
-                Some(p) => {
-                    self.detach(x, p, unpins);
-                    self.c.evictions.fetch_add(1, Ordering::Relaxed);
-                }
-                None => return,
-            }
+        // What stays pinned once the regions already queued for unpinning are gone.
+        let going: usize = unpins
+            .iter()
+            // SAFETY: regions queued for unpin are still allocated.
+            .map(|p| unsafe { p.as_ref() }.len())
+            .sum();
+        let mut bytes = self.c.pinned_bytes.load(Ordering::Relaxed) as usize - going;
+        let mut regions = self.c.regions.load(Ordering::Relaxed) as usize - unpins.len();
+        let new_regions = (extra > 0) as usize;
+        while bytes.saturating_add(extra) > limits.max_pinned
+            || regions.saturating_add(new_regions) > limits.max_regions
+        {
+            let Some(p) = x.index().clock_victim() else {
+                return; // everything left is in use: never evicted
+            };
+            let n = unpins.len();
+            self.detach(x, p, unpins);
+            debug_assert_eq!(unpins.len(), n + 1, "a clock victim is idle");
+            // SAFETY: just queued for unpin, still allocated.
+            bytes -= unsafe { p.as_ref() }.len();
+            regions -= 1;
+            self.c.evictions.fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -535,10 +544,8 @@ impl Cache {
         }
         let start = addr & !(self.page - 1);
         let end = addr.saturating_add(len).saturating_add(self.page - 1) & !(self.page - 1);
-        if self.may_be_cached(start, end) {
-            if !self.queue.0.push(start, end) {
-                self.overflow.0.store(true, Ordering::SeqCst);
-            }
+        if self.may_be_cached(start, end) && !self.queue.0.push(start, end) {
+            self.overflow.0.store(true, Ordering::SeqCst);
         }
     }
 
@@ -548,16 +555,17 @@ impl Cache {
         if self.inflight.overlaps(start, end) {
             return true;
         }
-        let sid = my_slot_no_alloc();
-        let slot = &self.slots[sid];
-        slot.enter();
+        // Always the shared slot: a hook may fire on a thread that is itself inside the cache, and
+        // exclusive slots do not nest.
+        let slot = &self.slots[0];
+        slot.enter(0);
         let res = if self.writer.0.load(Ordering::SeqCst) {
             true
         } else {
             // SAFETY: reader section, no writer active (see `try_hit`).
             unsafe { &*self.index.get() }.any_overlapping(start, end)
         };
-        slot.exit();
+        slot.exit(0);
         // A pin may have started after the first check and before we entered.
         res || self.inflight.overlaps(start, end)
     }

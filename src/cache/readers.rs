@@ -2,7 +2,7 @@
 //!
 //! Each thread gets a small id from a global pool (1..SLOTS, returned at thread exit). Id 0 is the
 //! shared slot: used by threads beyond the pool, during thread teardown, and by memory hooks
-//! (which must not run TLS destructors registration, i.e. must not allocate). Every cache has one
+//! (which may run on a thread that is inside the cache, and must not allocate). Every cache has one
 //! cache-line-padded slot per id, so a reader only writes its own line. Reader counts are always
 //! atomic read-modify-writes (the shared slot really is shared); the statistics counters of an
 //! exclusively owned slot are updated with a plain load + store (no lock prefix), because only the
@@ -51,15 +51,6 @@ pub fn my_slot() -> usize {
     }
 }
 
-/// This thread's slot if it already has one, else the shared slot. Hook-safe.
-#[inline]
-pub fn my_slot_no_alloc() -> usize {
-    match MY_ID.try_with(|c| c.get()) {
-        Ok(NO_ID) | Ok(SHARED_FOREVER) | Err(_) => 0,
-        Ok(id) => id as usize,
-    }
-}
-
 #[cold]
 fn assign() -> usize {
     IDS_INIT.call_once(|| {
@@ -98,16 +89,27 @@ pub struct ReaderSlot {
 }
 
 impl ReaderSlot {
+    /// Enter a reader section. `id` is the caller's slot id (0 = shared slot).
     #[inline]
-    pub fn enter(&self) {
+    pub fn enter(&self, id: usize) {
         // SeqCst pairs with the writer's SeqCst flag store + count loads (Dekker): either the writer
-        // sees us, or we see its flag.
-        self.readers.fetch_add(1, Ordering::SeqCst);
+        // sees us, or we see its flag. An exclusive slot has a single writer (its owner thread, which
+        // never nests sections: hooks use the shared slot), so a swap suffices there.
+        if id == 0 {
+            self.readers.fetch_add(1, Ordering::SeqCst);
+        } else {
+            self.readers.swap(1, Ordering::SeqCst);
+        }
     }
 
     #[inline]
-    pub fn exit(&self) {
-        self.readers.fetch_sub(1, Ordering::Release);
+    pub fn exit(&self, id: usize) {
+        if id == 0 {
+            self.readers.fetch_sub(1, Ordering::Release);
+        } else {
+            // Owner-only line: a plain release store, no locked instruction.
+            self.readers.store(0, Ordering::Release);
+        }
     }
 
     #[inline]
