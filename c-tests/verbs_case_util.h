@@ -15,6 +15,9 @@
 
 #define VC_ACCESS (FH_ACCESS_LOCAL_WRITE | FH_ACCESS_REMOTE_READ | FH_ACCESS_REMOTE_WRITE)
 #define VC_SCRATCH ((size_t)4 << 20)
+/* The RDMA WRITE pattern is seed + this, so it never equals the next call's CPU pattern (callers
+ * use small seeds): stale pages left with the previous WRITE pattern cannot pass by accident. */
+#define VC_WRITE_SEED 1000u
 
 struct vc {
     struct vl_loop vl;
@@ -93,7 +96,7 @@ static inline int vc_check(struct vc *v, const char *what, char *addr, size_t le
                 (unsigned char)v->scratch[bad], vc_byte(seed, (size_t)bad));
         return 1;
     }
-    vc_fill(v->scratch, len, seed + 1);
+    vc_fill(v->scratch, len, seed + VC_WRITE_SEED);
     for (size_t off = 0; off < len; off += chunk) {
         uint32_t n = (uint32_t)(len - off < chunk ? len - off : chunk);
         CHECK(vl_post_write(&v->vl, 0, v->scratch + off, n, v->scratch_mr->lkey,
@@ -103,11 +106,11 @@ static inline int vc_check(struct vc *v, const char *what, char *addr, size_t le
             return 1;
         }
     }
-    bad = vc_mismatch(addr, len, seed + 1);
+    bad = vc_mismatch(addr, len, seed + VC_WRITE_SEED);
     if (bad >= 0) {
         fprintf(stderr, "%s: RDMA WRITE through rkey %#x did not reach the memory: byte %ld is %#x, "
                 "expected %#x (stale registration)\n", what, mr->rkey, bad,
-                (unsigned char)addr[bad], vc_byte(seed + 1, (size_t)bad));
+                (unsigned char)addr[bad], vc_byte(seed + VC_WRITE_SEED, (size_t)bad));
         return 1;
     }
     printf("  %-44s RDMA READ + WRITE of %zu bytes through rkey %#x: ok\n", what, len, mr->rkey);
