@@ -85,6 +85,8 @@ static STATE: Mutex<Option<State>> = Mutex::new(None);
 static RING: PruneRing = PruneRing::new();
 
 static ACTIVE: AtomicBool = AtomicBool::new(false);
+/// Set by the reader once its start-up (which allocates: thread name, TLS) is over.
+static READER_READY: AtomicBool = AtomicBool::new(false);
 static FEATURES: AtomicU64 = AtomicU64::new(0);
 static ERRNO: AtomicI32 = AtomicI32::new(0);
 static REGISTERED: AtomicU64 = AtomicU64::new(0);
@@ -189,6 +191,7 @@ fn ensure_open(st: &mut Option<State>) -> Option<c_int> {
             FEATURES.store(features, SeqCst);
             ERRNO.store(0, SeqCst);
             ACTIVE.store(true, SeqCst);
+            READER_READY.store(false, SeqCst); // a forked child starts its own reader
             *st = Some(State {
                 pid,
                 fd,
@@ -243,6 +246,12 @@ pub fn watch(addr: usize, len: usize) -> usize {
             Ok(_) => st.reader_started = true,
             Err(_) => return 0, // no reader: registering would make munmap block forever
         }
+        // Register nothing before the reader is in its loop: while starting, it calls malloc, and
+        // a thread that trims a registered heap does so holding malloc's arena lock and then
+        // waits for the reader (seen as a deadlock with MALLOC_ARENA_MAX=1 before this wait).
+        while !READER_READY.load(SeqCst) {
+            std::thread::yield_now();
+        }
     }
     let mut vmas: Vec<maps::Vma> = Vec::new();
     maps::for_each_vma(|v| {
@@ -281,6 +290,11 @@ pub fn watch(addr: usize, len: usize) -> usize {
 fn reader(fd: c_int) {
     const BATCH: usize = 64;
     let mut msgs = [UffdMsg::default(); BATCH];
+    // Touch the thread-locals the loop uses now (a dlopen'ed library's TLS may be allocated on
+    // first use), then declare the thread ready: from here on nothing allocates or locks.
+    let _ = super::guard::in_hook();
+    let _ = errno();
+    READER_READY.store(true, SeqCst);
     loop {
         let mut pfd = libc::pollfd {
             fd,
