@@ -7,6 +7,7 @@
 //! the real functions (`real_verbs.rs`, `real_pinner.rs`) -> a wrapper MR (`wrapper.rs`).
 //! Settings in `settings.rs`, counters and `FH_STATS` in `stats.rs`, `fork` in `fork.rs`.
 
+mod coexist;
 mod ffi_types;
 mod fork;
 mod guard;

@@ -102,8 +102,10 @@ fn ensure_monitor() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
         let m = settings::config().monitor;
+        let patch_libc = m.patch_libc
+            && (settings::monitor_explicit() || !crate::coexist::foreign_patcher_loaded());
         monitor::install(MonitorOptions {
-            patch_libc: m.patch_libc,
+            patch_libc,
             userfaultfd: m.userfaultfd,
         });
     });

@@ -5,7 +5,8 @@
 //!   application may close fd 2 first), or to `FH_STATS_FILE` (appended) when set.
 //! - `FH_TEST_NO_INVALIDATE=1` (tests only): no monitor, no notifications, so stale-registration
 //!   tests can be shown to fail.
-//! - Cache limits come from the library's own `FH_*` variables.
+//! - Cache limits and `FH_MONITOR` come from the library's own `FH_*` variables; without
+//!   `FH_MONITOR`, libc patching is skipped next to other memory hookers (`coexist.rs`).
 //!
 //! Hooks read only the atomics below: they may run before the constructor (then the defaults,
 //! "enabled", apply), and must not allocate.
@@ -18,6 +19,7 @@ use firehose::config::Config;
 static DISABLED: AtomicBool = AtomicBool::new(false);
 static NO_INVALIDATE: AtomicBool = AtomicBool::new(false);
 static STATS_FD: AtomicI32 = AtomicI32::new(-1);
+static MONITOR_EXPLICIT: AtomicBool = AtomicBool::new(false);
 
 /// Descriptors at or above this are unlikely to be closed by an application's fd sweep.
 const STATS_FD_MIN: i32 = 500;
@@ -32,6 +34,12 @@ pub fn disabled() -> bool {
 #[inline]
 pub fn invalidation_enabled() -> bool {
     !NO_INVALIDATE.load(Ordering::Relaxed) && !disabled()
+}
+
+/// True when `FH_MONITOR` was set: then it is obeyed even next to other memory hookers
+/// (see `coexist.rs`).
+pub fn monitor_explicit() -> bool {
+    MONITOR_EXPLICIT.load(Ordering::Relaxed)
 }
 
 /// Where the exit summary goes (`None` without `FH_STATS`).
@@ -67,6 +75,7 @@ pub fn config() -> Config {
 /// Read the environment and open the stats descriptor. Called once from the constructor.
 pub fn load() {
     let _ = config();
+    MONITOR_EXPLICIT.store(std::env::var_os("FH_MONITOR").is_some(), Ordering::Relaxed);
     DISABLED.store(env_flag("FH_DISABLE"), Ordering::Relaxed);
     NO_INVALIDATE.store(env_flag("FH_TEST_NO_INVALIDATE"), Ordering::Relaxed);
     if env_flag("FH_STATS") && !disabled() {
