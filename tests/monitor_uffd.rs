@@ -192,3 +192,36 @@ fn sbrk_shrink_is_reported() {
         libc::sbrk(-((2 * MIB) as libc::intptr_t));
     }
 }
+
+/// After fork the child must not register its memory with the parent's userfaultfd context: it
+/// opens its own on its first watch, and its events reach its listeners.
+#[test]
+fn forked_child_gets_its_own_userfaultfd() {
+    let _s = serial();
+    let e = env();
+    let a = map(4 * PAGE);
+    UffdWatcher.watch(a, PAGE); // parent's context, reader started
+                                // SAFETY: the child only uses async-signal-tolerant paths of glibc (malloc is fork-safe in
+                                // glibc) and leaves with _exit.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0);
+    if pid == 0 {
+        let b = map(4 * PAGE);
+        e.rec.clear();
+        let newly = monitor::uffd_watch(b, PAGE);
+        // SAFETY: raw munmap of the child's own mapping.
+        unsafe { libc::syscall(libc::SYS_munmap, b, 4 * PAGE) };
+        let ok = newly == 1 && e.rec.wait_cover(b, 4 * PAGE);
+        // SAFETY: leave the child without running the parent's atexit/test machinery.
+        unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+    }
+    let mut status = 0;
+    // SAFETY: waiting for our child.
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "child status {status}"
+    );
+    // SAFETY: our mapping.
+    unsafe { libc::munmap(a as *mut _, 4 * PAGE) };
+}

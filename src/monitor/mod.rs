@@ -13,6 +13,12 @@
 //! - userfaultfd (`uffd.rs`): UNMAP/REMOVE/REMAP events for mappings a [`UffdWatcher`] registered;
 //!   catches raw syscalls and brk shrinking, but only *after* the unmap.
 //!
+//! Listener rules beyond the seam above: on the `fh-uffd` thread a listener must not munmap /
+//! free memory of a *watched* mapping (the kernel would wait for that same thread to read the
+//! event: self-deadlock), and must not block on a lock that a thread may hold while unmapping
+//! watched memory (that thread waits for the reader). `Cache::invalidate` (non-blocking, no
+//! allocation) satisfies both. Do not fork while another thread is inside `UffdWatcher::watch`.
+//!
 //! Files: `registry.rs` (listener slots), `guard.rs` (re-entrancy), `patch.rs` (code patching),
 //! `hooks.rs` (replacement functions), `ranges.rs` (what range each call invalidates),
 //! `maps.rs` (allocation-free /proc/self/maps reader), `uffd.rs` (userfaultfd), `interval_set.rs`
