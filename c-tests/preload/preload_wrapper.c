@@ -91,6 +91,7 @@ int main(int argc, char **argv)
     CHECK(b && b->lkey == a->lkey && b->rkey == a->rkey, "same keys");
     CHECK(s2.hits - s1.hits == 1, "hits +%lu", (unsigned long)(s2.hits - s1.hits));
     CHECK(s2.real_regs == s1.real_regs, "a hit makes no real registration");
+    CHECK(s2.hit_bytes - s1.hit_bytes == 5000, "hit bytes +%lu", (unsigned long)(s2.hit_bytes - s1.hit_bytes));
 
     /* 3. pass-through flags: one app call, one nested call inside libibverbs, a real MR. */
     struct ibv_mr *p = ibv_reg_mr(l.pd, buf, 4096, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND);

@@ -8,6 +8,7 @@
 //! Settings in `settings.rs`, counters and `FH_STATS` in `stats.rs`, `fork` in `fork.rs`.
 
 mod coexist;
+mod cost_model;
 mod ffi_types;
 mod fork;
 mod guard;

@@ -18,6 +18,17 @@ use crate::ffi_types::{IbvMr, IbvPd};
 use crate::real_verbs::RealVerbs;
 use crate::stats::{self, COUNTERS};
 
+thread_local! {
+    /// Set when this thread made a real registration: lets the caller of `Cache::register` tell
+    /// a miss from a hit (the cache pins on the calling thread).
+    static PINNED_HERE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Clear the "pinned on this thread" flag and return its previous value.
+pub fn take_pinned_flag() -> bool {
+    PINNED_HERE.with(|f| f.replace(false))
+}
+
 pub struct RealPinner {
     pd: *mut IbvPd,
     real: &'static RealVerbs,
@@ -78,9 +89,12 @@ impl Pinner for RealPinner {
                 std::io::Error::last_os_error().raw_os_error().unwrap_or(0),
             ));
         }
+        let ns = elapsed_ns(t0);
+        PINNED_HERE.with(|f| f.set(true));
+        crate::cost_model::record(&crate::cost_model::REG, len, ns);
         COUNTERS
             .real_reg_ns
-            .fetch_add(elapsed_ns(t0), std::sync::atomic::Ordering::Relaxed);
+            .fetch_add(ns, std::sync::atomic::Ordering::Relaxed);
         stats::bump(&COUNTERS.real_regs);
         stats::pinned_add(len as u64);
         // SAFETY: libibverbs returned a valid MR.
@@ -106,9 +120,11 @@ impl Pinner for RealPinner {
         // SAFETY: `token` is the MR our `pin` returned, released exactly once (the cache's
         // contract); deregistering memory that was unmapped meanwhile is fine for the kernel.
         unsafe { f(pinned.token as *mut IbvMr) };
+        let ns = elapsed_ns(t0);
+        crate::cost_model::record(&crate::cost_model::DEREG, len, ns);
         COUNTERS
             .real_dereg_ns
-            .fetch_add(elapsed_ns(t0), std::sync::atomic::Ordering::Relaxed);
+            .fetch_add(ns, std::sync::atomic::Ordering::Relaxed);
         stats::bump(&COUNTERS.real_deregs);
         stats::pinned_sub(len as u64);
     }

@@ -38,9 +38,15 @@ unsafe fn cached_reg(pd: *mut IbvPd, addr: *mut c_void, len: usize, access: u32)
     let Ok(cache) = pd_cache::for_pd(pd) else {
         return std::ptr::null_mut();
     };
+    crate::real_pinner::take_pinned_flag();
     let Ok(reg) = cache.register(addr as usize, len, Access(access)) else {
         return std::ptr::null_mut();
     };
+    if !crate::real_pinner::take_pinned_flag() {
+        COUNTERS
+            .hit_bytes
+            .fetch_add(len as u64, std::sync::atomic::Ordering::Relaxed);
+    }
     let mr = IbvMr {
         // SAFETY: `pd` is live per the contract; `context` is its public first field.
         context: unsafe { (*pd).context },

@@ -21,5 +21,13 @@ for c in $cases; do
     [ "$shim" = 0 ] || { echo "  FAIL: stale registration used under the shim"; fails=$((fails + 1)); }
     [ "$noinv" = 1 ] || { echo "  FAIL: without invalidation the case did not fail: the test cannot see staleness"; fails=$((fails + 1)); }
 done
+# The shim's own exported munmap/mremap/madvise/mmap alone (monitor off): every case the
+# application triggers by a direct call must still be caught. (free+malloc unmaps inside glibc,
+# which only the monitor sees.)
+for c in munmap-mmap mremap madvise-dontneed mmap-fixed; do
+    FH_MONITOR=none under_shim timeout 120 "$CC_OUT/preload_stale" "$c"; rc=$?
+    echo "case $c with FH_MONITOR=none (exported hooks only): exit $rc"
+    [ "$rc" = 0 ] || { echo "  FAIL: the exported unmap hooks missed it"; fails=$((fails + 1)); }
+done
 echo "preload-stale: $fails failure(s)"
 [ "$fails" = 0 ]
