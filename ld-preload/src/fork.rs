@@ -23,6 +23,7 @@ extern "C" fn prepare() {
         let g: Vec<Box<dyn Any>> = vec![
             Box::new(crate::wrapper::fork_lock()),
             Box::new(crate::pd_cache::fork_lock()),
+            Box::new(crate::pd_cache::fork_lock_retired()),
         ];
         // SAFETY: see `Held`.
         unsafe { *HELD.0.get() = Some(g) };
@@ -38,6 +39,8 @@ pub fn in_child() -> bool {
 
 extern "C" fn child() {
     IN_CHILD.store(true, std::sync::atomic::Ordering::Relaxed);
+    // The counters are the parent's copy: a summary from the child would double-count them.
+    crate::settings::forget_stats_fd();
     release();
 }
 

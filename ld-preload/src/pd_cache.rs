@@ -50,6 +50,11 @@ pub fn fork_lock() -> MutexGuard<'static, Option<PdMap>> {
     pds()
 }
 
+/// Lock the retired counters for `fork`.
+pub fn fork_lock_retired() -> MutexGuard<'static, Stats> {
+    RETIRED.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// The cache for `pd`, created on first use.
 pub fn for_pd(pd: *mut IbvPd) -> FhResult<Arc<PdCache>> {
     if let Some(c) = pds().as_ref().and_then(|m| m.get(&(pd as usize))) {

@@ -48,6 +48,12 @@ pub fn stats_fd() -> Option<i32> {
     (fd >= 0).then_some(fd)
 }
 
+/// Stop reporting from this process (a forked child: its counters are its parent's copy).
+/// The descriptor stays open (close-on-exec, harmless).
+pub fn forget_stats_fd() {
+    STATS_FD.store(-1, Ordering::Relaxed);
+}
+
 /// "1", "yes", "true", "on" (any case) are true; unset, empty or anything else is false.
 pub fn truthy(v: Option<&str>) -> bool {
     matches!(

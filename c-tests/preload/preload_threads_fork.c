@@ -1,0 +1,137 @@
+/* Threads and fork under libfirehose_preload.so:
+ *  - 4 threads register/deregister/free buffers of mixed sizes in one protection domain (cache
+ *    hits, misses, invalidations, wrapper registry under contention) while
+ *  - the main thread forks 20 children; each child, possibly forked while a registration held one
+ *    of the shim's locks, must be able to query the shim (fh_preload_stats takes its locks), malloc,
+ *    free and touch heap pages next to registered buffers, and exit. A lock inherited locked hangs
+ *    the child: the parent's waitpid times out and the test fails.
+ * At the end every wrapper is released and app calls == hits + misses + pass-throughs. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../../ld-preload/include/firehose_preload.h"
+#include "check.h"
+#include "rdma_loop.h"
+
+#define THREADS 4
+#define ITERS 150
+#define RW (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ)
+
+static struct loop l;
+static int (*stats_fn)(struct fh_preload_stats *, size_t);
+static volatile int errors;
+static char *shared_buf; /* registered by the main thread; children touch its neighbours */
+
+static void *worker(void *arg)
+{
+    unsigned seed = (unsigned)(uintptr_t)arg;
+    char *keep[4] = {0};
+    for (int i = 0; i < ITERS; i++) {
+        size_t n = (size_t)4096 << (rand_r(&seed) % 7); /* 4 KiB .. 256 KiB */
+        int slot = rand_r(&seed) % 4;
+        if (!keep[slot] || rand_r(&seed) % 3 == 0) { /* sometimes a fresh buffer */
+            free(keep[slot]);
+            keep[slot] = malloc(256 * 1024);
+        }
+        char *b = keep[slot];
+        size_t off = (size_t)(rand_r(&seed) % 4096);
+        struct ibv_mr *mr = ibv_reg_mr(l.pd, b + off, n - off, RW);
+        if (!mr || mr->addr != b + off || mr->length != n - off || mr->lkey == 0) {
+            fprintf(stderr, "thread %u: bad registration\n", seed);
+            __atomic_add_fetch(&errors, 1, __ATOMIC_RELAXED);
+            break;
+        }
+        if (ibv_dereg_mr(mr) != 0)
+            __atomic_add_fetch(&errors, 1, __ATOMIC_RELAXED);
+    }
+    for (int i = 0; i < 4; i++)
+        free(keep[i]);
+    return NULL;
+}
+
+static int child_main(void)
+{
+    struct fh_preload_stats s;
+    if (stats_fn(&s, sizeof(s)) != 0)
+        return 10;
+    for (int i = 0; i < 64; i++) {
+        char *p = malloc(1000 + i * 512);
+        memset(p, i, 1000 + i * 512);
+        free(p);
+    }
+    /* the heap page right before and after the registered buffer */
+    shared_buf[-1] = 1;
+    shared_buf[1 << 16] = 1;
+    return 0;
+}
+
+int main(void)
+{
+    stats_fn = (int (*)(struct fh_preload_stats *, size_t))dlsym(RTLD_DEFAULT, "fh_preload_stats");
+    if (!stats_fn) {
+        fprintf(stderr, "run under LD_PRELOAD=libfirehose_preload.so\n");
+        return 2;
+    }
+    int rc = loop_open(&l);
+    if (rc)
+        return rc;
+    char *heap = malloc((1 << 16) + 8192);
+    shared_buf = heap + 4096;
+    struct ibv_mr *smr = ibv_reg_mr(l.pd, shared_buf, 1 << 16, RW);
+    CHECK(smr != NULL, "shared registration");
+
+    pthread_t t[THREADS];
+    for (int i = 0; i < THREADS; i++)
+        pthread_create(&t[i], NULL, worker, (void *)(uintptr_t)(i + 1));
+    int hung = 0;
+    for (int f = 0; f < 20; f++) {
+        pid_t pid = fork();
+        if (pid == 0)
+            _exit(child_main());
+        int st = 0, waited = 0;
+        for (int ms = 0; ms < 30000; ms += 10) { /* 30 s per child: TCG is slow, a hang is not */
+            if (waitpid(pid, &st, WNOHANG) == pid) {
+                waited = 1;
+                break;
+            }
+            usleep(10000);
+        }
+        if (!waited) {
+            hung++;
+            kill(pid, SIGKILL);
+            waitpid(pid, &st, 0);
+        } else {
+            CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "child %d status %d", f, st);
+        }
+    }
+    for (int i = 0; i < THREADS; i++)
+        pthread_join(t[i], NULL);
+    CHECK(hung == 0, "%d child(ren) hung after fork (a lock inherited locked?)", hung);
+    CHECK(errors == 0, "%d worker error(s)", errors);
+    if (smr)
+        CHECK(ibv_dereg_mr(smr) == 0, "dereg shared");
+
+    struct fh_preload_stats s;
+    stats_fn(&s, sizeof(s));
+    CHECK(s.wrappers_live == 0, "%lu wrappers still live", (unsigned long)s.wrappers_live);
+    CHECK(s.app_reg_calls == s.hits + s.misses + s.passthrough_reg,
+          "app calls %lu != hits %lu + misses %lu + pass-through %lu",
+          (unsigned long)s.app_reg_calls, (unsigned long)s.hits, (unsigned long)s.misses,
+          (unsigned long)s.passthrough_reg);
+    CHECK(s.hits > 0 && s.misses > 0, "hits %lu misses %lu", (unsigned long)s.hits,
+          (unsigned long)s.misses);
+    printf("threads+fork: %lu app calls, %lu hits, %lu misses, %lu invalidations, 20 children ok\n",
+           (unsigned long)s.app_reg_calls, (unsigned long)s.hits, (unsigned long)s.misses,
+           (unsigned long)s.invalidations);
+    free(heap);
+    loop_close(&l);
+    return check_failures ? 1 : 0;
+}
