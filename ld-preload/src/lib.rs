@@ -9,6 +9,8 @@
 
 mod coexist;
 mod cost_model;
+#[cfg(test)]
+mod dispatch_tests;
 mod ffi_types;
 mod fork;
 mod guard;

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use firehose::cache::{Cache, Limits, RangeWatcher, Registration, Stats};
 use firehose::monitor::{self, MonitorOptions, Subscription, UffdWatcher};
-use firehose::pin::Access;
+use firehose::pin::{Access, PinError, Pinned, Pinner};
 use firehose::status::{fh_status, FhResult};
 
 use crate::ffi_types::IbvPd;
@@ -22,8 +22,34 @@ pub struct PdCache {
     /// Declared first so it drops first: events stop reaching the cache before it goes away.
     _events: Option<Subscription>,
     cache: Arc<Cache>,
-    pinner: Arc<RealPinner>,
+    /// The real backend, for MR handles (`None` for a test double).
+    pinner: Option<Arc<RealPinner>>,
 }
+thread_local! {
+    /// Set when this thread made a real registration: tells a miss from a hit (the cache pins on
+    /// the calling thread).
+    static PINNED_HERE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Forwards to the real backend and notes on the calling thread that a pin happened.
+struct Flagging(Arc<dyn Pinner>);
+
+impl Pinner for Flagging {
+    fn pin(&self, addr: usize, len: usize, access: Access) -> Result<Pinned, PinError> {
+        let r = self.0.pin(addr, len, access);
+        if r.is_ok() {
+            PINNED_HERE.with(|f| f.set(true));
+        }
+        r
+    }
+    fn unpin(&self, pinned: Pinned, addr: usize, len: usize) {
+        self.0.unpin(pinned, addr, len)
+    }
+    fn name(&self) -> &'static str {
+        self.0.name()
+    }
+}
+
 type PdMap = HashMap<usize, Arc<PdCache>>;
 
 static PDS: Mutex<Option<PdMap>> = Mutex::new(None);
@@ -126,11 +152,11 @@ impl PdCache {
         };
         if !settings::invalidation_enabled() {
             // FH_TEST_NO_INVALIDATE: a cache deaf to memory events (tests only).
-            let cache = Cache::new(pinner.clone(), limits, None);
+            let cache = Cache::new(Arc::new(Flagging(pinner.clone())), limits, None);
             return Ok(Arc::new(PdCache {
                 _events: None,
                 cache,
-                pinner,
+                pinner: Some(pinner),
             }));
         }
         ensure_monitor();
@@ -142,7 +168,7 @@ impl PdCache {
             } else {
                 None
             };
-        let cache = Cache::new(pinner.clone(), limits, watcher);
+        let cache = Cache::new(Arc::new(Flagging(pinner.clone())), limits, watcher);
         let events = monitor::subscribe(cache.clone());
         if !events.is_active() {
             // Every listener slot is taken: a cache nobody invalidates would serve stale
@@ -152,13 +178,42 @@ impl PdCache {
         Ok(Arc::new(PdCache {
             _events: Some(events),
             cache,
-            pinner,
+            pinner: Some(pinner),
         }))
     }
 
-    /// Register (or find) `[addr, addr + len)` with at least `access`.
-    pub fn register(&self, addr: usize, len: usize, access: Access) -> FhResult<Registration> {
-        self.cache.register(addr, len, access)
+    /// Test double: a cache for the fake domain `pd` over `pinner`, subscribed to memory events
+    /// (without installing the monitor), made the domain's cache as if by a first registration.
+    #[cfg(test)]
+    pub fn install_for_test(pd: *mut IbvPd, pinner: Arc<dyn Pinner>) -> Arc<PdCache> {
+        let limits = Limits {
+            max_pinned: 1 << 30,
+            max_regions: 1024,
+        };
+        let cache = Cache::new(Arc::new(Flagging(pinner)), limits, None);
+        let events = monitor::subscribe(cache.clone());
+        let c = Arc::new(PdCache {
+            _events: Some(events),
+            cache,
+            pinner: None,
+        });
+        pds()
+            .get_or_insert_with(HashMap::new)
+            .insert(pd as usize, c.clone());
+        c
+    }
+
+    /// Register (or find) `[addr, addr + len)` with at least `access`. The flag is true for a
+    /// hit (no real registration was made for it).
+    pub fn register(
+        &self,
+        addr: usize,
+        len: usize,
+        access: Access,
+    ) -> FhResult<(Registration, bool)> {
+        PINNED_HERE.with(|f| f.set(false));
+        let r = self.cache.register(addr, len, access)?;
+        Ok((r, !PINNED_HERE.with(|f| f.replace(false))))
     }
 
     /// Release one registration returned by `register`.
@@ -177,6 +232,6 @@ impl PdCache {
 
     /// Kernel handle of the live MR with this lkey.
     pub fn mr_handle(&self, lkey: u32) -> u32 {
-        self.pinner.handle_of(lkey)
+        self.pinner.as_ref().map_or(0, |p| p.handle_of(lkey))
     }
 }

@@ -18,17 +18,6 @@ use crate::ffi_types::{IbvMr, IbvPd};
 use crate::real_verbs::RealVerbs;
 use crate::stats::{self, COUNTERS};
 
-thread_local! {
-    /// Set when this thread made a real registration: lets the caller of `Cache::register` tell
-    /// a miss from a hit (the cache pins on the calling thread).
-    static PINNED_HERE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-/// Clear the "pinned on this thread" flag and return its previous value.
-pub fn take_pinned_flag() -> bool {
-    PINNED_HERE.with(|f| f.replace(false))
-}
-
 pub struct RealPinner {
     pd: *mut IbvPd,
     real: &'static RealVerbs,
@@ -90,7 +79,6 @@ impl Pinner for RealPinner {
             ));
         }
         let ns = elapsed_ns(t0);
-        PINNED_HERE.with(|f| f.set(true));
         crate::cost_model::record(&crate::cost_model::REG, len, ns);
         COUNTERS
             .real_reg_ns

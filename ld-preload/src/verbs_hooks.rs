@@ -38,11 +38,10 @@ unsafe fn cached_reg(pd: *mut IbvPd, addr: *mut c_void, len: usize, access: u32)
     let Ok(cache) = pd_cache::for_pd(pd) else {
         return std::ptr::null_mut();
     };
-    crate::real_pinner::take_pinned_flag();
-    let Ok(reg) = cache.register(addr as usize, len, Access(access)) else {
+    let Ok((reg, hit)) = cache.register(addr as usize, len, Access(access)) else {
         return std::ptr::null_mut();
     };
-    if !crate::real_pinner::take_pinned_flag() {
+    if hit {
         COUNTERS
             .hit_bytes
             .fetch_add(len as u64, std::sync::atomic::Ordering::Relaxed);
@@ -104,6 +103,23 @@ unsafe fn register(
     // Uncacheable, or the cache failed: the real call gives the application the real errno.
     bump(&COUNTERS.passthrough_reg);
     pass()
+}
+
+/// `register` for the host tests (a fake `pass`).
+///
+/// # Safety
+/// As `register`.
+#[cfg(test)]
+pub unsafe fn register_for_test(
+    pd: *mut IbvPd,
+    addr: *mut c_void,
+    len: usize,
+    iova: u64,
+    access: u32,
+    pass: impl FnOnce() -> *mut IbvMr,
+) -> *mut IbvMr {
+    // SAFETY: forwarded per the contract.
+    unsafe { register(pd, addr, len, iova, access, pass) }
 }
 
 fn missing_ptr() -> *mut IbvMr {
@@ -257,7 +273,7 @@ unsafe fn new_backing(
 ) -> Option<(Backing, u32, u32, u32)> {
     if cacheable(access) && !settings::disabled() {
         if let Ok(cache) = pd_cache::for_pd(pd) {
-            if let Ok(reg) = cache.register(addr as usize, len, Access(access)) {
+            if let Ok((reg, _)) = cache.register(addr as usize, len, Access(access)) {
                 let handle = cache.mr_handle(reg.lkey);
                 let b = Backing::Cached {
                     cache,

@@ -1,0 +1,268 @@
+//! Host tests of the hooks' dispatch, without a device: a fake protection domain whose cache runs
+//! over the library's counting pinner (`PdCache::install_for_test`), driven through the exported
+//! `ibv_*` functions and the exported `munmap`. Paths that would reach the real libibverbs with a
+//! fake pd (pass-through registration, foreign dereg, dealloc) are exercised in the VM suite;
+//! here pass-through is observed through `register`'s closure instead.
+
+use std::ffi::c_void;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use firehose::pin::counting::CountingPinner;
+
+use crate::ffi_types::*;
+use crate::pd_cache::{self, PdCache};
+use crate::stats::snapshot;
+use crate::verbs_hooks::*;
+
+/// The counters are process-wide: these tests run one at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+const RW: i32 = 1 | 2 | 4;
+
+struct FakePd {
+    pd: Box<IbvPd>,
+    pinner: Arc<CountingPinner>,
+    _cache: Arc<PdCache>,
+}
+
+fn fake_pd(context: usize) -> FakePd {
+    let mut pd = Box::new(IbvPd {
+        context: context as *mut c_void,
+        handle: 7,
+    });
+    let pinner = Arc::new(CountingPinner::new());
+    let cache = PdCache::install_for_test(&mut *pd, pinner.clone());
+    FakePd {
+        pd,
+        pinner,
+        _cache: cache,
+    }
+}
+
+impl FakePd {
+    fn ptr(&mut self) -> *mut IbvPd {
+        &mut *self.pd
+    }
+}
+
+fn anon(len: usize) -> *mut u8 {
+    // SAFETY: a fresh private anonymous mapping.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(p, libc::MAP_FAILED);
+    p as *mut u8
+}
+
+#[test]
+fn wrapper_has_the_exact_range_and_a_hit_reuses_the_keys() {
+    let _s = serial();
+    let mut f = fake_pd(0xC0);
+    let buf = anon(65536);
+    let s0 = snapshot();
+    // SAFETY: a valid (fake) pd whose cache never calls libibverbs; `buf` is mapped.
+    unsafe {
+        let a = ibv_reg_mr(f.ptr(), buf.add(100) as *mut c_void, 5000, RW);
+        assert!(!a.is_null());
+        assert_eq!((*a).addr as usize, buf as usize + 100);
+        assert_eq!((*a).length, 5000);
+        assert_eq!((*a).pd, f.ptr());
+        assert_eq!((*a).context as usize, 0xC0);
+        let b = ibv_reg_mr_iova2(
+            f.ptr(),
+            buf.add(100) as *mut c_void,
+            5000,
+            buf as u64 + 100,
+            7,
+        );
+        assert!(!b.is_null() && b != a, "a second wrapper");
+        assert_eq!(
+            ((*b).lkey, (*b).rkey),
+            ((*a).lkey, (*a).rkey),
+            "a hit: same keys"
+        );
+        assert_eq!(f.pinner.pins(), 1, "one real pin for two registrations");
+        let s1 = snapshot();
+        assert_eq!(s1.app_reg_calls - s0.app_reg_calls, 2);
+        assert_eq!(s1.hit_bytes - s0.hit_bytes, 5000);
+        assert_eq!(s1.wrappers_live - s0.wrappers_live, 2);
+        assert_eq!(ibv_dereg_mr(a), 0);
+        assert_eq!(ibv_dereg_mr(b), 0);
+        assert_eq!(snapshot().wrappers_live, s0.wrappers_live);
+        assert_eq!(f.pinner.live_count(), 1, "lazy release keeps it pinned");
+        libc::munmap(buf as *mut c_void, 65536);
+    }
+}
+
+#[test]
+fn read_only_registration_does_not_serve_remote_write() {
+    let _s = serial();
+    let mut f = fake_pd(0xC1);
+    let buf = anon(8192);
+    // SAFETY: as above.
+    unsafe {
+        let ro = ibv_reg_mr(f.ptr(), buf as *mut c_void, 8192, 1);
+        let rw = ibv_reg_mr(f.ptr(), buf as *mut c_void, 8192, RW);
+        assert!(!ro.is_null() && !rw.is_null());
+        assert_eq!(
+            f.pinner.pins(),
+            2,
+            "remote write needs its own registration"
+        );
+        ibv_dereg_mr(ro);
+        ibv_dereg_mr(rw);
+        libc::munmap(buf as *mut c_void, 8192);
+    }
+}
+
+#[test]
+fn munmap_through_the_exported_hook_invalidates_the_idle_registration() {
+    let _s = serial();
+    let mut f = fake_pd(0xC2);
+    let len = 1 << 20;
+    let buf = anon(len);
+    // SAFETY: as above; the address is remapped with MAP_FIXED_NOREPLACE semantics checked.
+    unsafe {
+        let a = ibv_reg_mr(f.ptr(), buf as *mut c_void, len, RW);
+        assert_eq!(ibv_dereg_mr(a), 0);
+        let inv0 = snapshot().invalidations;
+        assert_eq!(crate::unmap_hooks::munmap(buf as *mut c_void, len), 0);
+        let again = libc::mmap(
+            buf as *mut c_void,
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+            -1,
+            0,
+        );
+        assert_eq!(again as usize, buf as usize, "address reused");
+        let b = ibv_reg_mr(f.ptr(), buf as *mut c_void, len, RW);
+        assert!(!b.is_null());
+        assert_eq!(
+            f.pinner.pins(),
+            2,
+            "the stale registration must not be reused"
+        );
+        assert!(snapshot().invalidations > inv0);
+        ibv_dereg_mr(b);
+        libc::munmap(buf as *mut c_void, len);
+    }
+}
+
+#[test]
+fn rereg_moves_the_same_wrapper_and_bad_flags_leave_it_alone() {
+    let _s = serial();
+    let mut f = fake_pd(0xC3);
+    let buf = anon(65536);
+    // SAFETY: as above.
+    unsafe {
+        let m = ibv_reg_mr(f.ptr(), buf as *mut c_void, 4096, RW);
+        let before = *m;
+        let bad = ibv_rereg_mr(m, 1 << 5, std::ptr::null_mut(), std::ptr::null_mut(), 0, 0);
+        assert_eq!(bad, IBV_REREG_MR_ERR_INPUT);
+        assert_eq!((*m).addr, before.addr);
+        let no_len = ibv_rereg_mr(
+            m,
+            IBV_REREG_MR_CHANGE_TRANSLATION,
+            std::ptr::null_mut(),
+            buf as *mut c_void,
+            0,
+            0,
+        );
+        assert_eq!(
+            no_len, IBV_REREG_MR_ERR_INPUT,
+            "translation without a length"
+        );
+        let r = ibv_rereg_mr(
+            m,
+            IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_ACCESS,
+            std::ptr::null_mut(),
+            buf.add(32768 + 8) as *mut c_void,
+            1000,
+            1,
+        );
+        assert_eq!(r, 0);
+        assert_eq!((*m).addr as usize, buf as usize + 32768 + 8);
+        assert_eq!((*m).length, 1000);
+        assert_eq!((*m).pd, f.ptr());
+        assert_eq!(f.pinner.pins(), 2);
+        assert_eq!(
+            f.pinner.live_count(),
+            2,
+            "old one idle in the cache, new one in use"
+        );
+        assert_eq!(ibv_dereg_mr(m), 0, "the moved wrapper is still ours");
+        libc::munmap(buf as *mut c_void, 65536);
+    }
+}
+
+#[test]
+fn dropping_a_domain_releases_what_only_the_cache_held() {
+    let _s = serial();
+    let mut f = fake_pd(0xC4);
+    let buf = anon(16384);
+    // SAFETY: as above.
+    unsafe {
+        let a = ibv_reg_mr(f.ptr(), buf as *mut c_void, 16384, RW);
+        ibv_dereg_mr(a);
+        assert_eq!(f.pinner.live_count(), 1);
+        pd_cache::drop_pd(f.ptr());
+        assert_eq!(
+            f.pinner.live_count(),
+            0,
+            "idle registrations flushed before dealloc"
+        );
+        libc::munmap(buf as *mut c_void, 16384);
+    }
+}
+
+#[test]
+fn uncacheable_and_nested_calls_pass_through_counted_once() {
+    let _s = serial();
+    let mut f = fake_pd(0xC5);
+    let buf = anon(8192);
+    let fake_mr = 0x1234usize as *mut IbvMr;
+    let s0 = snapshot();
+    // SAFETY: the pass-through closure returns a dummy without touching libibverbs.
+    unsafe {
+        let on_demand = 1 | 0x40;
+        let p = register_for_test(
+            f.ptr(),
+            buf as *mut c_void,
+            8192,
+            buf as u64,
+            on_demand,
+            || fake_mr,
+        );
+        assert_eq!(p, fake_mr, "ODP goes to the real function");
+        let iova = register_for_test(f.ptr(), buf as *mut c_void, 8192, 0x9000, RW as u32, || {
+            fake_mr
+        });
+        assert_eq!(iova, fake_mr, "iova != addr goes to the real function");
+        // An application call whose real function re-enters the hook (as libibverbs'
+        // ibv_reg_mr does through the PLT): one app call, one nested call.
+        let outer = register_for_test(f.ptr(), buf as *mut c_void, 8192, buf as u64, 0x10, || {
+            register_for_test(f.ptr(), buf as *mut c_void, 8192, buf as u64, 0x10, || {
+                fake_mr
+            })
+        });
+        assert_eq!(outer, fake_mr);
+        let s1 = snapshot();
+        assert_eq!(s1.app_reg_calls - s0.app_reg_calls, 3);
+        assert_eq!(s1.nested_calls - s0.nested_calls, 1);
+        assert_eq!(s1.passthrough_reg - s0.passthrough_reg, 3);
+        assert_eq!(f.pinner.pins(), 0, "nothing was cached");
+        libc::munmap(buf as *mut c_void, 8192);
+    }
+}
