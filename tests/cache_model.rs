@@ -288,9 +288,12 @@ fn threads_register_while_another_invalidates() {
         None,
     );
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // Ranges the invalidator pushed so far: workers keep going until it has really run (on a
+    // loaded host a fast cache could otherwise finish before the invalidator is scheduled).
+    let pushed = Arc::new(std::sync::atomic::AtomicUsize::new(0));
 
     let inv = {
-        let (c, clock, stop) = (c.clone(), clock.clone(), stop.clone());
+        let (c, clock, stop, pushed) = (c.clone(), clock.clone(), stop.clone(), pushed.clone());
         std::thread::spawn(move || {
             let mut log = vec![];
             let mut x: u64 = 99;
@@ -303,6 +306,7 @@ fn threads_register_while_another_invalidates() {
                 c.invalidate(page * P, 2 * P);
                 let te = clock.fetch_add(1, Ordering::SeqCst);
                 log.push((ts, te, page * P, page * P + 2 * P));
+                pushed.fetch_add(1, Ordering::Relaxed);
                 std::thread::yield_now();
             }
             log
@@ -310,12 +314,15 @@ fn threads_register_while_another_invalidates() {
     };
     let workers: Vec<_> = (0..THREADS)
         .map(|t| {
-            let (c, clock) = (c.clone(), clock.clone());
+            let (c, clock, pushed) = (c.clone(), clock.clone(), pushed.clone());
             std::thread::spawn(move || {
                 let mut log = vec![];
                 let mut held: Vec<Registration> = vec![];
                 let mut x: u64 = t as u64 + 1;
-                for _ in 0..OPS {
+                for i in 0..50 * OPS {
+                    if i >= OPS && pushed.load(Ordering::Relaxed) >= 100 {
+                        break;
+                    }
                     x = x
                         .wrapping_mul(6364136223846793005)
                         .wrapping_add(1442695040888963407);
@@ -353,7 +360,7 @@ fn threads_register_while_another_invalidates() {
     stop.store(true, Ordering::Relaxed);
     let invals = inv.join().unwrap();
     assert!(
-        invals.len() > 10,
+        invals.len() >= 100,
         "the invalidator ran ({} ranges)",
         invals.len()
     );

@@ -27,6 +27,7 @@ use super::inflight::Inflight;
 use super::inval_queue::InvalQueue;
 use super::readers::{my_slot, ReaderSlot, SLOTS};
 use super::region::{Region, COUNT_MASK, DETACHED};
+use super::slab::Slab;
 use super::{Limits, RangeWatcher, Registration, Stats};
 use crate::pin::{Access, PinError, Pinner};
 use crate::status::{fh_status, FhResult};
@@ -52,6 +53,7 @@ pub struct Cache {
     pinner: Arc<dyn Pinner>,
     watcher: Option<Arc<dyn RangeWatcher>>,
     page: usize,
+    shift: u32,
     slots: Box<[ReaderSlot]>,
     writer: Padded<AtomicBool>,
     queue: Padded<InvalQueue>,
@@ -59,6 +61,8 @@ pub struct Cache {
     overflow: Padded<AtomicBool>,
     inflight: Inflight,
     index: UnsafeCell<Index>,
+    /// Region records (ids are what the index stores).
+    slab: Slab,
     /// Serialises writers (misses, drains, evictions); guards the limits.
     mutex: Mutex<Limits>,
     max_pinned: AtomicUsize,
@@ -140,16 +144,19 @@ impl Cache {
     ) -> Arc<Cache> {
         // SAFETY: sysconf has no memory-safety preconditions.
         let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+        let page = if page > 0 { page as usize } else { 4096 };
         Arc::new(Cache {
             pinner,
             watcher,
-            page: if page > 0 { page as usize } else { 4096 },
+            page,
+            shift: page.trailing_zeros(),
             slots: (0..SLOTS).map(|_| ReaderSlot::default()).collect(),
             writer: Padded(AtomicBool::new(false)),
             queue: Padded(InvalQueue::new()),
             overflow: Padded(AtomicBool::new(false)),
             inflight: Inflight::new(),
-            index: UnsafeCell::new(Index::new()),
+            index: UnsafeCell::new(Index::new(page.trailing_zeros())),
+            slab: Slab::new(),
             mutex: Mutex::new(limits),
             max_pinned: AtomicUsize::new(limits.max_pinned),
             max_regions: AtomicUsize::new(limits.max_regions),
@@ -167,6 +174,17 @@ impl Cache {
             max_pinned: self.max_pinned.load(Ordering::Relaxed),
             max_regions: self.max_regions.load(Ordering::Relaxed),
         }
+    }
+
+    /// A region's length is kept in pages as a u32.
+    #[inline]
+    fn fits(&self, start: usize, end: usize) -> bool {
+        (end - start) >> self.shift <= u32::MAX as usize
+    }
+
+    #[inline]
+    fn len_of(&self, r: &Region) -> usize {
+        (r.pages as usize) << self.shift
     }
 
     /// Invalidations are waiting in the ring (one read-mostly line).
@@ -196,7 +214,7 @@ impl Cache {
             .checked_add(self.page - 1)
             .ok_or(fh_status::FH_ERR_OVERFLOW)?
             & !(self.page - 1);
-        if end - start > self.max_pinned.load(Ordering::Relaxed) {
+        if end - start > self.max_pinned.load(Ordering::Relaxed) || !self.fits(start, end) {
             return Err(fh_status::FH_ERR_TOO_LARGE);
         }
         let sid = my_slot();
@@ -242,7 +260,7 @@ impl Cache {
         // SAFETY: inside a reader section with no writer active: the index is not mutated and its
         // regions are not freed until we exit.
         let index = unsafe { &*self.index.get() };
-        let res = match index.lookup(start, end, access) {
+        let res = match index.lookup(&self.slab, start, end, access) {
             Some(r) => {
                 let prev = r.state.fetch_add(1, Ordering::Relaxed);
                 if prev & COUNT_MASK == 0 {
@@ -288,7 +306,7 @@ impl Cache {
         let w = self.lock();
         let mut unpins = Vec::new();
         self.drain(&w, &mut unpins, None);
-        if let Some(r) = w.index().lookup(start, end, access) {
+        if let Some(r) = w.index().lookup(&self.slab, start, end, access) {
             // Only we mutate the index, so the region cannot be detached under us.
             if r.state.fetch_add(1, Ordering::Relaxed) & COUNT_MASK == 0 {
                 self.slots[sid].add_in_use(sid, 1);
@@ -303,16 +321,16 @@ impl Cache {
 
         // Target: the union with every overlapping region (their rights too), unless too big.
         let max_pinned = w.limits.max_pinned;
-        let overlaps = w.index().overlapping(start, end);
+        let overlaps = w.index().overlapping(&self.slab, start, end);
         let (mut ts, mut te, mut ta) = (start, end, access);
         for p in &overlaps {
             // SAFETY: indexed regions are live while we hold the mutex.
             let r = unsafe { p.as_ref() };
             ts = ts.min(r.start);
-            te = te.max(r.end);
-            ta = ta.union(r.access);
+            te = te.max(r.end(self.shift));
+            ta = ta.union(r.access());
         }
-        if te - ts > max_pinned {
+        if te - ts > max_pinned || !self.fits(ts, te) {
             (ts, te, ta) = (start, end, access);
         }
         {
@@ -333,7 +351,7 @@ impl Cache {
                     let mut unpins = Vec::new();
                     let victim = {
                         let x = w.exclude();
-                        x.index().clock_victim().inspect(|&p| {
+                        x.index().clock_victim(&self.slab).inspect(|&p| {
                             self.detach(&x, p, &mut unpins);
                         })
                     };
@@ -363,7 +381,16 @@ impl Cache {
         self.c.pinned_peak.fetch_max(bytes, Ordering::Relaxed);
         self.c.regions.fetch_add(1, Ordering::Relaxed);
         self.slots[sid].add_in_use(sid, 1);
-        let region = NonNull::from(Box::leak(Box::new(Region::new(ts, te, pinned, ta, 1))));
+        let pages = ((te - ts) >> self.shift) as u32;
+        let Some(region) = self.slab.alloc(ts, pages, pinned, ta, 1) else {
+            self.inflight.clear();
+            self.slots[sid].add_in_use(sid, -1);
+            self.pinner.unpin(pinned, ts, te - ts);
+            self.c.pinned_bytes.fetch_sub(len, Ordering::Relaxed);
+            self.c.regions.fetch_sub(1, Ordering::Relaxed);
+            self.c.pin_failures.fetch_add(1, Ordering::Relaxed);
+            return Err(fh_status::FH_ERR_NO_MEMORY);
+        };
 
         let mut unpins = Vec::new();
         {
@@ -378,7 +405,7 @@ impl Cache {
                     .fetch_or(DETACHED, Ordering::Relaxed);
                 self.c.invalidations.fetch_add(1, Ordering::Relaxed);
             } else {
-                x.index().insert(region);
+                x.index().insert(&self.slab, region);
             }
         }
         self.inflight.clear();
@@ -397,7 +424,7 @@ impl Cache {
         let going: usize = unpins
             .iter()
             // SAFETY: regions queued for unpin are still allocated.
-            .map(|p| unsafe { p.as_ref() }.len())
+            .map(|p| self.len_of(unsafe { p.as_ref() }))
             .sum();
         let mut bytes = self.c.pinned_bytes.load(Ordering::Relaxed) as usize - going;
         let mut regions = self.c.regions.load(Ordering::Relaxed) as usize - unpins.len();
@@ -405,14 +432,14 @@ impl Cache {
         while bytes.saturating_add(extra) > limits.max_pinned
             || regions.saturating_add(new_regions) > limits.max_regions
         {
-            let Some(p) = x.index().clock_victim() else {
+            let Some(p) = x.index().clock_victim(&self.slab) else {
                 return; // everything left is in use: never evicted
             };
             let n = unpins.len();
             self.detach(x, p, unpins);
             debug_assert_eq!(unpins.len(), n + 1, "a clock victim is idle");
             // SAFETY: just queued for unpin, still allocated.
-            bytes -= unsafe { p.as_ref() }.len();
+            bytes -= self.len_of(unsafe { p.as_ref() });
             regions -= 1;
             self.c.evictions.fetch_add(1, Ordering::Relaxed);
         }
@@ -420,7 +447,7 @@ impl Cache {
 
     /// Remove `p` from the index; if idle, queue it for unpinning (else its last holder unpins).
     fn detach(&self, x: &Exclusive, p: RegionPtr, unpins: &mut Vec<RegionPtr>) {
-        x.index().remove(p);
+        x.index().remove(&self.slab, p);
         // SAFETY: `p` was indexed, hence live; readers are excluded, so its count cannot rise.
         let prev = unsafe { p.as_ref() }
             .state
@@ -446,12 +473,12 @@ impl Cache {
         let mut victims = Vec::new();
         while let Some((s, e)) = self.queue.0.pop() {
             if !all {
-                victims.extend(x.index().overlapping(s, e));
+                victims.extend(x.index().overlapping(&self.slab, s, e));
             }
             extra_hit |= extra.is_some_and(|(a, b)| a < e && s < b);
         }
         if all {
-            victims = x.index().all();
+            victims = x.index().all(&self.slab);
             extra_hit |= extra.is_some();
         }
         victims.sort_unstable();
@@ -473,13 +500,12 @@ impl Cache {
 
     /// Unpin and free a detached region nobody holds.
     fn unpin_free(&self, p: RegionPtr) {
-        // SAFETY: `p` is detached with zero holders, so we hold the only reference; it was
-        // allocated by `Box::new` in `register_slow`.
-        let r = unsafe { Box::from_raw(p.as_ptr()) };
-        self.pinner.unpin(r.pinned, r.start, r.len());
-        self.c
-            .pinned_bytes
-            .fetch_sub(r.len() as u64, Ordering::Relaxed);
+        // SAFETY: `p` is detached with zero holders, so we hold the only reference.
+        let r = unsafe { p.as_ref() };
+        let len = self.len_of(r);
+        self.pinner.unpin(r.pinned, r.start, len);
+        self.slab.free(p);
+        self.c.pinned_bytes.fetch_sub(len as u64, Ordering::Relaxed);
         self.c.regions.fetch_sub(1, Ordering::Relaxed);
     }
 
@@ -563,7 +589,7 @@ impl Cache {
             true
         } else {
             // SAFETY: reader section, no writer active (see `try_hit`).
-            unsafe { &*self.index.get() }.any_overlapping(start, end)
+            unsafe { &*self.index.get() }.any_overlapping(&self.slab, start, end)
         };
         slot.exit(0);
         // A pin may have started after the first check and before we entered.
@@ -617,7 +643,7 @@ impl Cache {
         let drained = unpins.len();
         {
             let x = w.exclude();
-            for p in x.index().all() {
+            for p in x.index().all(&self.slab) {
                 // SAFETY: indexed regions are live; readers are excluded.
                 if unsafe { p.as_ref() }.holders() == 0 {
                     self.detach(&x, p, &mut unpins);
@@ -646,15 +672,16 @@ impl crate::monitor::MemoryListener for Cache {
 
 impl Drop for Cache {
     fn drop(&mut self) {
-        let mut all = self.index.get_mut().all();
+        let mut all = self.index.get_mut().all(&self.slab);
         all.extend(self.handles.live_regions());
         all.sort_unstable();
         all.dedup();
         for p in all {
             // SAFETY: we have exclusive access; every region is either indexed or held by a live
-            // handle (detached idle ones were already freed), each listed once.
-            let r = unsafe { Box::from_raw(p.as_ptr()) };
-            self.pinner.unpin(r.pinned, r.start, r.len());
+            // handle (detached idle ones were already freed), each listed once. The slab frees
+            // the records when it drops.
+            let r = unsafe { p.as_ref() };
+            self.pinner.unpin(r.pinned, r.start, self.len_of(r));
         }
     }
 }

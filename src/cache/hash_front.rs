@@ -1,37 +1,36 @@
 //! Exact-start hash in front of the ordered index: the common "same buffer again" request finds its
-//! region in one probe instead of a B-tree descent (which costs several cache misses at 10^5
-//! regions).
+//! region in one probe instead of a sorted-index descent.
 //!
 //! Open addressing, linear probing, backward-shift deletion (no tombstones, so probe chains stay
-//! short forever). Mutated only by the writer while readers are excluded; read concurrently by
-//! readers through `&self`.
-//!
-//! Memory: 16 bytes per slot, at most 50 % load, so 32-64 bytes per region.
+//! short forever). A slot is 4 bytes: `tag << 22 | (id + 1)` (0 = empty), where the 10-bit tag
+//! comes from the key's hash, so a probe past a foreign entry rarely dereferences its region; the
+//! key itself (the region start) is read from the region record. At most 7/8 load, so 4.6-9 bytes
+//! per region. Mutated only by the writer while readers are excluded; read concurrently by readers
+//! through `&self`.
 
-use std::ptr::NonNull;
-
-use super::region::Region;
-
-const EMPTY: usize = usize::MAX; // never a page-aligned region start
-
-#[derive(Clone, Copy)]
-struct Slot {
-    key: usize,
-    val: *const Region,
-}
+const ID_BITS: u32 = 22;
+const ID_MASK: u32 = (1 << ID_BITS) - 1;
 
 pub struct HashFront {
-    slots: Box<[Slot]>,
+    slots: Box<[u32]>,
     mask: usize,
     len: usize,
 }
 
 #[inline]
-fn hash(key: usize) -> usize {
+fn hash(key: usize) -> u64 {
     // Fibonacci hashing of the page number: spreads consecutive pages over the table.
-    ((key >> 12) as u64)
-        .wrapping_mul(0x9E37_79B9_7F4A_7C15)
-        .rotate_left(32) as usize
+    ((key >> 12) as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+}
+
+#[inline]
+fn home(h: u64, mask: usize) -> usize {
+    (h >> 20) as usize & mask
+}
+
+#[inline]
+fn tag(h: u64) -> u32 {
+    (h >> 54) as u32 // top 10 bits (independent of the home bits for tables < 2^34 slots)
 }
 
 impl HashFront {
@@ -42,78 +41,66 @@ impl HashFront {
     fn with_capacity(cap: usize) -> Self {
         let cap = cap.next_power_of_two();
         HashFront {
-            slots: vec![
-                Slot {
-                    key: EMPTY,
-                    val: std::ptr::null()
-                };
-                cap
-            ]
-            .into_boxed_slice(),
+            slots: vec![0u32; cap].into_boxed_slice(),
             mask: cap - 1,
             len: 0,
         }
     }
 
+    /// Id of the entry whose key (`key_of(id)`) is `key`.
     #[inline]
-    pub fn get(&self, key: usize) -> Option<NonNull<Region>> {
-        let mut i = hash(key) & self.mask;
+    pub fn get(&self, key: usize, key_of: impl Fn(u32) -> usize) -> Option<u32> {
+        let h = hash(key);
+        let t = tag(h);
+        let mut i = home(h, self.mask);
         loop {
             let s = self.slots[i];
-            if s.key == key {
-                return NonNull::new(s.val as *mut Region);
-            }
-            if s.key == EMPTY {
+            if s == 0 {
                 return None;
             }
-            i = (i + 1) & self.mask;
-        }
-    }
-
-    pub fn insert(&mut self, key: usize, val: NonNull<Region>) {
-        debug_assert!(key != EMPTY);
-        if (self.len + 1) * 2 > self.slots.len() {
-            self.grow();
-        }
-        let mut i = hash(key) & self.mask;
-        loop {
-            let s = &mut self.slots[i];
-            if s.key == EMPTY || s.key == key {
-                if s.key == EMPTY {
-                    self.len += 1;
+            if s >> ID_BITS == t {
+                let id = (s & ID_MASK) - 1;
+                if key_of(id) == key {
+                    return Some(id);
                 }
-                *s = Slot {
-                    key,
-                    val: val.as_ptr(),
-                };
-                return;
             }
             i = (i + 1) & self.mask;
         }
     }
 
-    pub fn remove(&mut self, key: usize) {
-        let mut i = hash(key) & self.mask;
-        loop {
-            if self.slots[i].key == EMPTY {
-                return;
-            }
-            if self.slots[i].key == key {
-                break;
-            }
+    /// Insert `id` under `key` (keys are unique: the index is non-overlapping). `id < 2^22 - 1`.
+    pub fn insert(&mut self, key: usize, id: u32, key_of: impl Fn(u32) -> usize) {
+        debug_assert!(id < ID_MASK);
+        if (self.len + 1) * 8 > self.slots.len() * 7 {
+            self.grow(&key_of);
+        }
+        self.place(key, id);
+        self.len += 1;
+    }
+
+    fn place(&mut self, key: usize, id: u32) {
+        let h = hash(key);
+        let mut i = home(h, self.mask);
+        while self.slots[i] != 0 {
             i = (i + 1) & self.mask;
         }
+        self.slots[i] = tag(h) << ID_BITS | (id + 1);
+    }
+
+    pub fn remove(&mut self, key: usize, key_of: impl Fn(u32) -> usize) {
+        let Some(mut hole) = self.find_slot(key, &key_of) else {
+            return;
+        };
         // Backward shift: pull later members of the probe chain into the hole.
-        let mut hole = i;
-        let mut j = (i + 1) & self.mask;
+        let mut j = (hole + 1) & self.mask;
         loop {
             let s = self.slots[j];
-            if s.key == EMPTY {
+            if s == 0 {
                 break;
             }
-            let home = hash(s.key) & self.mask;
+            let h = home(hash(key_of((s & ID_MASK) - 1)), self.mask);
             // Move `s` into the hole if its home is not cyclically in (hole, j].
-            let dist_home = j.wrapping_sub(home) & self.mask;
+            let dist_home = j.wrapping_sub(h) & self.mask;
             let dist_hole = j.wrapping_sub(hole) & self.mask;
             if dist_home >= dist_hole {
                 self.slots[hole] = s;
@@ -121,17 +108,32 @@ impl HashFront {
             }
             j = (j + 1) & self.mask;
         }
-        self.slots[hole] = Slot {
-            key: EMPTY,
-            val: std::ptr::null(),
-        };
+        self.slots[hole] = 0;
         self.len -= 1;
     }
 
-    fn grow(&mut self) {
+    fn find_slot(&self, key: usize, key_of: &impl Fn(u32) -> usize) -> Option<usize> {
+        let h = hash(key);
+        let t = tag(h);
+        let mut i = home(h, self.mask);
+        loop {
+            let s = self.slots[i];
+            if s == 0 {
+                return None;
+            }
+            if s >> ID_BITS == t && key_of((s & ID_MASK) - 1) == key {
+                return Some(i);
+            }
+            i = (i + 1) & self.mask;
+        }
+    }
+
+    fn grow(&mut self, key_of: &impl Fn(u32) -> usize) {
         let old = std::mem::replace(self, Self::with_capacity(self.slots.len() * 2));
-        for s in old.slots.iter().filter(|s| s.key != EMPTY) {
-            self.insert(s.key, NonNull::new(s.val as *mut Region).expect("non-null"));
+        self.len = old.len;
+        for &s in old.slots.iter().filter(|&&s| s != 0) {
+            let id = (s & ID_MASK) - 1;
+            self.place(key_of(id), id);
         }
     }
 }
@@ -144,29 +146,29 @@ mod tests {
     #[test]
     fn matches_a_hashmap_under_churn() {
         let mut h = HashFront::new();
-        let mut m: HashMap<usize, usize> = HashMap::new();
+        let mut m: HashMap<usize, u32> = HashMap::new();
+        // id k always has key k << 12 (the table reads keys back through `key_of`).
+        let key_of = |id: u32| (id as usize) << 12;
         let mut x: u64 = 12345;
         for _ in 0..20_000 {
             x ^= x << 13;
             x ^= x >> 7;
             x ^= x << 17;
-            let key = ((x % 512) as usize) << 12;
-            let fake = NonNull::new((key + 64) as *mut Region).unwrap();
+            let id = (x % 512) as u32;
+            let key = key_of(id);
             if x & 1 == 0 {
-                h.insert(key, fake);
-                m.insert(key, key + 64);
+                if let std::collections::hash_map::Entry::Vacant(e) = m.entry(key) {
+                    h.insert(key, id, key_of);
+                    e.insert(id);
+                }
             } else {
-                h.remove(key);
+                h.remove(key, key_of);
                 m.remove(&key);
             }
             assert_eq!(h.len, m.len());
         }
-        for k in 0..512usize {
-            let key = k << 12;
-            assert_eq!(
-                h.get(key).map(|p| p.as_ptr() as usize),
-                m.get(&key).copied()
-            );
+        for id in 0..600u32 {
+            assert_eq!(h.get(key_of(id), key_of), m.get(&key_of(id)).copied());
         }
     }
 }

@@ -1,143 +1,146 @@
 //! The writer-maintained index of NON-overlapping cached regions.
 //!
-//! * `by_start` (BTreeMap start -> region): containment lookup is a predecessor search, because with
+//! * `sorted` (start -> id, `sorted.rs`): containment lookup is a predecessor search, because with
 //!   non-overlapping regions the only candidate containing `start` is the last region starting at
 //!   or before it. Overlap queries walk forward from that predecessor.
-//! * `front` (exact-start hash): one probe for the "same buffer again" case.
-//! * `clock` (ring of regions + hand): second-chance LRU. Hits only set a bit in the region, so
-//!   the hit path never touches a shared LRU structure.
+//! * `front` (exact-start hash of ids): one probe for the "same buffer again" case.
+//! * CLOCK (second-chance LRU) runs over the slab itself: the hand walks record ids, hits only set
+//!   a bit in the region, so the hit path never touches a shared LRU structure.
 //!
-//! Per-region overhead beyond the 64-byte `Region` block (honest count): B-tree entry 16 bytes of
-//! key+value in nodes that are on average ~70 % full plus node headers (~24-30 bytes), hash front
-//! 32-64 bytes (16-byte slots at <= 50 % load), clock ring 8 bytes. So ~64 + ~100 bytes all told.
+//! Per-region bytes (honest count): 40-byte slab record, 12-byte sorted entry in blocks that are
+//! full for ascending fills (>= half full otherwise), 4-byte hash slot at 7/16..7/8 load. About
+//! 40 + 12 + 5..9 = 57..61 bytes for the common case.
 //!
 //! Readers may call the `&self` lookups concurrently; all `&mut self` methods run only while the
 //! writer holds the cache mutex AND has excluded readers.
 
-use std::collections::BTreeMap;
 use std::ptr::NonNull;
 
 use super::hash_front::HashFront;
 use super::region::Region;
+use super::slab::Slab;
 use crate::pin::Access;
 
 pub type RegionPtr = NonNull<Region>;
 
 pub struct Index {
-    by_start: BTreeMap<usize, RegionPtr>,
+    sorted: super::sorted::Sorted,
     front: HashFront,
-    clock: Vec<RegionPtr>,
-    hand: usize,
+    hand: u32,
+    shift: u32,
 }
 
 impl Index {
-    pub fn new() -> Self {
+    pub fn new(page_shift: u32) -> Self {
         Index {
-            by_start: BTreeMap::new(),
+            sorted: super::sorted::Sorted::new(),
             front: HashFront::new(),
-            clock: Vec::new(),
             hand: 0,
+            shift: page_shift,
         }
     }
 
     /// The region that contains `[start, end)` and whose access covers `access`, if any.
     #[inline]
-    pub fn lookup(&self, start: usize, end: usize, access: Access) -> Option<&Region> {
-        // SAFETY: indexed regions stay allocated while they are in the index, and the caller is
-        // either a reader inside its reader section or the writer, so nothing frees them meanwhile.
-        let r = match self.front.get(start) {
-            Some(p) => unsafe { &*p.as_ptr() },
-            None => {
-                let (_, p) = self.by_start.range(..=start).next_back()?;
-                // SAFETY: as above.
-                unsafe { &*p.as_ptr() }
-            }
+    pub fn lookup<'s>(
+        &self,
+        slab: &'s Slab,
+        start: usize,
+        end: usize,
+        access: Access,
+    ) -> Option<&'s Region> {
+        let id = match self.front.get(start, |id| slab.get(id).start) {
+            Some(id) => id,
+            None => self.sorted.pred(start)?.1,
         };
-        (r.contains(start, end) && r.access.covers(access)).then_some(r)
+        let r = slab.get(id);
+        (end <= r.end(self.shift) && r.access().covers(access)).then_some(r)
     }
 
     /// Every indexed region overlapping `[start, end)`, in address order.
-    pub fn overlapping(&self, start: usize, end: usize) -> Vec<RegionPtr> {
+    pub fn overlapping(&self, slab: &Slab, start: usize, end: usize) -> Vec<RegionPtr> {
         let mut out = Vec::new();
-        self.for_each_overlapping(start, end, |p| out.push(p));
+        self.for_each_overlapping(slab, start, end, |p| out.push(p));
         out
     }
 
     /// True if some indexed region overlaps `[start, end)`. Allocation-free (used from hooks).
-    pub fn any_overlapping(&self, start: usize, end: usize) -> bool {
+    pub fn any_overlapping(&self, slab: &Slab, start: usize, end: usize) -> bool {
         let mut any = false;
-        self.for_each_overlapping(start, end, |_| any = true);
+        self.for_each_overlapping(slab, start, end, |_| any = true);
         any
     }
 
-    fn for_each_overlapping(&self, start: usize, end: usize, mut f: impl FnMut(RegionPtr)) {
+    fn for_each_overlapping(
+        &self,
+        slab: &Slab,
+        start: usize,
+        end: usize,
+        mut f: impl FnMut(RegionPtr),
+    ) {
         if start >= end {
             return;
         }
-        let first = match self.by_start.range(..=start).next_back() {
-            // SAFETY: indexed regions are live (see `lookup`).
-            Some((&s, p)) if unsafe { p.as_ref() }.end > start => s,
+        let first = match self.sorted.pred(start) {
+            Some((s, id)) if slab.get(id).end(self.shift) > start => s,
             _ => start,
         };
-        for (_, &p) in self.by_start.range(first..end) {
-            f(p);
-        }
+        self.sorted.scan_from(first, |s, id| {
+            if s >= end {
+                return false;
+            }
+            f(NonNull::from(slab.get(id)));
+            true
+        });
     }
 
-    pub fn insert(&mut self, p: RegionPtr) {
+    pub fn insert(&mut self, slab: &Slab, p: RegionPtr) {
         // SAFETY: the writer owns the new region and it is live.
         let r = unsafe { p.as_ref() };
         debug_assert!(
-            !self.any_overlapping(r.start, r.end),
+            !self.any_overlapping(slab, r.start, r.end(self.shift)),
             "index must stay non-overlapping"
         );
-        self.by_start.insert(r.start, p);
-        self.front.insert(r.start, p);
-        r.clock_pos.set(self.clock.len() as u32);
-        self.clock.push(p);
+        self.sorted.insert(r.start, r.id);
+        self.front.insert(r.start, r.id, |id| slab.get(id).start);
     }
 
-    pub fn remove(&mut self, p: RegionPtr) {
+    pub fn remove(&mut self, slab: &Slab, p: RegionPtr) {
         // SAFETY: `p` is in the index, hence live.
         let r = unsafe { p.as_ref() };
-        let removed = self.by_start.remove(&r.start);
-        debug_assert!(removed == Some(p));
-        self.front.remove(r.start);
-        let pos = r.clock_pos.get() as usize;
-        debug_assert!(self.clock[pos] == p);
-        self.clock.swap_remove(pos);
-        if let Some(moved) = self.clock.get(pos) {
-            // SAFETY: indexed regions are live.
-            unsafe { moved.as_ref() }.clock_pos.set(pos as u32);
-        }
-        r.clock_pos.set(u32::MAX);
+        let removed = self.sorted.remove(r.start);
+        debug_assert!(removed == Some(r.id));
+        self.front.remove(r.start, |id| slab.get(id).start);
     }
 
     /// Every indexed region (snapshot).
-    pub fn all(&self) -> Vec<RegionPtr> {
-        self.clock.clone()
+    pub fn all(&self, slab: &Slab) -> Vec<RegionPtr> {
+        let mut out = Vec::new();
+        self.sorted.scan_from(0, |_, id| {
+            out.push(NonNull::from(slab.get(id)));
+            true
+        });
+        out
     }
 
-    /// Next eviction victim by second chance: an idle region whose referenced bit is clear (bits of
-    /// idle regions passed over are cleared). `None` when no indexed region is idle. The caller
-    /// must have excluded readers so "idle" cannot change under it (only deregister can lower a
-    /// count meanwhile, which only makes more regions idle).
-    pub fn clock_victim(&mut self) -> Option<RegionPtr> {
-        let n = self.clock.len();
-        // Two sweeps: the first may only clear bits; the second then finds a clear one if any
-        // region is idle.
-        for _ in 0..2 * n + 1 {
-            if self.clock.is_empty() {
-                return None;
-            }
-            if self.hand >= self.clock.len() {
+    /// Next eviction victim by second chance: an idle indexed region whose referenced bit is clear
+    /// (bits of idle regions passed over are cleared). `None` when no indexed region is idle. The
+    /// caller must have excluded readers so "idle" cannot change under it (only deregister can
+    /// lower a count meanwhile, which only makes more regions idle).
+    pub fn clock_victim(&mut self, slab: &Slab) -> Option<RegionPtr> {
+        let n = slab.high_water();
+        // Two sweeps over the records: the first may only clear bits; the second then finds a
+        // clear one if any indexed region is idle.
+        for _ in 0..2 * n as u64 + 1 {
+            if self.hand >= n {
                 self.hand = 0;
             }
-            let p = self.clock[self.hand];
-            // SAFETY: indexed regions are live.
-            let r = unsafe { p.as_ref() };
+            if n == 0 {
+                return None;
+            }
+            let r = slab.get(self.hand);
             self.hand += 1;
-            if r.holders() != 0 {
+            if !r.is_indexed() || r.holders() != 0 {
                 continue;
             }
             if r.referenced
@@ -145,7 +148,7 @@ impl Index {
             {
                 continue;
             }
-            return Some(p);
+            return Some(NonNull::from(r));
         }
         None
     }

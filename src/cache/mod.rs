@@ -14,6 +14,8 @@ mod inflight;
 mod inval_queue;
 mod readers;
 mod region;
+mod slab;
+mod sorted;
 
 pub use self::core::Cache;
 pub use self::inval_queue::QUEUE_CAPACITY;

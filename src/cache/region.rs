@@ -1,10 +1,10 @@
 //! One pinned range: what the backend returned plus a packed refcount/detached state word.
 //!
-//! Regions live in their own 64-byte, 64-aligned heap block so two regions' refcounts never share a
-//! cache line (threads hitting different regions do not false-share) and the metadata bound of 64
-//! bytes per region holds by construction (checked at compile time below).
+//! Regions live in the slab (`slab.rs`) as 40-byte records addressed by a u32 id, so per-region
+//! metadata is the record plus one index entry (no per-region heap block). Neighbouring regions may
+//! share a cache line: threads hitting *adjacent* regions then contend on one line, the price of
+//! the 64-byte-per-region metadata bound (checked at compile time below).
 
-use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 use crate::pin::{Access, Pinned};
@@ -14,59 +14,52 @@ use crate::pin::{Access, Pinned};
 /// if already idle, the detaching writer) unpins it. The low 31 bits are the holder count.
 pub const DETACHED: u32 = 1 << 31;
 pub const COUNT_MASK: u32 = DETACHED - 1;
+/// `state` of a slab record that holds no region (never a reachable count).
+pub const FREE: u32 = u32::MAX;
 
-#[repr(C, align(64))]
+#[repr(C)]
 pub struct Region {
-    /// Page-aligned start and end of the pinned range.
+    /// Page-aligned start of the pinned range.
     pub start: usize,
-    pub end: usize,
     /// The backend's result (token + keys).
     pub pinned: Pinned,
-    pub access: Access,
-    /// Holder count | DETACHED. Incremented only by readers inside a reader section (or the
-    /// writer), so a writer that has excluded readers sees a stable "0 holders" and can detach.
+    /// Length in pages (a registration of 2^32 pages or more is refused as too large).
+    pub pages: u32,
+    /// Holder count | DETACHED (or FREE). Incremented only by readers inside a reader section (or
+    /// the writer), so a writer that has excluded readers sees a stable "0 holders" and can detach.
     pub state: AtomicU32,
+    /// Slab id (stable for the record's life; lets a pointer find its way back to the free list).
+    pub id: u32,
+    /// Access bits (`Access` fits in a byte: four flags).
+    pub access: u8,
     /// CLOCK "recently used" bit: set by hits only when clear (so a hot hit does not keep writing
-    /// a shared line), cleared by the eviction hand.
+    /// the line), cleared by the eviction hand.
     pub referenced: AtomicBool,
-    /// Position in the index's clock ring. Written only by the writer (mutex held).
-    pub clock_pos: Cell<u32>,
 }
 
-const _: () = assert!(std::mem::size_of::<Region>() <= 64);
-
-// SAFETY: `clock_pos` (the only non-Sync field) is read and written only by the writer while it
-// holds the cache mutex; every other field is immutable after publication or atomic.
-unsafe impl Sync for Region {}
-// SAFETY: all fields are plain data or atomics; a Region owns no thread-bound resource.
-unsafe impl Send for Region {}
+const _: () = assert!(std::mem::size_of::<Region>() <= 40);
+const _: () = assert!(Access::ALL.0 <= u8::MAX as u32);
 
 impl Region {
-    pub fn new(start: usize, end: usize, pinned: Pinned, access: Access, holders: u32) -> Region {
-        Region {
-            start,
-            end,
-            pinned,
-            access,
-            state: AtomicU32::new(holders),
-            referenced: AtomicBool::new(true),
-            clock_pos: Cell::new(u32::MAX),
-        }
+    #[inline]
+    pub fn end(&self, page_shift: u32) -> usize {
+        self.start + ((self.pages as usize) << page_shift)
     }
 
     #[inline]
-    pub fn len(&self) -> usize {
-        self.end - self.start
-    }
-
-    #[inline]
-    pub fn contains(&self, start: usize, end: usize) -> bool {
-        self.start <= start && end <= self.end
+    pub fn access(&self) -> Access {
+        Access(self.access as u32)
     }
 
     #[inline]
     pub fn holders(&self) -> u32 {
         self.state.load(Ordering::Acquire) & COUNT_MASK
+    }
+
+    /// Indexed (not detached, not a free record).
+    #[inline]
+    pub fn is_indexed(&self) -> bool {
+        self.state.load(Ordering::Relaxed) & DETACHED == 0
     }
 
     /// Mark used for CLOCK; writes the line only if the bit was clear.

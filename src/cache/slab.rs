@@ -1,0 +1,183 @@
+//! Region records in fixed chunks addressed by u32 ids: no per-region heap block (a 64-aligned
+//! `Box` per region cost ~128 bytes of malloc chunk), and chunks never move, so a reader may hold a
+//! `&Region` while the writer adds a chunk.
+//!
+//! A record is either FREE (on the free list, reachable by nobody) or holds one region from
+//! `alloc` until `free`. Only FREE records are written non-atomically (by `alloc`), so no reference
+//! to a record ever overlaps a plain write to it.
+
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, Ordering};
+use std::sync::Mutex;
+
+use super::region::{Region, FREE};
+use crate::pin::{Access, Pinned};
+
+const CHUNK_BITS: u32 = 10;
+const CHUNK: usize = 1 << CHUNK_BITS;
+/// Ids fit in 22 bits (the hash front packs a 10-bit tag beside them): ~4 Mi regions at once.
+pub const MAX_IDS: u32 = (1 << 22) - 1;
+const MAX_CHUNKS: usize = (MAX_IDS as usize).div_ceil(CHUNK);
+
+struct Alloc {
+    free: Vec<u32>,
+    /// Ids below this have an initialised record.
+    len: u32,
+}
+
+pub struct Slab {
+    chunks: Box<[AtomicPtr<Region>]>,
+    len: AtomicU32,
+    alloc: Mutex<Alloc>,
+}
+
+// SAFETY: records are handed out as shared references only while they hold a region; their
+// non-atomic fields are written only while FREE (unreachable), under the alloc mutex.
+unsafe impl Sync for Slab {}
+// SAFETY: nothing in the slab is tied to a thread.
+unsafe impl Send for Slab {}
+
+impl Slab {
+    pub fn new() -> Self {
+        Slab {
+            chunks: (0..MAX_CHUNKS)
+                .map(|_| AtomicPtr::new(std::ptr::null_mut()))
+                .collect(),
+            len: AtomicU32::new(0),
+            alloc: Mutex::new(Alloc {
+                free: Vec::new(),
+                len: 0,
+            }),
+        }
+    }
+
+    /// The record of `id`. `id` must have been returned by `alloc` (live or freed since).
+    #[inline]
+    pub fn get(&self, id: u32) -> &Region {
+        let base = self.chunks[(id >> CHUNK_BITS) as usize].load(Ordering::Acquire);
+        debug_assert!(!base.is_null());
+        // SAFETY: a chunk pointer, once set, points at CHUNK initialised records that live until
+        // the slab drops; ids handed out by `alloc` lie in an allocated chunk.
+        unsafe { &*base.add(id as usize & (CHUNK - 1)) }
+    }
+
+    /// Ids that may hold a region (`0..high_water()`); FREE ones have `state == FREE`.
+    pub fn high_water(&self) -> u32 {
+        self.len.load(Ordering::Acquire)
+    }
+
+    /// A new record holding one region with `holders` holders. `None` when ~4 Mi exist.
+    pub fn alloc(
+        &self,
+        start: usize,
+        pages: u32,
+        pinned: Pinned,
+        access: Access,
+        holders: u32,
+    ) -> Option<NonNull<Region>> {
+        let mut a = self.alloc.lock().unwrap_or_else(|e| e.into_inner());
+        let id = match a.free.pop() {
+            Some(id) => id,
+            None => {
+                if a.len >= MAX_IDS {
+                    return None;
+                }
+                let id = a.len;
+                let c = &self.chunks[(id >> CHUNK_BITS) as usize];
+                if c.load(Ordering::Relaxed).is_null() {
+                    let chunk: Box<[Region]> = (0..CHUNK).map(|_| free_record()).collect();
+                    c.store(Box::into_raw(chunk) as *mut Region, Ordering::Release);
+                }
+                a.len += 1;
+                self.len.store(a.len, Ordering::Release);
+                id
+            }
+        };
+        let p = NonNull::from(self.get(id)).as_ptr();
+        // SAFETY: the record is FREE (fresh or from the free list): nobody holds a reference to
+        // it, and the alloc mutex serialises writers of FREE records.
+        unsafe {
+            p.write(Region {
+                start,
+                pinned,
+                pages,
+                state: AtomicU32::new(holders),
+                id,
+                access: access.0 as u8,
+                referenced: AtomicBool::new(true),
+            })
+        };
+        NonNull::new(p)
+    }
+
+    /// Return a record. The caller holds the only reference (detached, zero holders).
+    pub fn free(&self, p: NonNull<Region>) {
+        // SAFETY: per the contract the region is live and unshared.
+        let r = unsafe { p.as_ref() };
+        let id = r.id;
+        r.state.store(FREE, Ordering::Relaxed);
+        self.alloc
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .free
+            .push(id);
+    }
+}
+
+fn free_record() -> Region {
+    Region {
+        start: 0,
+        pinned: Pinned {
+            token: 0,
+            lkey: 0,
+            rkey: 0,
+        },
+        pages: 0,
+        state: AtomicU32::new(FREE),
+        id: 0,
+        access: 0,
+        referenced: AtomicBool::new(false),
+    }
+}
+
+impl Drop for Slab {
+    fn drop(&mut self) {
+        for c in self.chunks.iter() {
+            let p = c.load(Ordering::Acquire);
+            if !p.is_null() {
+                // SAFETY: allocated in `alloc` as a boxed slice of CHUNK records.
+                drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(p, CHUNK)) });
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_reused_and_records_stay_put() {
+        let s = Slab::new();
+        let pin = Pinned {
+            token: 1,
+            lkey: 2,
+            rkey: 3,
+        };
+        let ps: Vec<_> = (0..3000)
+            .map(|i| s.alloc(i * 4096, 1, pin, Access(1), 0).unwrap())
+            .collect();
+        assert_eq!(s.high_water(), 3000);
+        let a = ps[1500];
+        // SAFETY: live record.
+        let id = unsafe { a.as_ref() }.id;
+        assert_eq!(s.get(id).start, 1500 * 4096);
+        s.free(a);
+        assert_eq!(s.get(id).state.load(Ordering::Relaxed), FREE);
+        let b = s.alloc(77, 2, pin, Access(4), 1).unwrap();
+        assert_eq!(b, a, "freed record reused in place");
+        assert_eq!(s.get(id).start, 77);
+        assert_eq!(s.high_water(), 3000);
+        assert_eq!(ps[2999], NonNull::from(s.get(2999)));
+    }
+}
