@@ -118,7 +118,9 @@ pub(crate) fn render(c: &fh_cache) -> String {
     o
 }
 
-/// Copies the cache's counters into `*out`.
+/// Copies the cache's counters into `*out`. A pure read: invalidations reported (by the monitor or
+/// `fh_notify_unmapped`) but not processed yet are counted, and their idle regions unpinned, by
+/// the next `fh_register`/`fh_deregister`/`fh_flush` on this cache (they can never be hits).
 /// Returns `FH_ERR_NULL` if `cache` or `out` is NULL (then `*out` is not written).
 ///
 /// # Safety
