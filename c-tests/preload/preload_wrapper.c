@@ -4,7 +4,8 @@
  *  - a pass-through registration (flags the cache cannot serve) reaches libibverbs, whose internal
  *    ibv_reg_mr -> ibv_reg_mr_iova2 call is counted as ONE application call plus one nested call;
  *  - ibv_dereg_mr of an MR the shim never saw (made with the real function) passes through;
- *  - a cached read-only registration does not serve a remote-write request;
+ *  - a cached read-only registration does not serve a remote-write request, and a remote-read
+ *    request never gets a remote-write rkey (a refused RDMA WRITE proves it);
  *  - ibv_rereg_mr on a wrapper moves it (same pointer) and bad flags leave it valid;
  *  - ibv_dealloc_pd succeeds after the application deregistered everything (the cache's idle
  *    MRs must not keep the pd busy).
@@ -158,6 +159,19 @@ int main(int argc, char **argv)
                            m->rkey, 64);
         CHECK(st == 0 && buf[262144 + 8] == 0x33, "RDMA WRITE through the re-registered MR");
         CHECK(ibv_dereg_mr(m) == 0, "dereg after rereg");
+    }
+
+    /* 7. remote rights are never widened: after a remote-write registration of a buffer, a
+     * remote-read-only registration of it must get an rkey that refuses RDMA WRITE. (Last RDMA
+     * of the test: the refused WRITE moves the loopback QP to the error state.) */
+    char *rbuf = buf + 393216;
+    struct ibv_mr *rwm = ibv_reg_mr(l.pd, rbuf, 8192, RW);
+    struct ibv_mr *rrm = ibv_reg_mr(l.pd, rbuf, 8192, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ);
+    CHECK(rwm && rrm && rrm->rkey != rwm->rkey, "remote-read request got the remote-write rkey");
+    if (rwm && rrm) {
+        int st = loop_rdma(&l, IBV_WR_RDMA_WRITE, buf + 4096, a->lkey, (uintptr_t)rbuf, rrm->rkey, 64);
+        CHECK(st == IBV_WC_REM_ACCESS_ERR, "RDMA WRITE through a remote-read rkey: status %d", st);
+        CHECK(ibv_dereg_mr(rwm) == 0 && ibv_dereg_mr(rrm) == 0, "dereg rights pair");
     }
 
     CHECK(ibv_dereg_mr(a) == 0, "dereg a");

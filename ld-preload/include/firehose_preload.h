@@ -22,7 +22,7 @@ struct fh_preload_stats {
     uint64_t pinned_bytes, pinned_peak;              /* what the caches keep registered */
     uint64_t real_regs, real_reg_ns;                 /* real ibv_reg_mr calls by the caches */
     uint64_t real_deregs, real_dereg_ns;             /* real ibv_dereg_mr calls by the caches */
-    uint64_t protection_domains;                     /* live per-pd caches */
+    uint64_t caches; /* live caches: one per protection domain and remote-rights class */
     uint64_t hit_bytes;                              /* bytes of registrations served by hits */
     uint64_t saved_ns; /* estimate: each hit priced by a t = a + b*bytes fit over the misses */
 };

@@ -26,7 +26,6 @@ const RW: i32 = 1 | 2 | 4;
 struct FakePd {
     pd: Box<IbvPd>,
     pinner: Arc<CountingPinner>,
-    _cache: Arc<PdCache>,
 }
 
 fn fake_pd(context: usize) -> FakePd {
@@ -35,12 +34,8 @@ fn fake_pd(context: usize) -> FakePd {
         handle: 7,
     });
     let pinner = Arc::new(CountingPinner::new());
-    let cache = PdCache::install_for_test(&mut *pd, pinner.clone());
-    FakePd {
-        pd,
-        pinner,
-        _cache: cache,
-    }
+    PdCache::install_for_test(&mut *pd, pinner.clone());
+    FakePd { pd, pinner }
 }
 
 impl FakePd {
@@ -122,6 +117,42 @@ fn read_only_registration_does_not_serve_remote_write() {
         );
         ibv_dereg_mr(ro);
         ibv_dereg_mr(rw);
+        libc::munmap(buf as *mut c_void, 8192);
+    }
+}
+
+#[test]
+fn remote_rights_are_never_widened_but_local_write_may_be() {
+    let _s = serial();
+    let mut f = fake_pd(0xC6);
+    let buf = anon(8192);
+    // SAFETY: as above.
+    unsafe {
+        let rw = ibv_reg_mr(f.ptr(), buf as *mut c_void, 8192, RW);
+        let rr = ibv_reg_mr(f.ptr(), buf as *mut c_void, 8192, 1 | 4);
+        assert_eq!(
+            f.pinner.pins(),
+            2,
+            "remote read alone must not get the remote-write rkey"
+        );
+        assert_ne!((*rr).rkey, (*rw).rkey);
+        let lw = ibv_reg_mr(f.ptr(), buf as *mut c_void, 4096, 1);
+        let none = ibv_reg_mr(f.ptr(), buf as *mut c_void, 4096, 0);
+        assert_eq!(
+            f.pinner.pins(),
+            3,
+            "no remote rights: one class, local write may serve"
+        );
+        assert_eq!((*none).lkey, (*lw).lkey);
+        for m in [rw, rr, lw, none] {
+            assert_eq!(ibv_dereg_mr(m), 0);
+        }
+        pd_cache::drop_pd(f.ptr());
+        assert_eq!(
+            f.pinner.live_count(),
+            0,
+            "every class of the domain is dropped"
+        );
         libc::munmap(buf as *mut c_void, 8192);
     }
 }

@@ -1,5 +1,13 @@
-//! One registration cache per protection domain (`struct ibv_pd *` -> cache), created on the
-//! first registration in that domain and dropped by our `ibv_dealloc_pd` hook.
+//! One registration cache per protection domain and remote-rights class (`struct ibv_pd *` plus
+//! the request's remote read/write/atomic bits -> cache), created on the first registration of
+//! that kind and dropped, all classes at once, by our `ibv_dealloc_pd` hook.
+//!
+//! Why split by remote rights: the cache serves a request from any region whose rights cover it
+//! and merges overlapping regions with the union of their rights. Within one domain that would
+//! hand an application that asked for remote *read* an rkey that also allows remote *write* (an
+//! earlier registration of the same buffer had it): a drop-in must not widen what a peer may do.
+//! Local write may still be widened (it concerns only this process). Each class is its own
+//! cache, so a remote-read request never lands on a remote-write region.
 //!
 //! The map lock is held only to find or insert an entry, never across a registration, so a slow
 //! `ibv_reg_mr` in one domain does not stall another; `fork_lock` lets the atfork handlers hold it
@@ -25,6 +33,9 @@ pub struct PdCache {
     /// The real backend, for MR handles (`None` for a test double).
     pinner: Option<Arc<RealPinner>>,
 }
+#[cfg(test)]
+static TEST_PINNERS: Mutex<Vec<(usize, Arc<dyn Pinner>)>> = Mutex::new(Vec::new());
+
 thread_local! {
     /// Set when this thread made a real registration: tells a miss from a hit (the cache pins on
     /// the calling thread).
@@ -50,7 +61,12 @@ impl Pinner for Flagging {
     }
 }
 
-type PdMap = HashMap<usize, Arc<PdCache>>;
+/// Remote access bits: requests differing in these never share a cache.
+const REMOTE_RIGHTS: u32 = Access::REMOTE_WRITE.0 | Access::REMOTE_READ.0 | Access::REMOTE_ATOMIC.0;
+
+/// (pd address, remote-rights class).
+type Key = (usize, u32);
+type PdMap = HashMap<Key, Arc<PdCache>>;
 
 static PDS: Mutex<Option<PdMap>> = Mutex::new(None);
 /// Counters of caches already dropped (their domain was deallocated), so totals never go back.
@@ -81,23 +97,32 @@ pub fn fork_lock_retired() -> MutexGuard<'static, Stats> {
     RETIRED.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// The cache for `pd`, created on first use.
-pub fn for_pd(pd: *mut IbvPd) -> FhResult<Arc<PdCache>> {
-    if let Some(c) = pds().as_ref().and_then(|m| m.get(&(pd as usize))) {
+/// The cache for requests with `access` in `pd`, created on first use.
+pub fn for_pd(pd: *mut IbvPd, access: Access) -> FhResult<Arc<PdCache>> {
+    let key = (pd as usize, access.0 & REMOTE_RIGHTS);
+    if let Some(c) = pds().as_ref().and_then(|m| m.get(&key)) {
         return Ok(c.clone());
     }
     // Build outside the lock (it may install the monitor, which can take a while).
     let fresh = PdCache::new(pd)?;
     let mut g = pds();
     let map = g.get_or_insert_with(HashMap::new);
-    Ok(map.entry(pd as usize).or_insert(fresh).clone())
+    Ok(map.entry(key).or_insert(fresh).clone())
 }
 
 /// Forget the cache of `pd` and release every idle registration it keeps, so that the real
 /// `ibv_dealloc_pd` does not fail with EBUSY because of MRs only the cache still holds.
 pub fn drop_pd(pd: *mut IbvPd) {
-    let gone = pds().as_mut().and_then(|m| m.remove(&(pd as usize)));
-    if let Some(c) = gone {
+    let mut gone = Vec::new();
+    if let Some(m) = pds().as_mut() {
+        m.retain(|k, c| {
+            if k.0 == pd as usize {
+                gone.push(c.clone());
+            }
+            k.0 != pd as usize
+        });
+    }
+    for c in gone {
         c.flush();
         let s = c.stats();
         let mut r = RETIRED.lock().unwrap_or_else(|e| e.into_inner());
@@ -108,7 +133,7 @@ pub fn drop_pd(pd: *mut IbvPd) {
     }
 }
 
-/// Cache counters summed over live and retired domains, and the number of live domains.
+/// Cache counters summed over live and retired caches, and the number of live caches.
 pub fn stats_sum() -> (Stats, u64) {
     let caches: Vec<Arc<PdCache>> = pds()
         .as_ref()
@@ -144,6 +169,10 @@ fn ensure_monitor() {
 
 impl PdCache {
     fn new(pd: *mut IbvPd) -> FhResult<Arc<PdCache>> {
+        #[cfg(test)]
+        if let Some(c) = Self::new_for_test(pd) {
+            return Ok(c);
+        }
         let cfg = settings::config();
         let pinner = Arc::new(RealPinner::new(pd, real_verbs::get()));
         let limits = Limits {
@@ -182,25 +211,36 @@ impl PdCache {
         }))
     }
 
-    /// Test double: a cache for the fake domain `pd` over `pinner`, subscribed to memory events
-    /// (without installing the monitor), made the domain's cache as if by a first registration.
+    /// Test double: the caches of the fake domain `pd` will run over `pinner` (subscribed to
+    /// memory events, without installing the monitor).
     #[cfg(test)]
-    pub fn install_for_test(pd: *mut IbvPd, pinner: Arc<dyn Pinner>) -> Arc<PdCache> {
+    pub fn install_for_test(pd: *mut IbvPd, pinner: Arc<dyn Pinner>) {
+        // A fake pd may reuse the address of an earlier test's: forget that one's caches.
+        drop_pd(pd);
+        let mut t = TEST_PINNERS.lock().unwrap_or_else(|e| e.into_inner());
+        t.retain(|(p, _)| *p != pd as usize);
+        t.push((pd as usize, pinner));
+    }
+
+    #[cfg(test)]
+    fn new_for_test(pd: *mut IbvPd) -> Option<Arc<PdCache>> {
+        let pinner = TEST_PINNERS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .find(|(p, _)| *p == pd as usize)
+            .map(|(_, p)| p.clone())?;
         let limits = Limits {
             max_pinned: 1 << 30,
             max_regions: 1024,
         };
         let cache = Cache::new(Arc::new(Flagging(pinner)), limits, None);
         let events = monitor::subscribe(cache.clone());
-        let c = Arc::new(PdCache {
+        Some(Arc::new(PdCache {
             _events: Some(events),
             cache,
             pinner: None,
-        });
-        pds()
-            .get_or_insert_with(HashMap::new)
-            .insert(pd as usize, c.clone());
-        c
+        }))
     }
 
     /// Register (or find) `[addr, addr + len)` with at least `access`. The flag is true for a

@@ -82,7 +82,8 @@ pub struct FhPreloadStats {
     pub real_reg_ns: u64,
     pub real_deregs: u64,
     pub real_dereg_ns: u64,
-    pub protection_domains: u64,
+    /// Live caches (one per protection domain and remote-rights class).
+    pub caches: u64,
     pub hit_bytes: u64,
     /// Size-aware estimate of the time hits saved (`cost_model.rs`).
     pub saved_ns: u64,
@@ -121,7 +122,7 @@ pub fn snapshot() -> FhPreloadStats {
         real_reg_ns: ld(&c.real_reg_ns),
         real_deregs: ld(&c.real_deregs),
         real_dereg_ns: ld(&c.real_dereg_ns),
-        protection_domains: pds,
+        caches: pds,
         hit_bytes: ld(&c.hit_bytes),
         saved_ns: crate::cost_model::saved_ns(cache.hits, ld(&c.hit_bytes)),
     }
@@ -171,7 +172,7 @@ pub fn summary(s: &FhPreloadStats) -> String {
         "firehose-preload (pid {pid}) summary\n\
          \x20 registrations: {calls} app calls ({nested} nested calls passed through), {pt} uncached\n\
          \x20 cache:         {hits} hits, {misses} misses ({hit_pct:.1}% hits), {ev} evictions, {inv} invalidations\n\
-         \x20 pinned:        {now} bytes now, peak {peak} bytes, {pds} protection domain(s)\n\
+         \x20 pinned:        {now} bytes now, peak {peak} bytes, {pds} cache(s) (per pd and remote rights)\n\
          \x20 miss cost:     ibv_reg_mr {reg_us:.1} us mean over {nr}, ibv_dereg_mr {dereg_us:.1} us mean over {nd}\n\
          \x20 time saved:    ~{sized_ms:.3} ms priced by size (t = a + b*bytes fitted on the misses, {hit_bytes} hit bytes)\n\
          \x20                ~{saved_ms:.3} ms by hits x mean reg+dereg cost\n",
@@ -186,7 +187,7 @@ pub fn summary(s: &FhPreloadStats) -> String {
         inv = s.invalidations,
         now = s.pinned_bytes,
         peak = s.pinned_peak,
-        pds = s.protection_domains,
+        pds = s.caches,
         nr = s.real_regs,
         nd = s.real_deregs,
     )

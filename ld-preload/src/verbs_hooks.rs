@@ -35,7 +35,7 @@ pub fn cacheable(access: u32) -> bool {
 /// # Safety
 /// `pd` is a live protection domain of the caller.
 unsafe fn cached_reg(pd: *mut IbvPd, addr: *mut c_void, len: usize, access: u32) -> *mut IbvMr {
-    let Ok(cache) = pd_cache::for_pd(pd) else {
+    let Ok(cache) = pd_cache::for_pd(pd, Access(access)) else {
         return std::ptr::null_mut();
     };
     let Ok((reg, hit)) = cache.register(addr as usize, len, Access(access)) else {
@@ -272,7 +272,7 @@ unsafe fn new_backing(
     access: u32,
 ) -> Option<(Backing, u32, u32, u32)> {
     if cacheable(access) && !settings::disabled() {
-        if let Ok(cache) = pd_cache::for_pd(pd) {
+        if let Ok(cache) = pd_cache::for_pd(pd, Access(access)) {
             if let Ok((reg, _)) = cache.register(addr as usize, len, Access(access)) {
                 let handle = cache.mr_handle(reg.lkey);
                 let b = Backing::Cached {
