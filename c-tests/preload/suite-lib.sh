@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Helpers for the shim's verbs-suite tests (tests/verbs-suite.d/5*-preload-*.sh), sourced after
 # scripts/lib/verbs-test.sh. The C programs are small: they are compiled here, in the test's scratch
 # directory, so the suite needs nothing prebuilt but libfirehose_preload.so.

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # libfirehose_preload.so wrapper semantics (c-tests/preload/preload_wrapper.c) on the real device:
 # exact addr/length, hit with the same keys, pass-through flags counted as one call plus one nested
 # call, foreign dereg passes through, access rights, rereg, dealloc_pd after lazy release. Then the

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Stale registrations under libfirehose_preload.so (c-tests/preload/preload_stale.c): register,
 # deregister, replace the memory under the same address (free+malloc, munmap+mmap, mremap,
 # madvise DONTNEED, mmap MAP_FIXED), register again; RDMA READ and WRITE through the new keys on a

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # perftest's ib_write_bw, unchanged, with both sides under libfirehose_preload.so: both exit 0, the
 # client reports a positive average bandwidth, and each side's FH_STATS summary shows the shim
 # served its registration.

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Open MPI over UCX, 2 ranks on the device, UCX's own registration cache off
 # (UCX_IB_REG_METHODS=direct): c-tests/preload/preload_mpi_fresh.c sends from fresh malloc buffers
 # (freed and reallocated at the same address) and checks every byte, without and with
@@ -18,19 +19,25 @@ mpicc -O1 -o "$CC_OUT/preload_mpi_fresh" "$FH_REPO/c-tests/preload/preload_mpi_f
     { echo "cannot compile preload_mpi_fresh.c"; exit 1; }
 
 ITERS=${FH_MPI_ITERS:-20}
-mpi=(mpirun --allow-run-as-root --oversubscribe -np 2 --mca pml ucx --mca osc ^ucx --mca btl ^openib,ofi
-     -x UCX_NET_DEVICES="$FH_RDMA_DEV:$FH_IB_PORT" -x UCX_TLS=rc_verbs,ud_verbs,self -x UCX_IB_GID_INDEX=0
+mpi=(mpirun --allow-run-as-root --oversubscribe -np 2 --mca pml ucx --mca osc ^ucx --mca btl "^openib,ofi"
+     -x UCX_NET_DEVICES="$FH_RDMA_DEV:$FH_IB_PORT" -x "UCX_TLS=rc_verbs,ud_verbs,self" -x UCX_IB_GID_INDEX=0
      -x UCX_IB_REG_METHODS=direct)
 
+now() { date +%s.%N; }
 echo "--- without the shim"
+t0=$(now)
 timeout 300 "${mpi[@]}" "$CC_OUT/preload_mpi_fresh" "$ITERS"
 plain=$?
+t1=$(now)
 echo "--- with the shim"
 stats=$FH_TEST_DIR/stats.txt
 rm -f "$stats"
 timeout 300 "${mpi[@]}" -x LD_PRELOAD="$SHIM" -x FH_STATS=1 -x FH_STATS_FILE="$stats" \
     -x FH_MAX_PINNED=256M "$CC_OUT/preload_mpi_fresh" "$ITERS" 2>&1 | tee "$FH_TEST_DIR/shim.log"
 shim=${PIPESTATUS[0]}
+t2=$(now)
+# Informational (TCG: only the ratio within one boot means anything; includes MPI start-up).
+awk -v a="$t0" -v b="$t1" -v c="$t2" 'BEGIN { printf "wall time: %.1f s without the shim, %.1f s with it\n", b - a, c - b }'
 cat "$stats" 2>/dev/null
 if grep -q "unable to handle VM_UNMAP" "$FH_TEST_DIR/shim.log"; then
     echo "FAIL: Open MPI/UCX memory hooks disturbed under the shim"

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # libfirehose_preload.so under threads and fork (c-tests/preload/preload_threads_fork.c): 4 threads
 # register/deregister/free in one protection domain while the main thread forks 20 children that
 # must query the shim, malloc/free and touch heap pages next to a registered buffer without
