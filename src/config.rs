@@ -3,9 +3,11 @@
 //! | variable         | values                                   | default                          |
 //! |------------------|------------------------------------------|----------------------------------|
 //! | `FH_BACKEND`     | `auto`, `verbs`, `mlock`                 | `auto` (verbs if a device works) |
-//! | `FH_MAX_PINNED`  | bytes, suffix `k`/`m`/`g`/`t` (x1024), `inf` | 75 % of min(RLIMIT_MEMLOCK, RAM) |
+//! | `FH_MAX_PINNED`  | bytes, suffix `k`/`m`/`g`/`t` (x1024), `inf` | 75 % of min(RLIMIT_MEMLOCK [1], RAM) |
 //! | `FH_MAX_REGIONS` | count, or `inf`                          | 16384                            |
 //! | `FH_MONITOR`     | comma list of `uffd`, `patch`; or `none` | `uffd,patch`                     |
+//!
+//! [1] only when the kernel enforces it: a process with CAP_IPC_LOCK (root) is not limited.
 //!
 //! An invalid value is `FH_ERR_BAD_CONFIG`, with a message naming the variable on stderr.
 
@@ -32,7 +34,8 @@ pub struct MonitorFlags {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Config {
     pub backend: Backend,
-    /// Default: 75 % of min(RLIMIT_MEMLOCK if finite, physical memory) -- GASNet firehose's
+    /// Default: 75 % of min(RLIMIT_MEMLOCK if finite and enforced (not with CAP_IPC_LOCK),
+    /// physical memory) -- GASNet firehose's
     /// M = 75 %: leaves a quarter of lockable memory to the application and other libraries, and
     /// makes ENOMEM from the kernel (which costs a failed pin) the exception rather than the rule.
     pub max_pinned: usize,
@@ -194,6 +197,7 @@ pub fn default_max_pinned() -> usize {
     // SAFETY: `rl` is a valid out-pointer.
     let memlock = if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut rl) } == 0
         && rl.rlim_cur != libc::RLIM_INFINITY
+        && !has_cap_ipc_lock()
     {
         rl.rlim_cur as usize
     } else {
@@ -203,8 +207,32 @@ pub fn default_max_pinned() -> usize {
     (base / 4 * 3).max(1)
 }
 
+/// True when the process holds CAP_IPC_LOCK (e.g. root): the kernel then does not charge pinning
+/// (mlock or ibv_reg_mr) against RLIMIT_MEMLOCK, so the 8 MiB soft limit must not size the cache.
+/// (Under mpirun as root, a default taken from the rlimit left no room beyond UCX's own pools.)
+fn has_cap_ipc_lock() -> bool {
+    const CAP_IPC_LOCK: u32 = 14;
+    let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
+        return false;
+    };
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+        .is_some_and(|caps| caps & (1 << CAP_IPC_LOCK) != 0)
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn default_max_pinned_ignores_memlock_rlimit_with_cap_ipc_lock() {
+        // Root here has CAP_IPC_LOCK and an 8 MiB soft RLIMIT_MEMLOCK: the default must then come
+        // from physical memory, not from the rlimit the kernel does not apply.
+        if super::has_cap_ipc_lock() {
+            assert!(super::default_max_pinned() > 64 << 20);
+        }
+    }
+
     use super::*;
     use std::collections::HashMap;
 
@@ -279,14 +307,14 @@ mod tests {
     }
 
     #[test]
-    fn default_respects_a_finite_memlock() {
+    fn default_respects_a_finite_enforced_memlock() {
         let mut rl = libc::rlimit {
             rlim_cur: 0,
             rlim_max: 0,
         };
         // SAFETY: valid out-pointer.
         assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut rl) }, 0);
-        if rl.rlim_cur != libc::RLIM_INFINITY {
+        if rl.rlim_cur != libc::RLIM_INFINITY && !super::has_cap_ipc_lock() {
             assert!(default_max_pinned() <= rl.rlim_cur as usize / 4 * 3);
         }
     }
