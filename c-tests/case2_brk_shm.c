@@ -83,6 +83,7 @@ static void shm_paths(fh_cache *c) {
 }
 
 int main(int argc, char **argv) {
+    case_skip_under_asan("the brk half tunes glibc malloc (mallopt), which ASan replaces");
     case_watchdog(60);
     /* Our sbrk calls share the break with malloc: give malloc's heap 64 MiB of slack that it
      * never trims, so no allocation (ours, the library's, stdio's) moves the break meanwhile. */

@@ -73,6 +73,7 @@ static void *arena_worker(void *arg) {
 }
 
 int main(void) {
+    case_skip_under_asan("tunes glibc malloc (mallopt), which ASan replaces");
     case_watchdog(60);
     /* Thread arenas: small chunks stay in the heap, and a free trims as soon as it can. */
     CHECK(mallopt(M_MMAP_THRESHOLD, 4 << 20) == 1);

@@ -6,6 +6,7 @@
 #include "case_util.h"
 
 int main(void) {
+    case_skip_under_asan("asserts synchronous invalidation of munmap; ASan's munmap interceptor bypasses libc");
     case_watchdog(60);
     fh_cache *c = case_cache((size_t)256 << 20, 64);
     size_t pg = fh_test_page();

@@ -81,6 +81,7 @@ static void *mapper(void *arg) {
 }
 
 int main(void) {
+    case_skip_under_asan("drives glibc malloc trimming (mallopt), which ASan replaces");
     case_watchdog(100);
     /* Everything from 32 KiB up is mmapped (free = munmap), and the heaps trim at once. */
     CHECK(mallopt(M_MMAP_THRESHOLD, 32 << 10) == 1);
