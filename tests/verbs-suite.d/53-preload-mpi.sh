@@ -9,6 +9,10 @@
 # the guest) is mostly taken by UCX's own long-lived registrations, leaving no room to keep any.
 # Coexistence: Open MPI must not warn "UCX is unable to handle VM_UNMAP event" (its own memory
 # hooks stop seeing unmaps if our monitor overwrites libc's entries; ld-preload/src/coexist.rs).
+# Then the same program with UCX's registration cache and memory hooks left ON (no
+# UCX_IB_REG_METHODS=direct), without and with the shim: every byte must still be right and the
+# warning must stay away. Wall times and with/without ratios are printed for both configurations
+# (informational: TCG, one boot, includes MPI start-up).
 set -uo pipefail
 . "$FH_REPO/scripts/lib/verbs-test.sh"
 . "$FH_REPO/c-tests/preload/suite-lib.sh"
@@ -20,24 +24,30 @@ mpicc -O1 -o "$CC_OUT/preload_mpi_fresh" "$FH_REPO/c-tests/preload/preload_mpi_f
 
 ITERS=${FH_MPI_ITERS:-20}
 mpi=(mpirun --allow-run-as-root --oversubscribe -np 2 --mca pml ucx --mca osc ^ucx --mca btl "^openib,ofi"
-     -x UCX_NET_DEVICES="$FH_RDMA_DEV:$FH_IB_PORT" -x "UCX_TLS=rc_verbs,ud_verbs,self" -x UCX_IB_GID_INDEX=0
-     -x UCX_IB_REG_METHODS=direct)
+     -x UCX_NET_DEVICES="$FH_RDMA_DEV:$FH_IB_PORT" -x "UCX_TLS=rc_verbs,ud_verbs,self" -x UCX_IB_GID_INDEX=0)
+# UCX's rcache off: every rendezvous message registers its user buffer (what the shim serves).
+rcache_off=(-x UCX_IB_REG_METHODS=direct)
 
 now() { date +%s.%N; }
 echo "--- without the shim"
 t0=$(now)
-timeout 300 "${mpi[@]}" "$CC_OUT/preload_mpi_fresh" "$ITERS"
+timeout 300 "${mpi[@]}" "${rcache_off[@]}" "$CC_OUT/preload_mpi_fresh" "$ITERS"
 plain=$?
 t1=$(now)
 echo "--- with the shim"
 stats=$FH_TEST_DIR/stats.txt
 rm -f "$stats"
-timeout 300 "${mpi[@]}" -x LD_PRELOAD="$SHIM" -x FH_STATS=1 -x FH_STATS_FILE="$stats" \
+timeout 300 "${mpi[@]}" "${rcache_off[@]}" -x LD_PRELOAD="$SHIM" -x FH_STATS=1 -x FH_STATS_FILE="$stats" \
     -x FH_MAX_PINNED=256M "$CC_OUT/preload_mpi_fresh" "$ITERS" 2>&1 | tee "$FH_TEST_DIR/shim.log"
 shim=${PIPESTATUS[0]}
 t2=$(now)
 # Informational (TCG: only the ratio within one boot means anything; includes MPI start-up).
-awk -v a="$t0" -v b="$t1" -v c="$t2" 'BEGIN { printf "wall time: %.1f s without the shim, %.1f s with it\n", b - a, c - b }'
+walls() {
+    awk -v a="$1" -v b="$2" -v c="$3" -v what="$4" 'BEGIN {
+        printf "wall time (%s): %.1f s without the shim, %.1f s with it, ratio with/without %.2f\n",
+            what, b - a, c - b, (c - b) / (b - a) }'
+}
+walls "$t0" "$t1" "$t2" "UCX rcache off" | tee "$FH_TEST_DIR/ratio.txt"
 cat "$stats" 2>/dev/null
 if grep -q "unable to handle VM_UNMAP" "$FH_TEST_DIR/shim.log"; then
     echo "FAIL: Open MPI/UCX memory hooks disturbed under the shim"
@@ -48,3 +58,24 @@ echo "without shim exit $plain, with shim exit $shim"
 [ "$shim" = 0 ] || { echo "FAIL: wrong bytes or a crash under the shim"; exit 1; }
 grep -qE 'cache: +[1-9][0-9]* hits' "$stats" || { echo "FAIL: no rank reported cache hits"; exit 1; }
 grep -qE '[1-9][0-9]* invalidations' "$stats" || { echo "FAIL: no rank reported invalidations"; exit 1; }
+echo "--- UCX rcache and memory hooks ON, without the shim"
+t3=$(now)
+timeout 300 "${mpi[@]}" "$CC_OUT/preload_mpi_fresh" "$ITERS"
+rc_plain=$?
+t4=$(now)
+echo "--- UCX rcache and memory hooks ON, with the shim"
+rc_stats=$FH_TEST_DIR/stats-rcache.txt
+rm -f "$rc_stats"
+timeout 300 "${mpi[@]}" -x LD_PRELOAD="$SHIM" -x FH_STATS=1 -x FH_STATS_FILE="$rc_stats" \
+    -x FH_MAX_PINNED=256M "$CC_OUT/preload_mpi_fresh" "$ITERS" 2>&1 | tee "$FH_TEST_DIR/shim-rcache.log"
+rc_shim=${PIPESTATUS[0]}
+t5=$(now)
+walls "$t3" "$t4" "$t5" "UCX rcache on" | tee -a "$FH_TEST_DIR/ratio.txt"
+cat "$rc_stats" 2>/dev/null
+echo "UCX rcache on: without shim exit $rc_plain, with shim exit $rc_shim"
+[ "$rc_plain" = 0 ] || { echo "FAIL: the MPI program fails with UCX's rcache even without the shim"; exit 1; }
+[ "$rc_shim" = 0 ] || { echo "FAIL: wrong bytes or a crash under the shim with UCX's rcache on"; exit 1; }
+if grep -q "unable to handle VM_UNMAP" "$FH_TEST_DIR/shim-rcache.log"; then
+    echo "FAIL: Open MPI/UCX memory hooks disturbed under the shim (rcache on)"
+    exit 1
+fi
