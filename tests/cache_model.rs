@@ -395,3 +395,100 @@ fn threads_register_while_another_invalidates() {
     assert_eq!(pin.inner.live_count(), 0);
     assert_eq!(pin.inner.bad_unpins(), 0);
 }
+
+/// Lock-free pin double: one live flag per serial, so a checking reader adds no fence of its own
+/// (a mutex in the double would hide store-load reordering in the reader protocol).
+struct Flags {
+    next: AtomicU64,
+    live: Vec<std::sync::atomic::AtomicBool>,
+    bad: AtomicU64,
+}
+
+impl Pinner for Flags {
+    fn pin(&self, _addr: usize, _len: usize, _access: Access) -> Result<Pinned, PinError> {
+        let s = self.next.fetch_add(1, Ordering::Relaxed) as usize % self.live.len();
+        self.live[s].store(true, Ordering::Release);
+        Ok(Pinned {
+            token: s,
+            lkey: s as u32,
+            rkey: s as u32,
+        })
+    }
+    fn unpin(&self, p: Pinned, _addr: usize, _len: usize) {
+        if !self.live[p.token].swap(false, Ordering::AcqRel) {
+            self.bad.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    fn name(&self) -> &'static str {
+        "flags"
+    }
+}
+
+/// The reader/writer window of the hit path: readers hit one region non-stop while a writer
+/// misses on other addresses, so every miss runs the eviction hand (and index mutations) as a
+/// writer. If a reader could be inside its section unseen by the writer (e.g. its "entered"
+/// store not yet visible and no barrier), the writer could evict and unpin the region the reader
+/// is acquiring: the reader would then hold a handle on an unpinned range.
+#[test]
+fn hits_race_evicting_writer() {
+    const READERS: usize = 2;
+    let pin = Arc::new(Flags {
+        next: AtomicU64::new(0),
+        live: (0..1 << 20)
+            .map(|_| std::sync::atomic::AtomicBool::new(false))
+            .collect(),
+        bad: AtomicU64::new(0),
+    });
+    let c = Cache::new(
+        pin.clone(),
+        Limits {
+            max_pinned: 1 << 30,
+            // Every miss evicts every idle region: the readers' regions are evicted whenever
+            // they are idle, i.e. right between two hits.
+            max_regions: 1,
+        },
+        None,
+    );
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let readers: Vec<_> = (0..READERS)
+        .map(|t| {
+            let (c, pin, stop) = (c.clone(), pin.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let (mut hits, mut stale) = (0u64, 0u64);
+                let addr = (1 + t) * 16 * P;
+                while !stop.load(Ordering::Relaxed) {
+                    let r = c.register(addr, P, Access(1)).unwrap();
+                    if !pin.live[r.lkey as usize].load(Ordering::Acquire) {
+                        stale += 1;
+                    }
+                    hits += 1;
+                    c.deregister(r.handle).unwrap();
+                }
+                (hits, stale)
+            })
+        })
+        .collect();
+    let writer = {
+        let c = c.clone();
+        std::thread::spawn(move || {
+            for i in 0..60_000usize {
+                let r = c.register((100 + i % 64) * P, P, Access(1)).unwrap();
+                c.deregister(r.handle).unwrap();
+            }
+        })
+    };
+    writer.join().unwrap();
+    stop.store(true, Ordering::Relaxed);
+    let (mut hits, mut stale) = (0, 0);
+    for h in readers {
+        let (a, b) = h.join().unwrap();
+        hits += a;
+        stale += b;
+    }
+    assert!(hits > 1000, "readers ran ({hits} ops)");
+    assert_eq!(stale, 0, "handles on unpinned ranges ({hits} ops)");
+    assert_eq!(pin.bad.load(Ordering::Relaxed), 0, "double unpin");
+    c.flush();
+    let s = c.stats();
+    assert_eq!((s.in_use, s.regions, s.pinned_bytes), (0, 0, 0), "{s:?}");
+}

@@ -25,6 +25,7 @@ use super::handles::Handles;
 use super::index::{Index, RegionPtr};
 use super::inflight::Inflight;
 use super::inval_queue::InvalQueue;
+use super::membarrier;
 use super::readers::{my_slot, ReaderSlot, SLOTS};
 use super::region::{Region, COUNT_MASK, DETACHED};
 use super::slab::Slab;
@@ -56,6 +57,9 @@ pub struct Cache {
     shift: u32,
     slots: Box<[ReaderSlot]>,
     writer: Padded<AtomicBool>,
+    /// Exclusive slots that ever entered this cache, and the highest such id (writers scan
+    /// slots 0..=max only, and skip the membarrier when the only joined slot is their own).
+    joined: Padded<(AtomicUsize, AtomicUsize)>,
     queue: Padded<InvalQueue>,
     /// Set when a hook found the ring full: the next drain invalidates everything.
     overflow: Padded<AtomicBool>,
@@ -114,7 +118,19 @@ impl Writer<'_> {
     fn exclude(&self) -> Exclusive<'_> {
         let c = self.cache;
         c.writer.0.store(true, Ordering::SeqCst);
-        for s in c.slots.iter() {
+        // A slot joining after these loads sees the flag (its join RMWs precede its flag load).
+        let n = c.joined.0 .0.load(Ordering::SeqCst);
+        let max = c.joined.0 .1.load(Ordering::SeqCst);
+        if membarrier::available() {
+            let me = my_slot();
+            let alone = n == 0 || (n == 1 && me != 0 && c.slots[me].joined.load(Ordering::Relaxed));
+            if !alone {
+                // Make every exclusive reader's plain "entered" store visible (or let it see our
+                // flag): see membarrier.rs.
+                membarrier::heavy();
+            }
+        }
+        for s in c.slots[..=max].iter() {
             let mut spins = 0u32;
             while s.readers.load(Ordering::SeqCst) != 0 {
                 spins += 1;
@@ -145,6 +161,7 @@ impl Cache {
         // SAFETY: sysconf has no memory-safety preconditions.
         let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
         let page = if page > 0 { page as usize } else { 4096 };
+        membarrier::init();
         Arc::new(Cache {
             pinner,
             watcher,
@@ -152,6 +169,7 @@ impl Cache {
             shift: page.trailing_zeros(),
             slots: (0..SLOTS).map(|_| ReaderSlot::default()).collect(),
             writer: Padded(AtomicBool::new(false)),
+            joined: Padded((AtomicUsize::new(0), AtomicUsize::new(0))),
             queue: Padded(InvalQueue::new()),
             overflow: Padded(AtomicBool::new(false)),
             inflight: Inflight::new(),
@@ -248,7 +266,10 @@ impl Cache {
     #[inline]
     fn try_hit(&self, sid: usize, start: usize, end: usize, access: Access) -> Fast {
         let slot = &self.slots[sid];
-        slot.enter(sid);
+        if sid != 0 && !slot.joined.load(Ordering::Relaxed) {
+            self.join(sid);
+        }
+        slot.enter(sid, membarrier::available());
         if self.writer.0.load(Ordering::SeqCst) {
             slot.exit(sid);
             return Fast::Busy;
@@ -273,6 +294,15 @@ impl Cache {
         };
         slot.exit(sid);
         res
+    }
+
+    /// First entry of slot `sid` into this cache: counted before its first reader section, so a
+    /// writer either sees the slot or the slot sees the writer's flag.
+    #[cold]
+    fn join(&self, sid: usize) {
+        self.slots[sid].joined.store(true, Ordering::Relaxed);
+        self.joined.0 .1.fetch_max(sid, Ordering::SeqCst);
+        self.joined.0 .0.fetch_add(1, Ordering::SeqCst);
     }
 
     fn issue(&self, sid: usize, r: RegionPtr, addr: usize, len: usize) -> FhResult<Registration> {
@@ -584,7 +614,7 @@ impl Cache {
         // Always the shared slot: a hook may fire on a thread that is itself inside the cache, and
         // exclusive slots do not nest.
         let slot = &self.slots[0];
-        slot.enter(0);
+        slot.enter(0, false);
         let res = if self.writer.0.load(Ordering::SeqCst) {
             true
         } else {

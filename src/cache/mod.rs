@@ -12,6 +12,7 @@ mod hash_front;
 mod index;
 mod inflight;
 mod inval_queue;
+mod membarrier;
 mod readers;
 mod region;
 mod slab;

@@ -9,7 +9,7 @@
 //! owning thread writes them.
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{compiler_fence, AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
 use std::sync::Mutex;
 
 /// Number of reader slots per cache (including the shared slot 0).
@@ -82,6 +82,8 @@ fn assign() -> usize {
 pub struct ReaderSlot {
     /// Threads of this slot currently inside a reader section.
     pub readers: AtomicU32,
+    /// This slot's id has entered this cache before (see `Cache::join`); owner-written.
+    pub joined: AtomicBool,
     /// Hits served by this slot's thread(s).
     pub hits: AtomicU64,
     /// Net regions this slot moved from idle to in use (may be negative: another thread released).
@@ -89,15 +91,23 @@ pub struct ReaderSlot {
 }
 
 impl ReaderSlot {
-    /// Enter a reader section. `id` is the caller's slot id (0 = shared slot).
+    /// Enter a reader section. `id` is the caller's slot id (0 = shared slot); `asym` is
+    /// `membarrier::available()`. The caller then loads the writer flag.
     #[inline]
-    pub fn enter(&self, id: usize) {
-        // SeqCst pairs with the writer's SeqCst flag store + count loads (Dekker): either the writer
-        // sees us, or we see its flag. An exclusive slot has a single writer (its owner thread, which
-        // never nests sections: hooks use the shared slot), so a swap suffices there.
+    pub fn enter(&self, id: usize, asym: bool) {
         if id == 0 {
+            // SeqCst pairs with the writer's SeqCst flag store + count loads (Dekker): either the
+            // writer sees us, or we see its flag.
             self.readers.fetch_add(1, Ordering::SeqCst);
+        } else if asym {
+            // Exclusive slot, asymmetric fence: a plain store; the writer's membarrier supplies
+            // the store-load barrier on our CPU. The compiler must not sink the store below the
+            // caller's flag load.
+            self.readers.store(1, Ordering::Relaxed);
+            compiler_fence(Ordering::SeqCst);
         } else {
+            // Single writer (the owner thread, which never nests sections: hooks use the shared
+            // slot), so a swap suffices.
             self.readers.swap(1, Ordering::SeqCst);
         }
     }
