@@ -305,6 +305,7 @@ impl Cache {
         self.joined.0 .0.fetch_add(1, Ordering::SeqCst);
     }
 
+    #[inline]
     fn issue(&self, sid: usize, r: RegionPtr, addr: usize, len: usize) -> FhResult<Registration> {
         match self.handles.acquire(sid, r) {
             Some(handle) => {
@@ -540,6 +541,7 @@ impl Cache {
     }
 
     /// Drop one reference; the last holder of a detached region unpins it.
+    #[inline]
     fn release_region(&self, sid: usize, p: RegionPtr) {
         // SAFETY: the caller owned one reference, so the region is live until we drop it here.
         let prev = unsafe { p.as_ref() }.state.fetch_sub(1, Ordering::AcqRel);

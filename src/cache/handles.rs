@@ -57,6 +57,7 @@ impl Handles {
         }
     }
 
+    #[inline]
     fn record(&self, idx: u32) -> Option<&Record> {
         let c = self.chunks.get((idx >> CHUNK_BITS) as usize)?;
         let base = c.load(Ordering::Acquire);
@@ -78,6 +79,7 @@ impl Handles {
     }
 
     /// Issue a handle for `region`. `None` when 4 Mi handles are live at once.
+    #[inline]
     pub fn acquire(&self, slot: usize, region: NonNull<Region>) -> Option<u64> {
         let idx = match self.with_free(slot, |v| v.pop()) {
             Some(i) => i,
@@ -110,6 +112,7 @@ impl Handles {
     }
 
     /// Retire `handle`; returns its region, or `None` if the handle is not live.
+    #[inline]
     pub fn release(&self, slot: usize, handle: u64) -> Option<NonNull<Region>> {
         let low = handle as u32;
         let gen = (handle >> 32) as u32;
