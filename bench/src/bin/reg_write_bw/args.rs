@@ -31,14 +31,17 @@ pub struct Args {
     /// Device name: --device, else FH_DEVICE, else FH_RDMA_DEV, else the first device.
     pub device: Option<String>,
     pub port: u8,
+    pub clock: crate::clock::Kind,
 }
 
 pub const USAGE: &str = "\
 usage: reg_write_bw [--size 65536] [--iters 1000] [--warmup B] [--buffers 4]
                     [--mode per-iter|once] [--json] [--device NAME] [--port 1]
+                    [--clock tsc|monotonic]
   Loopback RC QP pair; each iteration RDMA WRITEs one of --buffers source buffers (cycling).
   per-iter: ibv_reg_mr + ibv_dereg_mr of the source around every WRITE (timed separately);
   once: sources registered before the loop. Device: --device, FH_DEVICE, FH_RDMA_DEV, or first.
+  --clock: interval clock (default tsc on x86-64, calibrated against CLOCK_MONOTONIC).
   FH_GID_INDEX picks the RoCE GID (default 1 if populated, else 0).
 ";
 
@@ -60,6 +63,7 @@ pub fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
         json: false,
         device: env("FH_DEVICE").or_else(|| env("FH_RDMA_DEV")),
         port: 1,
+        clock: crate::clock::Kind::default_for_target(),
     };
     while let Some(arg) = it.next() {
         match arg.as_str() {
@@ -73,6 +77,15 @@ pub fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
             }
             "--device" => a.device = Some(it.next().ok_or("--device needs a value")?),
             "--json" => a.json = true,
+            "--clock" => {
+                a.clock = match it.next().as_deref() {
+                    Some("tsc") if cfg!(target_arch = "x86_64") => crate::clock::Kind::Tsc,
+                    Some("monotonic") => crate::clock::Kind::Monotonic,
+                    other => {
+                        return Err(format!("--clock must be tsc or monotonic, not {other:?}"))
+                    }
+                }
+            }
             "--mode" => {
                 a.mode = match it.next().as_deref() {
                     Some("per-iter") => Mode::PerIter,
@@ -121,6 +134,11 @@ mod tests {
     #[test]
     fn rejects_bad_values() {
         assert!(p("--mode sometimes").is_err());
+        assert!(p("--clock sundial").is_err());
+        assert_eq!(
+            p("--clock monotonic").unwrap().clock,
+            crate::clock::Kind::Monotonic
+        );
         assert!(p("--size 4").is_err());
         assert!(p("--buffers 0").is_err());
         assert!(p("--iters x").is_err());

@@ -11,6 +11,7 @@
 //! Exit: 0 ok, 77 no RDMA device, 1 failure (including a data check failure), 2 bad arguments.
 
 mod args;
+mod clock;
 mod report;
 mod shim_stats;
 
@@ -233,15 +234,18 @@ fn run(ctx: &Arc<firehose::pin::verbs::Context>, args: &Args) -> Result<RunResul
         Mode::PerIter => Vec::new(),
     };
 
+    let clk = clock::Clock::new(args.clock);
     let total = args.warmup + args.iters;
     let mut reg_ns = Vec::with_capacity(args.iters);
     let mut iter_ns = Vec::with_capacity(args.iters);
     let mut shim_before = None;
     let mut t_start = Instant::now();
+    let mut c_start = clk.now();
     for k in 0..total {
         if k == args.warmup {
             shim_before = shim_stats::snapshot();
             t_start = Instant::now();
+            c_start = clk.now();
         }
         let b = k % args.buffers;
         // The stamp: which iteration wrote this slot last (checked at the end).
@@ -252,41 +256,47 @@ fn run(ctx: &Arc<firehose::pin::verbs::Context>, args: &Args) -> Result<RunResul
             len: n as u32,
             lkey: key,
         };
-        let t0 = Instant::now();
-        let (reg_time, t1) = match args.mode {
+        // Raw clock readings (see clock.rs); a difference is clamped at 0 should the thread
+        // move to a CPU whose counter lags.
+        let t0 = clk.now();
+        let (reg_ticks, t1) = match args.mode {
             Mode::PerIter => {
                 let mr = reg(&lp.pd, &srcs[b], n)?;
-                let ta = t0.elapsed();
+                let ta = clk.now();
                 lp.write(sge(lkey(mr)), slot, dst_mr.rkey())?;
-                let tb = Instant::now();
+                let tb = clk.now();
                 dereg(mr)?;
-                let t1 = Instant::now();
-                (ta + (t1 - tb), t1)
+                let t1 = clk.now();
+                (ta.saturating_sub(t0) + t1.saturating_sub(tb), t1)
             }
             Mode::Once => {
                 lp.write(sge(lkey(once[b])), slot, dst_mr.rkey())?;
-                (Duration::ZERO, Instant::now())
+                (0, clk.now())
             }
         };
         if k >= args.warmup {
-            reg_ns.push(reg_time.as_nanos() as u64);
-            iter_ns.push((t1 - t0).as_nanos() as u64);
+            reg_ns.push(reg_ticks);
+            iter_ns.push(t1.saturating_sub(t0));
         }
     }
     let span = t_start.elapsed();
+    let f = clock::ns_per_tick(
+        args.clock,
+        clk.now().saturating_sub(c_start),
+        span.as_nanos() as u64,
+    );
+    for v in reg_ns.iter_mut().chain(iter_ns.iter_mut()) {
+        *v = (*v as f64 * f) as u64;
+    }
     let shim_after = shim_stats::snapshot();
     for mr in once {
         dereg(mr)?;
     }
     let verified = verify(&srcs, &dst, total, args.buffers)?;
     drop(dst_mr);
-    Ok(RunResult::new(
-        reg_ns,
-        iter_ns,
-        span,
-        verified,
-        shim_before.zip(shim_after),
-    ))
+    let mut r = RunResult::new(reg_ns, iter_ns, span, verified, shim_before.zip(shim_after));
+    (r.clock_us, r.tick_read_us) = clock::read_costs_us(&clk);
+    Ok(r)
 }
 
 /// Every destination slot must hold its source buffer's bytes, stamped with the last iteration

@@ -20,6 +20,10 @@ pub struct Result {
     pub verified_bytes: usize,
     /// The shim's counters before and after the timed loop (None: shim not loaded).
     pub shim: Option<(ShimStats, ShimStats)>,
+    /// Mean cost of one clock read (two are inside every t_reg sample).
+    pub clock_us: f64,
+    /// Mean cost of one reading of the interval clock (--clock).
+    pub tick_read_us: f64,
 }
 
 fn mean_us(v: &[u64]) -> f64 {
@@ -51,6 +55,8 @@ impl Result {
             span,
             verified_bytes,
             shim,
+            clock_us: 0.0,
+            tick_read_us: 0.0,
         }
     }
 
@@ -76,8 +82,8 @@ pub fn table(args: &Args, dev: &str, r: &Result) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "# reg_write_bw on {dev}: RDMA WRITE, {} source buffers, {} warm-up iterations (not timed), data verified ({} bytes)",
-        args.buffers, args.warmup, r.verified_bytes
+        "# reg_write_bw on {dev}: RDMA WRITE, {} source buffers, {} warm-up iterations (not timed), data verified ({} bytes), intervals by {} ({:.3} us a read; clock_gettime {:.3} us)",
+        args.buffers, args.warmup, r.verified_bytes, args.clock.name(), r.tick_read_us, r.clock_us
     );
     s.push_str(HEADER);
     let shim = match r.shim_delta() {
@@ -111,7 +117,7 @@ pub fn json(args: &Args, dev: &str, r: &Result) -> String {
             "\"iterations\":{},\"warmup\":{},\"buffers\":{},\"bw_mb_s\":{:.3},",
             "\"msg_rate_mpps\":{:.6},\"t_reg_us\":{:.3},\"t_reg_p50_us\":{:.3},",
             "\"t_iter_us\":{:.3},\"t_iter_p50_us\":{:.3},\"elapsed_s\":{:.6},",
-            "\"verified_bytes\":{},\"shim_loaded\":{},\"shim_hits\":{},\"shim_misses\":{}}}"
+            "\"clock\":\"{}\",\"t_clock_read_us\":{:.3},\"t_clock_us\":{:.3},\"verified_bytes\":{},\"shim_loaded\":{},\"shim_hits\":{},\"shim_misses\":{}}}"
         ),
         dev.replace(['"', '\\'], "_"),
         args.mode.name(),
@@ -126,6 +132,9 @@ pub fn json(args: &Args, dev: &str, r: &Result) -> String {
         r.iter_mean_us,
         r.iter_p50_us,
         r.span.as_secs_f64(),
+        args.clock.name(),
+        r.tick_read_us,
+        r.clock_us,
         r.verified_bytes,
         loaded,
         hits,
