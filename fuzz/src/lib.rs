@@ -129,8 +129,18 @@ impl Run {
             0 => match b.u8() % 4 {
                 0 => (start, 0, access, Some(fh_status::FH_ERR_ZERO_LENGTH)),
                 1 => (0, len, access, Some(fh_status::FH_ERR_NULL)),
-                2 => (usize::MAX - 5, len + 10, access, Some(fh_status::FH_ERR_OVERFLOW)),
-                _ => (start, len, access | 0x10 << (b.u8() % 20), Some(fh_status::FH_ERR_BAD_ACCESS)),
+                2 => (
+                    usize::MAX - 5,
+                    len + 10,
+                    access,
+                    Some(fh_status::FH_ERR_OVERFLOW),
+                ),
+                _ => (
+                    start,
+                    len,
+                    access | 0x10 << (b.u8() % 20),
+                    Some(fh_status::FH_ERR_BAD_ACCESS),
+                ),
             },
             _ => (start, len, access, None),
         };
@@ -148,27 +158,49 @@ impl Run {
         let page_len = (start + len).next_multiple_of(self.page) - page_start;
         if st != fh_status::FH_OK {
             // Only a request that can never fit is refused for valid memory.
-            assert_eq!(st, fh_status::FH_ERR_TOO_LARGE, "register({start:#x}, {len})");
-            assert!(page_len > self.max_pinned, "TOO_LARGE for {page_len} <= {}", self.max_pinned);
+            assert_eq!(
+                st,
+                fh_status::FH_ERR_TOO_LARGE,
+                "register({start:#x}, {len})"
+            );
+            assert!(
+                page_len > self.max_pinned,
+                "TOO_LARGE for {page_len} <= {}",
+                self.max_pinned
+            );
             assert_eq!((before.hits, before.misses), (after.hits, after.misses));
             assert_eq!(mr, sentinel, "a refused register wrote its output");
             return;
         }
-        assert_eq!((mr.addr as usize, mr.length), (start, len), "caller's range echoed back");
+        assert_eq!(
+            (mr.addr as usize, mr.length),
+            (start, len),
+            "caller's range echoed back"
+        );
         self.successes += 1;
         let hit = after.hits == before.hits + 1 && after.misses == before.misses;
         let miss = after.misses == before.misses + 1 && after.hits == before.hits;
-        assert!(hit ^ miss, "a success must count one hit or one miss: {before:?} -> {after:?}");
-        assert!(!self.dead_keys.contains(&mr.lkey), "STALE HIT: key {} was invalidated", mr.lkey);
+        assert!(
+            hit ^ miss,
+            "a success must count one hit or one miss: {before:?} -> {after:?}"
+        );
+        assert!(
+            !self.dead_keys.contains(&mr.lkey),
+            "STALE HIT: key {} was invalidated",
+            mr.lkey
+        );
         let seen = self.key_ranges.contains_key(&mr.lkey);
         assert_eq!(seen, hit, "hit={hit} but key {} seen={seen}", mr.lkey);
-        self.key_ranges.entry(mr.lkey).or_default().push((start, start + len));
+        self.key_ranges
+            .entry(mr.lkey)
+            .or_default()
+            .push((start, start + len));
         self.held.push(Held { handle: mr.handle });
     }
 
     fn deregister(&mut self, b: &mut Bytes) {
         let pick = b.u16() as usize;
-        if !self.held.is_empty() && b.u8() % 8 != 0 {
+        if !self.held.is_empty() && !b.u8().is_multiple_of(8) {
             let h = self.held.swap_remove(pick % self.held.len());
             // SAFETY: `c` is live.
             let st = unsafe { fh_deregister(self.c, h.handle) };
@@ -179,7 +211,7 @@ impl Run {
         }
         // A double release or a made-up handle: refused, nothing changes.
         let handle = match self.released.get(pick % self.released.len().max(1)) {
-            Some(&h) if b.u8() % 2 == 0 => h,
+            Some(&h) if b.u8().is_multiple_of(2) => h,
             _ => u64::from(b.u16()) << 32 | u64::from(b.u16()),
         };
         if self.held.iter().any(|h| h.handle == handle) {
@@ -189,8 +221,16 @@ impl Run {
         // SAFETY: `c` is live.
         let st = unsafe { fh_deregister(self.c, handle) };
         self.calls += 1;
-        assert_eq!(st, fh_status::FH_ERR_UNKNOWN_HANDLE, "release of {handle:#x}");
-        assert_eq!(before, stats(self.c), "a refused release changed the counters");
+        assert_eq!(
+            st,
+            fh_status::FH_ERR_UNKNOWN_HANDLE,
+            "release of {handle:#x}"
+        );
+        assert_eq!(
+            before,
+            stats(self.c),
+            "a refused release changed the counters"
+        );
     }
 
     /// Marks every key that served a range overlapping [start, end) as dead.
@@ -216,7 +256,10 @@ impl Run {
         let (start, len) = self.range(b);
         let s = start & !(self.page - 1);
         let e = (start + len).next_multiple_of(self.page);
-        assert_eq!(fh_notify_unmapped(s as *const c_void, e - s), fh_status::FH_OK);
+        assert_eq!(
+            fh_notify_unmapped(s as *const c_void, e - s),
+            fh_status::FH_OK
+        );
         self.invalidated(s, e);
         // SAFETY: [s, e) lies inside one of our own arenas (page-aligned), which nothing else uses;
         // replacing its pages is the point. Pinned holders only ever unpin (munlock) this range.
@@ -242,7 +285,11 @@ impl Run {
         assert_ne!(n, usize::MAX, "fh_flush wrote its count");
         if self.held.is_empty() {
             let s = stats(self.c);
-            assert_eq!((s.regions, s.pinned_bytes), (0, 0), "flush with nothing held");
+            assert_eq!(
+                (s.regions, s.pinned_bytes),
+                (0, 0),
+                "flush with nothing held"
+            );
         }
     }
 
@@ -257,15 +304,35 @@ impl Run {
 
     fn check(&self) {
         let s = stats(self.c);
-        assert_eq!(s.hits + s.misses, self.successes, "hits + misses == successful registers");
+        assert_eq!(
+            s.hits + s.misses,
+            self.successes,
+            "hits + misses == successful registers"
+        );
         assert!(s.pinned_bytes <= s.pinned_peak, "{s:?}");
-        assert_eq!(s.pinned_bytes % self.page as u64, 0, "pinned bytes are whole pages");
-        assert!(s.in_use <= self.held.len() as u64, "{s:?} with {} held", self.held.len());
-        assert_eq!(s.in_use == 0, self.held.is_empty(), "{s:?} with {} held", self.held.len());
+        assert_eq!(
+            s.pinned_bytes % self.page as u64,
+            0,
+            "pinned bytes are whole pages"
+        );
+        assert!(
+            s.in_use <= self.held.len() as u64,
+            "{s:?} with {} held",
+            self.held.len()
+        );
+        assert_eq!(
+            s.in_use == 0,
+            self.held.is_empty(),
+            "{s:?} with {} held",
+            self.held.len()
+        );
         assert!(s.regions >= s.in_use, "{s:?}");
         if self.held.is_empty() {
             assert!(s.regions <= self.max_regions as u64, "region bound: {s:?}");
-            assert!(s.pinned_bytes <= self.max_pinned as u64, "byte bound: {s:?}");
+            assert!(
+                s.pinned_bytes <= self.max_pinned as u64,
+                "byte bound: {s:?}"
+            );
         }
     }
 }
@@ -276,7 +343,10 @@ pub fn run(data: &[u8]) -> usize {
     let mut b = Bytes { data, pos: 0 };
     let mut cfg = std::mem::MaybeUninit::<fh_config>::uninit();
     // SAFETY: a valid output for one fh_config.
-    assert_eq!(unsafe { fh_config_init(cfg.as_mut_ptr()) }, fh_status::FH_OK);
+    assert_eq!(
+        unsafe { fh_config_init(cfg.as_mut_ptr()) },
+        fh_status::FH_OK
+    );
     // SAFETY: initialised by the successful call above.
     let mut cfg = unsafe { cfg.assume_init() };
     cfg.backend = FH_BACKEND_MLOCK;

@@ -51,19 +51,14 @@ mod tests {
 
     #[test]
     fn panic_becomes_status() {
-        let hook = std::panic::take_hook();
-        std::panic::set_hook(Box::new(|_| {}));
-        let got = panics();
-        std::panic::set_hook(hook);
-        assert_eq!(got, fh_status::FH_ERR_PANIC);
+        // (The panic message is printed by the default hook; swapping the process-wide hook here
+        // would race with other tests.)
+        assert_eq!(panics(), fh_status::FH_ERR_PANIC);
     }
 
     #[test]
     fn fallback_value_on_panic() {
-        let hook = std::panic::take_hook();
-        std::panic::set_hook(Box::new(|_| {}));
-        let got: usize = ffi_guard!(fallback = 42; { panic!("boom") });
-        std::panic::set_hook(hook);
+        let got: usize = ffi_guard!(fallback = 42; { panic!("expected panic (test)") });
         assert_eq!(got, 42);
         let ok: usize = ffi_guard!(fallback = 42; { 7 });
         assert_eq!(ok, 7);

@@ -29,3 +29,6 @@ pub use lifecycle::{fh_cache_finalize, fh_cache_free, fh_cache_new};
 pub use notify::fh_notify_unmapped;
 pub use ops::{fh_deregister, fh_flush, fh_get_limits, fh_register, fh_set_limits};
 pub use types::*;
+
+#[cfg(test)]
+mod tests;
