@@ -530,6 +530,7 @@ impl Cache {
     }
 
     /// Unpin and free a detached region nobody holds.
+    #[inline(never)]
     fn unpin_free(&self, p: RegionPtr) {
         // SAFETY: `p` is detached with zero holders, so we hold the only reference.
         let r = unsafe { p.as_ref() };
@@ -541,29 +542,37 @@ impl Cache {
     }
 
     /// Drop one reference; the last holder of a detached region unpins it.
-    #[inline]
+    #[inline(always)]
     fn release_region(&self, sid: usize, p: RegionPtr) {
         // SAFETY: the caller owned one reference, so the region is live until we drop it here.
         let prev = unsafe { p.as_ref() }.state.fetch_sub(1, Ordering::AcqRel);
         debug_assert!(prev & COUNT_MASK != 0, "refcount underflow");
         if prev & COUNT_MASK == 1 {
+            // Every hit of an otherwise idle region ends here: keep this part inline.
             self.slots[sid].add_in_use(sid, -1);
             if prev & DETACHED != 0 {
                 self.unpin_free(p);
             } else if self.over_limits() {
-                // Lazy release left the cache above its bounds (it was full of in-use regions).
-                let w = self.lock();
-                let mut unpins = Vec::new();
-                self.drain(&w, &mut unpins, None);
-                {
-                    let x = w.exclude();
-                    self.make_room(&w, &x, 0, &mut unpins);
-                }
-                self.unpin_all(unpins);
+                self.trim();
             }
         }
     }
 
+    /// Lazy release left the cache above its bounds (it was full of in-use regions).
+    #[cold]
+    #[inline(never)]
+    fn trim(&self) {
+        let w = self.lock();
+        let mut unpins = Vec::new();
+        self.drain(&w, &mut unpins, None);
+        {
+            let x = w.exclude();
+            self.make_room(&w, &x, 0, &mut unpins);
+        }
+        self.unpin_all(unpins);
+    }
+
+    #[inline]
     fn over_limits(&self) -> bool {
         self.c.pinned_bytes.load(Ordering::Relaxed) as usize
             > self.max_pinned.load(Ordering::Relaxed)

@@ -41,7 +41,7 @@ impl Index {
     }
 
     /// The region that contains `[start, end)` and whose access covers `access`, if any.
-    #[inline]
+    #[inline(always)]
     pub fn lookup<'s>(
         &self,
         slab: &'s Slab,
