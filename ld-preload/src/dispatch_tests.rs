@@ -297,3 +297,31 @@ fn uncacheable_and_nested_calls_pass_through_counted_once() {
         libc::munmap(buf as *mut c_void, 8192);
     }
 }
+
+/// The benchmark's loop (register + deregister the same cached buffer) stays on the hit path:
+/// one real pin for all of it, every wrapper freed, each hit counted. Also the loop profiled with
+/// `valgrind --tool=callgrind` to count instructions per shim hit.
+#[test]
+fn repeated_reg_dereg_of_a_cached_buffer_is_all_hits() {
+    let _s = serial();
+    let mut f = fake_pd(0xC3);
+    let buf = anon(65536);
+    const N: u64 = 2000;
+    // SAFETY: a valid (fake) pd whose cache never calls libibverbs; `buf` is mapped.
+    unsafe {
+        let s0 = snapshot();
+        for _ in 0..N {
+            let mr = ibv_reg_mr(f.ptr(), buf as *mut c_void, 65536, RW);
+            assert!(!mr.is_null());
+            assert_eq!((*mr).length, 65536);
+            assert_eq!(ibv_dereg_mr(mr), 0);
+        }
+        let s1 = snapshot();
+        assert_eq!(f.pinner.pins(), 1, "only the first registration pins");
+        assert_eq!(s1.hits - s0.hits, N - 1);
+        assert_eq!(s1.app_reg_calls - s0.app_reg_calls, N);
+        assert_eq!(s1.hit_bytes - s0.hit_bytes, (N - 1) * 65536);
+        assert_eq!(s1.wrappers_live, s0.wrappers_live, "every wrapper freed");
+        libc::munmap(buf as *mut c_void, 65536);
+    }
+}

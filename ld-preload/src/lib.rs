@@ -11,6 +11,7 @@ mod coexist;
 mod cost_model;
 #[cfg(test)]
 mod dispatch_tests;
+mod fasthash;
 mod ffi_types;
 mod fork;
 mod guard;

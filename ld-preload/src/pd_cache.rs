@@ -13,7 +13,6 @@
 //! `ibv_reg_mr` in one domain does not stall another; `fork_lock` lets the atfork handlers hold it
 //! across `fork` so a child never inherits it locked.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use firehose::cache::{Cache, Limits, RangeWatcher, Registration, Stats};
@@ -21,6 +20,7 @@ use firehose::monitor::{self, MonitorOptions, Subscription, UffdWatcher};
 use firehose::pin::{Access, PinError, Pinned, Pinner};
 use firehose::status::{fh_status, FhResult};
 
+use crate::fasthash::{new_map, FastMap};
 use crate::ffi_types::IbvPd;
 use crate::real_pinner::RealPinner;
 use crate::{real_verbs, settings};
@@ -66,7 +66,7 @@ const REMOTE_RIGHTS: u32 = Access::REMOTE_WRITE.0 | Access::REMOTE_READ.0 | Acce
 
 /// (pd address, remote-rights class).
 type Key = (usize, u32);
-type PdMap = HashMap<Key, Arc<PdCache>>;
+type PdMap = FastMap<Key, Arc<PdCache>>;
 
 static PDS: Mutex<Option<PdMap>> = Mutex::new(None);
 /// Counters of caches already dropped (their domain was deallocated), so totals never go back.
@@ -106,7 +106,7 @@ pub fn for_pd(pd: *mut IbvPd, access: Access) -> FhResult<Arc<PdCache>> {
     // Build outside the lock (it may install the monitor, which can take a while).
     let fresh = PdCache::new(pd)?;
     let mut g = pds();
-    let map = g.get_or_insert_with(HashMap::new);
+    let map = g.get_or_insert_with(new_map);
     Ok(map.entry(key).or_insert(fresh).clone())
 }
 

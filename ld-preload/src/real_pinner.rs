@@ -7,13 +7,13 @@
 //! real call for the `FH_STATS` cost model. It also remembers each MR's kernel `handle` by lkey,
 //! because a wrapper MR must carry it and the cache's `Registration` has no room for it.
 
-use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::Mutex;
 use std::time::Instant;
 
 use firehose::pin::{Access, PinError, Pinned, Pinner};
 
+use crate::fasthash::{new_map, FastMap};
 use crate::ffi_types::{IbvMr, IbvPd};
 use crate::real_verbs::RealVerbs;
 use crate::stats::{self, COUNTERS};
@@ -21,7 +21,7 @@ use crate::stats::{self, COUNTERS};
 pub struct RealPinner {
     pd: *mut IbvPd,
     real: &'static RealVerbs,
-    handles: Mutex<HashMap<u32, u32>>,
+    handles: Mutex<FastMap<u32, u32>>,
 }
 
 // SAFETY: `pd` is an opaque handle that libibverbs allows to be used from any thread; the only
@@ -35,7 +35,7 @@ impl RealPinner {
         RealPinner {
             pd,
             real,
-            handles: Mutex::new(HashMap::new()),
+            handles: Mutex::new(new_map()),
         }
     }
 

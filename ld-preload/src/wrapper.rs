@@ -5,9 +5,9 @@
 //! dereferencing a pointer we did not allocate), and the registry owns them: removing an entry is
 //! what frees it. `ibv_mr` is the first field, so the wrapper's address is the MR's address.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use crate::fasthash::{new_map, FastMap};
 use crate::ffi_types::IbvMr;
 use crate::pd_cache::PdCache;
 
@@ -32,7 +32,7 @@ pub struct WrapperMr {
 // touched by whoever removed it from the registry.
 unsafe impl Send for WrapperMr {}
 
-type Map = HashMap<usize, Box<WrapperMr>>;
+type Map = FastMap<usize, Box<WrapperMr>>;
 
 static REGISTRY: Mutex<Option<Map>> = Mutex::new(None);
 
@@ -48,9 +48,7 @@ pub fn fork_lock() -> MutexGuard<'static, Option<Map>> {
 /// Hand a wrapper out: returns the `struct ibv_mr *` the application will use.
 pub fn publish(mut w: Box<WrapperMr>) -> *mut IbvMr {
     let p: *mut IbvMr = &mut w.mr;
-    registry()
-        .get_or_insert_with(HashMap::new)
-        .insert(p as usize, w);
+    registry().get_or_insert_with(new_map).insert(p as usize, w);
     crate::stats::COUNTERS
         .wrappers_live
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
