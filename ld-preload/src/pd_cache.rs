@@ -13,6 +13,8 @@
 //! `ibv_reg_mr` in one domain does not stall another; `fork_lock` lets the atfork handlers hold it
 //! across `fork` so a child never inherits it locked.
 
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use firehose::cache::{Cache, Limits, RangeWatcher, Registration, Stats};
@@ -97,9 +99,45 @@ pub fn fork_lock_retired() -> MutexGuard<'static, Stats> {
     RETIRED.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// Bumped whenever an entry leaves the map (`drop_pd`): a thread's remembered lookup from an
+/// older generation may name a dropped cache (or a pd address since reused) and is not trusted.
+static GENERATION: AtomicU64 = AtomicU64::new(0);
+
+/// One thread's last lookup: (generation, key, cache).
+type LastLookup = Option<(u64, Key, Arc<PdCache>)>;
+
+thread_local! {
+    /// Applications register over and over in the same domain with the same rights: remembering
+    /// the last answer per thread skips the map's lock and hash on the hit path.
+    static LAST: RefCell<LastLookup> = const { RefCell::new(None) };
+}
+
 /// The cache for requests with `access` in `pd`, created on first use.
 pub fn for_pd(pd: *mut IbvPd, access: Access) -> FhResult<Arc<PdCache>> {
     let key = (pd as usize, access.0 & REMOTE_RIGHTS);
+    // Acquire pairs with the Release bump in `drop_pd`: a thread that sees the old generation
+    // started its lookup before the entry was removed, as it would with the map itself.
+    let generation = GENERATION.load(Ordering::Acquire);
+    let remembered = LAST
+        .try_with(|l| match &*l.borrow() {
+            Some((g, k, c)) if *g == generation && *k == key => Some(c.clone()),
+            _ => None,
+        })
+        .ok()
+        .flatten();
+    if let Some(c) = remembered {
+        return Ok(c);
+    }
+    let c = lookup_or_create(pd, key)?;
+    let _ = LAST.try_with(|l| {
+        if let Ok(mut l) = l.try_borrow_mut() {
+            *l = Some((generation, key, c.clone()));
+        }
+    });
+    Ok(c)
+}
+
+fn lookup_or_create(pd: *mut IbvPd, key: Key) -> FhResult<Arc<PdCache>> {
     if let Some(c) = pds().as_ref().and_then(|m| m.get(&key)) {
         return Ok(c.clone());
     }
@@ -122,6 +160,14 @@ pub fn drop_pd(pd: *mut IbvPd) {
             k.0 != pd as usize
         });
     }
+    // Before the flush: threads stop trusting their remembered lookups of this domain.
+    GENERATION.fetch_add(1, Ordering::Release);
+    // Our own memory of it would keep the cache alive past the real dealloc.
+    let _ = LAST.try_with(|l| {
+        if let Ok(mut l) = l.try_borrow_mut() {
+            *l = None;
+        }
+    });
     for c in gone {
         c.flush();
         let s = c.stats();

@@ -15,8 +15,6 @@ pub struct Counters {
     pub passthrough_reg: AtomicU64,
     /// `ibv_dereg_mr` / `ibv_rereg_mr` of MRs the shim did not create.
     pub passthrough_dereg: AtomicU64,
-    /// Wrapper MRs currently handed out.
-    pub wrappers_live: AtomicU64,
     /// Real registrations the caches made (misses), their total time, and the same for unpins.
     pub real_regs: AtomicU64,
     pub real_reg_ns: AtomicU64,
@@ -34,7 +32,6 @@ pub static COUNTERS: Counters = Counters {
     nested_calls: AtomicU64::new(0),
     passthrough_reg: AtomicU64::new(0),
     passthrough_dereg: AtomicU64::new(0),
-    wrappers_live: AtomicU64::new(0),
     real_regs: AtomicU64::new(0),
     real_reg_ns: AtomicU64::new(0),
     real_deregs: AtomicU64::new(0),
@@ -111,7 +108,7 @@ pub fn snapshot() -> FhPreloadStats {
         nested_calls: ld(&c.nested_calls),
         passthrough_reg: ld(&c.passthrough_reg),
         passthrough_dereg: ld(&c.passthrough_dereg),
-        wrappers_live: ld(&c.wrappers_live),
+        wrappers_live: crate::wrapper::live(),
         hits: cache.hits,
         misses: cache.misses,
         evictions: cache.evictions,

@@ -56,7 +56,7 @@ unsafe fn cached_reg(pd: *mut IbvPd, addr: *mut c_void, len: usize, access: u32)
         lkey: reg.lkey,
         rkey: reg.rkey,
     };
-    wrapper::publish(Box::new(WrapperMr {
+    wrapper::publish(wrapper::boxed(WrapperMr {
         mr,
         backing: Backing::Cached {
             cache,
@@ -250,7 +250,10 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut IbvMr) -> c_int {
     // SAFETY: the wrapper was in the registry, so its backing is live and only it refers to it.
     let r = catch_unwind(AssertUnwindSafe(|| unsafe { release(backing) }));
     match r {
-        Ok(Ok(())) => 0,
+        Ok(Ok(())) => {
+            wrapper::retire(w);
+            0
+        }
         Ok(Err((backing, rc))) => {
             // Still registered (e.g. a memory window is bound): the MR stays valid, as in verbs.
             w.backing = backing;

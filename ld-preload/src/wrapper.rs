@@ -5,6 +5,7 @@
 //! dereferencing a pointer we did not allocate), and the registry owns them: removing an entry is
 //! what frees it. `ibv_mr` is the first field, so the wrapper's address is the MR's address.
 
+use std::cell::RefCell;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::fasthash::{new_map, FastMap};
@@ -45,24 +46,62 @@ pub fn fork_lock() -> MutexGuard<'static, Option<Map>> {
     registry()
 }
 
+/// Spare wrapper allocations kept per thread, so the hit path (one wrapper per `ibv_reg_mr`,
+/// freed by `ibv_dereg_mr`) does not go through malloc/free each time.
+const SPARES_MAX: usize = 64;
+
+thread_local! {
+    // Boxes, not values: a wrapper's address is what the application holds, it must not move.
+    #[allow(clippy::vec_box)]
+    static SPARES: RefCell<Vec<Box<WrapperMr>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// A wrapper holding `w`, from this thread's spares when there is one.
+pub fn boxed(w: WrapperMr) -> Box<WrapperMr> {
+    let spare = SPARES
+        .try_with(|s| s.try_borrow_mut().ok().and_then(|mut s| s.pop()))
+        .ok()
+        .flatten();
+    match spare {
+        Some(mut b) => {
+            // The spare's old content is a dead backing (`Real(null)`): nothing to release.
+            *b = w;
+            b
+        }
+        None => Box::new(w),
+    }
+}
+
+/// Free a wrapper taken from the registry whose backing was released: the allocation is kept
+/// as a spare when this thread has room (else, or during thread exit, it is freed).
+pub fn retire(mut w: Box<WrapperMr>) {
+    w.backing = Backing::Real(std::ptr::null_mut());
+    let _ = SPARES.try_with(|s| {
+        if let Ok(mut s) = s.try_borrow_mut() {
+            if s.len() < SPARES_MAX {
+                s.push(w);
+            }
+        }
+    });
+}
+
 /// Hand a wrapper out: returns the `struct ibv_mr *` the application will use.
 pub fn publish(mut w: Box<WrapperMr>) -> *mut IbvMr {
     let p: *mut IbvMr = &mut w.mr;
     registry().get_or_insert_with(new_map).insert(p as usize, w);
-    crate::stats::COUNTERS
-        .wrappers_live
-        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     p
 }
 
 /// Take the wrapper at `mr` back from the registry (`None`: not ours, pass it through).
 /// The caller owns it; to keep handing it out, `publish` it again (same address).
 pub fn take(mr: *mut IbvMr) -> Option<Box<WrapperMr>> {
-    let w = registry().as_mut()?.remove(&(mr as usize))?;
-    crate::stats::COUNTERS
-        .wrappers_live
-        .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
-    Some(w)
+    registry().as_mut()?.remove(&(mr as usize))
+}
+
+/// Wrappers currently handed out (counted from the registry: no counter to bump on the hit
+/// path).
+pub fn live() -> u64 {
+    registry().as_ref().map_or(0, |m| m.len() as u64)
 }
 
 /// True if `mr` is a wrapper we handed out.
