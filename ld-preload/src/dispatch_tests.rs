@@ -14,10 +14,11 @@ use crate::pd_cache::{self, PdCache};
 use crate::stats::snapshot;
 use crate::verbs_hooks::*;
 
-/// The counters are process-wide: these tests run one at a time.
+/// The counters are process-wide: these tests (and the wrapper tests, which change the live
+/// wrapper count) run one at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
 
-fn serial() -> MutexGuard<'static, ()> {
+pub fn serial() -> MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
@@ -324,4 +325,59 @@ fn repeated_reg_dereg_of_a_cached_buffer_is_all_hits() {
         assert_eq!(s1.wrappers_live, s0.wrappers_live, "every wrapper freed");
         libc::munmap(buf as *mut c_void, 65536);
     }
+}
+
+/// Threads registering and deregistering at once (wrappers taken from per-thread spares and the
+/// shared pool, handed between threads): every wrapper is the caller's own, none lost.
+#[test]
+fn concurrent_threads_get_their_own_wrappers() {
+    let _s = serial();
+    let mut f = fake_pd(0xC4);
+    let pd = f.ptr() as usize;
+    let buf = anon(1 << 20) as usize;
+    let s0 = snapshot();
+    let threads: Vec<_> = (0..4usize)
+        .map(|t| {
+            std::thread::spawn(move || {
+                let mut mine = Vec::new();
+                for i in 0..300usize {
+                    let addr = buf + (t * 256 + i % 200) * 1024;
+                    // SAFETY: fake pd; `addr` is inside the mapped buffer.
+                    let mr = unsafe { ibv_reg_mr(pd as *mut IbvPd, addr as *mut c_void, 512, RW) };
+                    assert!(!mr.is_null());
+                    // SAFETY: a live wrapper.
+                    assert_eq!(unsafe { (*mr).addr } as usize, addr);
+                    mine.push(mr as usize);
+                    if i % 3 == 2 {
+                        // Release out of order, including wrappers made earlier.
+                        let m = mine.swap_remove(i % mine.len());
+                        // SAFETY: a live wrapper of ours.
+                        assert_eq!(unsafe { ibv_dereg_mr(m as *mut IbvMr) }, 0);
+                    }
+                }
+                mine
+            })
+        })
+        .collect();
+    let left: Vec<usize> = threads
+        .into_iter()
+        .flat_map(|t| t.join().unwrap())
+        .collect();
+    let distinct: std::collections::HashSet<&usize> = left.iter().collect();
+    assert_eq!(distinct.len(), left.len(), "no wrapper handed out twice");
+    assert_eq!(
+        snapshot().wrappers_live - s0.wrappers_live,
+        left.len() as u64
+    );
+    for m in left {
+        // SAFETY: live wrappers, released once each (from another thread than their maker's).
+        assert_eq!(unsafe { ibv_dereg_mr(m as *mut IbvMr) }, 0);
+    }
+    assert_eq!(snapshot().wrappers_live, s0.wrappers_live);
+    assert_eq!(
+        f.pinner.live_count(),
+        f.pinner.pins() as usize - f.pinner.unpins() as usize
+    );
+    // SAFETY: unmapping our own buffer.
+    unsafe { libc::munmap(buf as *mut c_void, 1 << 20) };
 }

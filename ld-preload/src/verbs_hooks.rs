@@ -56,14 +56,24 @@ unsafe fn cached_reg(pd: *mut IbvPd, addr: *mut c_void, len: usize, access: u32)
         lkey: reg.lkey,
         rkey: reg.rkey,
     };
-    wrapper::publish(wrapper::boxed(WrapperMr {
+    let w = WrapperMr {
         mr,
         backing: Backing::Cached {
             cache,
             handle: reg.handle,
         },
         access,
-    }))
+    };
+    match wrapper::publish_new(w) {
+        Ok(p) => p,
+        Err(w) => {
+            // No slot for a wrapper (out of memory): give the reference back, pass through.
+            if let Backing::Cached { cache, handle } = w.backing {
+                let _ = cache.deregister(handle);
+            }
+            std::ptr::null_mut()
+        }
+    }
 }
 
 /// The common body of the three registration hooks. `pass` performs the real call.
@@ -250,14 +260,11 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut IbvMr) -> c_int {
     // SAFETY: the wrapper was in the registry, so its backing is live and only it refers to it.
     let r = catch_unwind(AssertUnwindSafe(|| unsafe { release(backing) }));
     match r {
-        Ok(Ok(())) => {
-            wrapper::retire(w);
-            0
-        }
+        Ok(Ok(())) => 0, // dropping `w` frees the wrapper
         Ok(Err((backing, rc))) => {
             // Still registered (e.g. a memory window is bound): the MR stays valid, as in verbs.
             w.backing = backing;
-            wrapper::publish(w);
+            w.publish();
             rc
         }
         Err(_) => libc::EINVAL, // the backing is lost with the panic; the wrapper is freed
@@ -394,7 +401,7 @@ pub unsafe extern "C" fn ibv_rereg_mr(
     let r = catch_unwind(AssertUnwindSafe(|| unsafe {
         rereg_wrapper(&mut w, flags, pd, addr, length, access)
     }));
-    wrapper::publish(w);
+    w.publish();
     r.unwrap_or(IBV_REREG_MR_ERR_CMD)
 }
 
