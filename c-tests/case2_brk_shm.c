@@ -29,6 +29,13 @@ static void wait_invalidation(fh_cache *c, uint64_t inv0, const char *what) {
 static void brk_shrink(fh_cache *c) {
     size_t page = fh_test_page();
     size_t len = 64 * page;
+    /* Warm the cache up first on an unrelated mapping: its lazy first-use allocations (slab chunk,
+     * index, hash front, monitor thread) must not move the break between our sbrk calls. */
+    char *warm = mmap(NULL, page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    CHECK(warm != MAP_FAILED);
+    fh_mr wm;
+    CHECK_OK(fh_register(c, warm, page, FH_ACCESS_LOCAL_WRITE, &wm));
+    CHECK_OK(fh_deregister(c, wm.handle));
     /* Page-align the break, then grow it by len: [base, base+len) is ours alone. */
     char *cur = sbrk(0);
     size_t pad = (page - (uintptr_t)cur % page) % page;
