@@ -8,6 +8,7 @@
 //! because a wrapper MR must carry it and the cache's `Registration` has no room for it.
 
 use std::ffi::c_void;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
@@ -18,10 +19,25 @@ use crate::ffi_types::{IbvMr, IbvPd};
 use crate::real_verbs::RealVerbs;
 use crate::stats::{self, COUNTERS};
 
+/// Slots of the lock-free lkey -> handle table (a power of two).
+const RECENT: usize = 256;
+
 pub struct RealPinner {
     pd: *mut IbvPd,
     real: &'static RealVerbs,
+    /// Every live MR's handle by lkey: the truth.
     handles: Mutex<FastMap<u32, u32>>,
+    /// Direct-mapped `lkey << 32 | handle` of live MRs (0: empty), so a cache hit finds its
+    /// handle with one load instead of a lock and a hash. A collision only overwrites (the
+    /// lookup then falls back to `handles`). An entry is current: it is written when its MR is
+    /// registered and cleared when it is deregistered, and one pinner never holds two live MRs
+    /// with the same lkey.
+    recent: [AtomicU64; RECENT],
+}
+
+fn recent_slot(lkey: u32) -> usize {
+    // lkeys differ mostly above their low "key" byte (mlx5, rxe): mix before masking.
+    (lkey.wrapping_mul(0x9E37_79B9) >> 24) as usize % RECENT
 }
 
 // SAFETY: `pd` is an opaque handle that libibverbs allows to be used from any thread; the only
@@ -36,11 +52,16 @@ impl RealPinner {
             pd,
             real,
             handles: Mutex::new(new_map()),
+            recent: [const { AtomicU64::new(0) }; RECENT],
         }
     }
 
     /// Kernel handle of the live MR with this lkey (0 if unknown).
     pub fn handle_of(&self, lkey: u32) -> u32 {
+        let e = self.recent[recent_slot(lkey)].load(Ordering::Acquire);
+        if e != 0 && (e >> 32) as u32 == lkey {
+            return e as u32;
+        }
         let map = self.handles.lock().unwrap_or_else(|e| e.into_inner());
         map.get(&lkey).copied().unwrap_or(0)
     }
@@ -91,6 +112,8 @@ impl Pinner for RealPinner {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(m.lkey, m.handle);
+        let e = (m.lkey as u64) << 32 | m.handle as u64;
+        self.recent[recent_slot(m.lkey)].store(e, Ordering::Release);
         Ok(Pinned {
             token: mr as usize,
             lkey: m.lkey,
@@ -99,10 +122,21 @@ impl Pinner for RealPinner {
     }
 
     fn unpin(&self, pinned: Pinned, _addr: usize, len: usize) {
-        self.handles
+        let handle = self
+            .handles
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&pinned.lkey);
+        if let Some(h) = handle {
+            // Only our own entry: a colliding MR's that replaced it stays.
+            let e = (pinned.lkey as u64) << 32 | h as u64;
+            let _ = self.recent[recent_slot(pinned.lkey)].compare_exchange(
+                e,
+                0,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            );
+        }
         let Some(f) = self.real.dereg_mr else { return };
         let t0 = Instant::now();
         // SAFETY: `token` is the MR our `pin` returned, released exactly once (the cache's
@@ -132,5 +166,82 @@ mod tests {
         assert_eq!(classify(libc::EAGAIN), PinError::NoMemory(libc::EAGAIN));
         assert_eq!(classify(libc::EFAULT), PinError::Failed(libc::EFAULT));
         assert_eq!(classify(libc::EINVAL), PinError::Failed(libc::EINVAL));
+    }
+
+    static NEXT_HANDLE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(1);
+
+    /// A fake libibverbs: lkey from the address (so it repeats when a range is registered
+    /// again), a fresh kernel handle every time.
+    unsafe extern "C" fn fake_reg(
+        pd: *mut IbvPd,
+        addr: *mut c_void,
+        len: usize,
+        _iova: u64,
+        _access: std::ffi::c_uint,
+    ) -> *mut IbvMr {
+        Box::into_raw(Box::new(IbvMr {
+            context: std::ptr::null_mut(),
+            pd,
+            addr,
+            length: len,
+            handle: NEXT_HANDLE.fetch_add(1, Ordering::Relaxed),
+            lkey: (addr as usize >> 12) as u32,
+            rkey: 0,
+        }))
+    }
+
+    unsafe extern "C" fn fake_dereg(mr: *mut IbvMr) -> std::ffi::c_int {
+        // SAFETY: `mr` came from `fake_reg`.
+        drop(unsafe { Box::from_raw(mr) });
+        0
+    }
+
+    static FAKE: RealVerbs = RealVerbs {
+        reg_mr: None,
+        reg_mr_iova: None,
+        reg_mr_iova2: Some(fake_reg),
+        dereg_mr: Some(fake_dereg),
+        rereg_mr: None,
+        dealloc_pd: None,
+    };
+
+    #[test]
+    fn handle_of_follows_registrations_through_collisions_and_key_reuse() {
+        let _s = crate::dispatch_tests::serial();
+        let p = RealPinner::new(std::ptr::null_mut(), &FAKE);
+        // More live MRs than table slots: collisions must fall back to the map.
+        let n = RECENT * 3;
+        let pin = |i: usize| p.pin(i << 12, 4096, Access(1)).unwrap();
+        let mut live: Vec<Pinned> = (0..n).map(pin).collect();
+        let truth = |pd: &Pinned| {
+            // SAFETY: the token is a live fake MR.
+            unsafe { (*(pd.token as *mut IbvMr)).handle }
+        };
+        for x in &live {
+            assert_eq!(p.handle_of(x.lkey), truth(x));
+        }
+        // Release every other one and register the same ranges again: same lkeys, new handles.
+        for i in (0..n).step_by(2) {
+            let old = std::mem::replace(
+                &mut live[i],
+                Pinned {
+                    token: 0,
+                    lkey: 0,
+                    rkey: 0,
+                },
+            );
+            let old_handle = truth(&old);
+            p.unpin(old, i << 12, 4096);
+            live[i] = pin(i);
+            assert_ne!(truth(&live[i]), old_handle);
+        }
+        for x in &live {
+            assert_eq!(p.handle_of(x.lkey), truth(x), "lkey {}", x.lkey);
+        }
+        for (i, x) in live.into_iter().enumerate() {
+            let lkey = x.lkey;
+            p.unpin(x, i << 12, 4096);
+            assert_eq!(p.handle_of(lkey), 0, "gone");
+        }
     }
 }
