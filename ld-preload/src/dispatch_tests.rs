@@ -366,6 +366,11 @@ fn concurrent_threads_get_their_own_wrappers() {
     let distinct: std::collections::HashSet<&usize> = left.iter().collect();
     assert_eq!(distinct.len(), left.len(), "no wrapper handed out twice");
     assert_eq!(
+        snapshot().app_reg_calls - s0.app_reg_calls,
+        4 * 300,
+        "per-thread counts of exited threads still summed"
+    );
+    assert_eq!(
         snapshot().wrappers_live - s0.wrappers_live,
         left.len() as u64
     );
