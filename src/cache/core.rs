@@ -68,7 +68,7 @@ pub struct Cache {
     /// Region records (ids are what the index stores).
     slab: Slab,
     /// Serialises writers (misses, drains, evictions); guards the limits.
-    mutex: Mutex<Limits>,
+    mutex: Mutex<WriterState>,
     max_pinned: AtomicUsize,
     max_regions: AtomicUsize,
     handles: Handles,
@@ -88,10 +88,18 @@ enum Fast {
     Busy,
 }
 
+/// What the cache mutex guards.
+struct WriterState {
+    limits: Limits,
+    /// Storage for `trim`'s unpin list, kept between calls: a release that trims (every miss
+    /// under tight bounds) then pays no malloc/free pair.
+    spare: Vec<RegionPtr>,
+}
+
 /// Proof that the cache mutex is held.
 struct Writer<'a> {
     cache: &'a Cache,
-    limits: MutexGuard<'a, Limits>,
+    state: MutexGuard<'a, WriterState>,
 }
 
 /// Proof that readers are excluded; lowers the writer flag on drop.
@@ -175,7 +183,10 @@ impl Cache {
             inflight: Inflight::new(),
             index: UnsafeCell::new(Index::new(page.trailing_zeros())),
             slab: Slab::new(),
-            mutex: Mutex::new(limits),
+            mutex: Mutex::new(WriterState {
+                limits,
+                spare: Vec::new(),
+            }),
             max_pinned: AtomicUsize::new(limits.max_pinned),
             max_regions: AtomicUsize::new(limits.max_regions),
             handles: Handles::new(),
@@ -214,7 +225,7 @@ impl Cache {
     fn lock(&self) -> Writer<'_> {
         Writer {
             cache: self,
-            limits: self.mutex.lock().unwrap_or_else(|e| e.into_inner()),
+            state: self.mutex.lock().unwrap_or_else(|e| e.into_inner()),
         }
     }
 
@@ -351,7 +362,7 @@ impl Cache {
         self.c.misses.fetch_add(1, Ordering::Relaxed);
 
         // Target: the union with every overlapping region (their rights too), unless too big.
-        let max_pinned = w.limits.max_pinned;
+        let max_pinned = w.state.limits.max_pinned;
         let overlaps = w.index().overlapping(&self.slab, start, end);
         let (mut ts, mut te, mut ta) = (start, end, access);
         for p in &overlaps {
@@ -450,7 +461,7 @@ impl Cache {
 
     /// Evict idle regions (CLOCK order) until `extra` more bytes and one more region fit.
     fn make_room(&self, w: &Writer, x: &Exclusive, extra: usize, unpins: &mut Vec<RegionPtr>) {
-        let limits = *w.limits;
+        let limits = w.state.limits;
         // What stays pinned once the regions already queued for unpinning are gone.
         let going: usize = unpins
             .iter()
@@ -562,14 +573,17 @@ impl Cache {
     #[cold]
     #[inline(never)]
     fn trim(&self) {
-        let w = self.lock();
-        let mut unpins = Vec::new();
+        let mut w = self.lock();
+        let mut unpins = std::mem::take(&mut w.state.spare);
         self.drain(&w, &mut unpins, None);
         {
             let x = w.exclude();
             self.make_room(&w, &x, 0, &mut unpins);
         }
-        self.unpin_all(unpins);
+        for p in unpins.drain(..) {
+            self.unpin_free(p);
+        }
+        w.state.spare = unpins;
     }
 
     #[inline]
@@ -640,7 +654,7 @@ impl Cache {
     /// Shrinking evicts idle regions down to the new bounds.
     pub fn set_limits(&self, limits: Limits) {
         let mut w = self.lock();
-        *w.limits = limits;
+        w.state.limits = limits;
         self.max_pinned.store(limits.max_pinned, Ordering::Relaxed);
         self.max_regions
             .store(limits.max_regions, Ordering::Relaxed);

@@ -20,6 +20,9 @@ impl Block {
 pub struct Sorted {
     firsts: Vec<usize>,
     blocks: Vec<Block>,
+    /// The last block that emptied, kept for the next new block: a cache that goes empty <->
+    /// one region on every miss (tight bounds) then pays no malloc/free pair per insert/remove.
+    spare: Option<Block>,
 }
 
 impl Sorted {
@@ -27,6 +30,7 @@ impl Sorted {
         Sorted {
             firsts: Vec::new(),
             blocks: Vec::new(),
+            spare: None,
         }
     }
 
@@ -70,9 +74,7 @@ impl Sorted {
         let b = match self.firsts.partition_point(|&f| f <= key).checked_sub(1) {
             Some(b) => b,
             None if self.blocks.is_empty() => {
-                self.firsts.push(key);
-                self.blocks
-                    .push(Block::with(alloc_keys(key), alloc_ids(id)));
+                self.push_block(key, id);
                 return;
             }
             None => 0, // new smallest key: goes to the front of block 0
@@ -89,9 +91,7 @@ impl Sorted {
         }
         if i == BLOCK && last {
             // Append past the last full block (ascending fills): open a new block, keep this full.
-            self.firsts.push(key);
-            self.blocks
-                .push(Block::with(alloc_keys(key), alloc_ids(id)));
+            self.push_block(key, id);
             return;
         }
         // Split in half, then insert into the proper half.
@@ -102,6 +102,21 @@ impl Sorted {
         self.firsts.insert(b + 1, keys[0]);
         self.blocks.insert(b + 1, Block::with(keys, ids));
         self.insert(key, id);
+    }
+
+    /// A new last block holding just (key, id); reuses the spare block if there is one.
+    fn push_block(&mut self, key: usize, id: u32) {
+        let blk = match self.spare.take() {
+            Some(mut blk) => {
+                debug_assert!(blk.keys.is_empty() && blk.ids.is_empty());
+                blk.keys.push(key);
+                blk.ids.push(id);
+                blk
+            }
+            None => Block::with(alloc_keys(key), alloc_ids(id)),
+        };
+        self.firsts.push(key);
+        self.blocks.push(blk);
     }
 
     pub fn remove(&mut self, key: usize) -> Option<u32> {
@@ -115,7 +130,7 @@ impl Sorted {
         blk.keys.remove(i);
         let id = blk.ids.remove(i);
         if blk.keys.is_empty() {
-            self.blocks.remove(b);
+            self.spare = Some(self.blocks.remove(b));
             self.firsts.remove(b);
         } else {
             self.firsts[b] = blk.keys[0];

@@ -193,3 +193,35 @@ fn cache_is_send_sync() {
     fn ok<T: Send + Sync>() {}
     ok::<Cache>();
 }
+
+#[test]
+/// Holding more regions than the bounds allow, then releasing them: the last ones released stay
+/// cached (a miss path that refused to cache regions beyond the bounds lost them all here).
+fn release_after_overcommit_keeps_the_last_ones_cached() {
+    let (pin, c) = cache(64 << 20, 3);
+    let buf = |i: usize| 0x10_0000 + i * 8 * P;
+    for i in 0..8 {
+        let r = c.register(buf(i), 4 * P, RW).unwrap();
+        c.deregister(r.handle).unwrap();
+    }
+    assert_eq!(c.stats().regions, 3);
+    let held: Vec<_> = (0..8)
+        .map(|i| c.register(buf(i), 4 * P, RW).unwrap())
+        .collect();
+    let s = c.stats();
+    assert_eq!(s.in_use, 8);
+    assert_eq!(pin.live_count(), 8);
+    for h in &held {
+        c.deregister(h.handle).unwrap();
+    }
+    let s = c.stats();
+    assert_eq!(s.regions, 3, "the three cached ones stay");
+    assert_eq!(s.evictions, s.misses - s.regions);
+    c.set_limits(Limits {
+        max_pinned: 64 << 20,
+        max_regions: 1,
+    });
+    assert_eq!(c.stats().regions, 1);
+    assert_eq!(pin.live_count(), 1);
+    assert_eq!(pin.bad_unpins(), 0);
+}
