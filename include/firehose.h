@@ -251,9 +251,9 @@ extern "C" {
 enum fh_status fh_config_init(struct fh_config *cfg);
 
 /**
- * Copies the cache's counters into `*out`. A pure read: invalidations reported (by the monitor or
- * `fh_notify_unmapped`) but not processed yet are counted, and their idle regions unpinned, by
- * the next `fh_register`/`fh_deregister`/`fh_flush` on this cache (they can never be hits).
+ * Copies the cache's counters into `*out`. Invalidations reported so far (by the monitor or
+ * `fh_notify_unmapped`) are processed first, so they are counted and their idle regions are
+ * unpinned before the copy: the counters are current. Not for use inside a memory hook.
  * Returns `FH_ERR_NULL` if `cache` or `out` is NULL (then `*out` is not written).
  *
  * # Safety

@@ -713,6 +713,18 @@ impl Cache {
         n
     }
 
+    /// Process the invalidations reported since the last call now: count them and unpin the idle
+    /// regions they cover. NOT hook-safe (takes the writer lock, may call the backend). `stats`
+    /// stays a pure read; callers that want current counters (e.g. `fh_get_stats`) call this
+    /// first. Returns how many regions were unpinned.
+    pub fn process_invalidations(&self) -> usize {
+        if self.pending() {
+            self.drain_now()
+        } else {
+            0
+        }
+    }
+
     /// Entries waiting in the invalidation ring (for tests and diagnostics).
     pub fn queued_invalidations(&self) -> usize {
         self.queue.0.len()

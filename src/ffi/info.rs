@@ -118,9 +118,9 @@ pub(crate) fn render(c: &fh_cache) -> String {
     o
 }
 
-/// Copies the cache's counters into `*out`. A pure read: invalidations reported (by the monitor or
-/// `fh_notify_unmapped`) but not processed yet are counted, and their idle regions unpinned, by
-/// the next `fh_register`/`fh_deregister`/`fh_flush` on this cache (they can never be hits).
+/// Copies the cache's counters into `*out`. Invalidations reported so far (by the monitor or
+/// `fh_notify_unmapped`) are processed first, so they are counted and their idle regions are
+/// unpinned before the copy: the counters are current. Not for use inside a memory hook.
 /// Returns `FH_ERR_NULL` if `cache` or `out` is NULL (then `*out` is not written).
 ///
 /// # Safety
@@ -135,6 +135,7 @@ pub unsafe extern "C" fn fh_get_stats(cache: *const fh_cache, out: *mut fh_stats
         if out.is_null() {
             return fh_status::FH_ERR_NULL;
         }
+        c.cache.process_invalidations();
         // SAFETY: non-NULL, writable per the contract.
         unsafe { write_out(out, fh_stats::from(c.cache.stats())) };
         fh_status::FH_OK
