@@ -1,4 +1,5 @@
-/* Helpers for the native "cases that broke real caches" tests (c-tests/case*.c, mlock backend).
+/* Helpers for the native "cases that broke real caches" tests (c-tests/case*.c, mlock backend;
+ * FH_CASE_BACKEND=verbs switches case_cache() to the verbs backend).
  *
  * The caches here take their monitor bits from the environment (fh_config_init reads FH_MONITOR,
  * default: patch + userfaultfd), so one binary can be run with a path turned off to prove that
@@ -39,15 +40,32 @@ static inline void case_skip_under_asan(const char *why) {
 #endif
 }
 
-/* A cache on the mlock backend; monitor bits from the environment (default: every path). */
+/* A cache on the mlock backend, or on the verbs backend (first device, private PD) if
+ * FH_CASE_BACKEND=verbs: the counter-based checks of these tests then run against real ibv_reg_mr
+ * in the Soft-RoCE VM (tests/verbs-suite.d/31-ctest-native-on-verbs.sh). A variable of its own,
+ * because ctest pins FH_BACKEND=mlock for native tests. Without a device that skips (77). Monitor
+ * bits from the environment (default: every path). */
 static inline fh_cache *case_cache(size_t max_pinned, size_t max_regions) {
     fh_config cfg;
     CHECK_OK(fh_config_init(&cfg));
+    const char *want = getenv("FH_CASE_BACKEND");
     cfg.backend = FH_BACKEND_MLOCK;
+    if (want && strcmp(want, "verbs") == 0) {
+        cfg.backend = FH_BACKEND_VERBS;
+    } else if (want && *want && strcmp(want, "mlock") != 0) {
+        fprintf(stderr, "FH_CASE_BACKEND=%s: expected mlock or verbs\n", want);
+        exit(1);
+    }
     cfg.max_pinned = max_pinned;
     cfg.max_regions = max_regions;
     fh_cache *c = NULL;
-    CHECK_OK(fh_cache_new(&cfg, &c));
+    fh_status rc = fh_cache_new(&cfg, &c);
+    if (rc == FH_ERR_NO_DEVICE && cfg.backend == FH_BACKEND_VERBS) {
+        printf("SKIP: FH_CASE_BACKEND=verbs but no RDMA device can be opened\n");
+        exit(77);
+    }
+    CHECK_OK(rc);
+    if (cfg.backend == FH_BACKEND_VERBS) printf("  (case_cache: verbs backend)\n");
     return c;
 }
 
