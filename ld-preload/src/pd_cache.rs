@@ -298,6 +298,8 @@ impl PdCache {
         access: Access,
     ) -> FhResult<(Registration, bool)> {
         PINNED_HERE.with(|f| f.set(false));
+        // Undispatched userfaultfd events first (see `firehose::monitor::quiesce`).
+        firehose::monitor::quiesce();
         let r = self.cache.register(addr, len, access)?;
         Ok((r, !PINNED_HERE.with(|f| f.replace(false))))
     }

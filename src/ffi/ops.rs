@@ -35,6 +35,9 @@ pub unsafe extern "C" fn fh_register(
         if addr.is_null() || out.is_null() {
             return fh_status::FH_ERR_NULL;
         }
+        // Events the userfaultfd reader has read but not yet dispatched must reach the cache
+        // before it is searched (see `monitor::quiesce`); one load when idle.
+        crate::monitor::quiesce();
         match c.cache.register(addr as usize, len, Access(access)) {
             Ok(reg) => {
                 // SAFETY: non-NULL checked above, writable per the contract.

@@ -43,6 +43,8 @@ pub use registry::{listener_count, subscribe, Subscription, MAX_LISTENERS};
 pub use switches::test_disable;
 pub use uffd::UffdWatcher;
 
+pub use uffd::quiesce;
+
 /// Register the mapping(s) under a range with userfaultfd now (what [`UffdWatcher`] does);
 /// returns how many mappings were newly registered.
 pub fn uffd_watch(addr: usize, len: usize) -> usize {

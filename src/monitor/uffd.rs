@@ -92,6 +92,41 @@ static ERRNO: AtomicI32 = AtomicI32::new(0);
 static REGISTERED: AtomicU64 = AtomicU64::new(0);
 static UNSUPPORTED: AtomicU64 = AtomicU64::new(0);
 static EVENTS: AtomicU64 = AtomicU64::new(0);
+/// Pid of the process whose reader is between "poll said readable" and "every event of the batch
+/// it read was dispatched to the listeners"; 0 when idle. A pid, not a flag, so that a child forked
+/// mid-dispatch (which has no reader) sees a foreign mark and never waits on it. See [`quiesce`].
+static DISPATCHING: AtomicI32 = AtomicI32::new(0);
+
+/// Wait until every userfaultfd event the reader has already read is dispatched to the listeners.
+///
+/// Why: the kernel lets an unmapping thread continue as soon as its UNMAP event is *read*, before
+/// the reader has told any listener. Without this, a registration made right after `munmap`
+/// returned -- even on the same thread -- could still find the old region (seen on Soft-RoCE with
+/// userfaultfd as the only path: munmap, mmap at the same address, register, stale hit). The
+/// reader raises the mark before `read`, so once `munmap` has returned, a caller either sees the
+/// mark (and waits for it to drop) or sees the dispatch finished. One load when idle; never blocks
+/// on a lock (the reader takes none). Called by the glue before a registration (`fh_register`, the
+/// shim), never by a listener.
+#[inline]
+pub fn quiesce() {
+    let d = DISPATCHING.load(SeqCst);
+    if d != 0 {
+        quiesce_slow(d);
+    }
+}
+
+#[cold]
+fn quiesce_slow(mut d: i32) {
+    if super::guard::in_hook() {
+        return; // on the reader thread itself (or inside a hook): waiting would never end
+    }
+    // SAFETY: getpid has no preconditions.
+    let me = unsafe { libc::getpid() };
+    while d == me {
+        std::thread::yield_now();
+        d = DISPATCHING.load(SeqCst);
+    }
+}
 
 pub fn fill_status(s: &mut MonitorStatus) {
     s.uffd = ACTIVE.load(SeqCst);
@@ -294,6 +329,8 @@ fn reader(fd: c_int) {
     // first use), then declare the thread ready: from here on nothing allocates or locks.
     let _ = super::guard::in_hook();
     let _ = errno();
+    // SAFETY: getpid has no preconditions.
+    let me = unsafe { libc::getpid() };
     READER_READY.store(true, SeqCst);
     loop {
         let mut pfd = libc::pollfd {
@@ -312,6 +349,8 @@ fn reader(fd: c_int) {
         if pfd.revents & (libc::POLLERR | libc::POLLNVAL) != 0 {
             return;
         }
+        // Before `read`: the unmapping thread is released by the read itself (see `quiesce`).
+        DISPATCHING.store(me, SeqCst);
         RING.begin();
         // SAFETY: reading whole messages into our stack array.
         let n = unsafe { libc::read(fd, msgs.as_mut_ptr().cast(), std::mem::size_of_val(&msgs)) };
@@ -329,6 +368,7 @@ fn reader(fd: c_int) {
         }
         RING.end();
         if n < 0 && errno() != libc::EAGAIN && errno() != libc::EINTR {
+            DISPATCHING.store(0, SeqCst);
             return;
         }
         EVENTS.fetch_add(count as u64, SeqCst);
@@ -345,5 +385,6 @@ fn reader(fd: c_int) {
                 _ => {}
             }
         }
+        DISPATCHING.store(0, SeqCst);
     }
 }
