@@ -15,9 +15,21 @@ use crate::pin::{Access, Pinned};
 
 const CHUNK_BITS: u32 = 10;
 const CHUNK: usize = 1 << CHUNK_BITS;
+/// Records are 40 bytes, so neighbours share 64-byte lines. Regions allocated one after the other
+/// (typically by different threads at start-up) would then bounce one line between the threads'
+/// refcount updates on every hit: measured 1.04x aggregate on 2 threads with one region each,
+/// against 1.97x for thread-private work. An odd stride is a bijection modulo CHUNK, and 5
+/// records (200 B) puts consecutive ids on different lines.
+const STRIDE: usize = 5;
 /// Ids fit in 22 bits (the hash front packs a 10-bit tag beside them): ~4 Mi regions at once.
 pub const MAX_IDS: u32 = (1 << 22) - 1;
 const MAX_CHUNKS: usize = (MAX_IDS as usize).div_ceil(CHUNK);
+
+/// Where id's record sits in its chunk (see `STRIDE`).
+#[inline]
+fn slot_in_chunk(id: u32) -> usize {
+    (id as usize).wrapping_mul(STRIDE) & (CHUNK - 1)
+}
 
 struct Alloc {
     free: Vec<u32>,
@@ -58,7 +70,7 @@ impl Slab {
         debug_assert!(!base.is_null());
         // SAFETY: a chunk pointer, once set, points at CHUNK initialised records that live until
         // the slab drops; ids handed out by `alloc` lie in an allocated chunk.
-        unsafe { &*base.add(id as usize & (CHUNK - 1)) }
+        unsafe { &*base.add(slot_in_chunk(id)) }
     }
 
     /// Ids that may hold a region (`0..high_water()`); FREE ones have `state == FREE`.
@@ -155,6 +167,25 @@ impl Drop for Slab {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn consecutive_ids_never_share_a_cache_line_and_slots_are_a_bijection() {
+        let size = std::mem::size_of::<Region>();
+        let lines = |id: u32| {
+            let off = slot_in_chunk(id) * size;
+            (off / 64, (off + size - 1) / 64)
+        };
+        let mut seen = vec![false; CHUNK];
+        for id in 0..CHUNK as u32 {
+            assert!(
+                !std::mem::replace(&mut seen[slot_in_chunk(id)], true),
+                "slot reused"
+            );
+            let (a0, a1) = lines(id);
+            let (b0, b1) = lines(id + 1);
+            assert!(a1 < b0 || b1 < a0, "ids {id} and {} share a line", id + 1);
+        }
+    }
 
     #[test]
     fn ids_are_reused_and_records_stay_put() {
