@@ -8,6 +8,8 @@
 
 use std::ffi::{c_int, c_void};
 
+use firehose::monitor::ranges::{madvise_drops_pages, mmap_replaces};
+
 use crate::{real_libc, settings};
 
 /// Report `[addr, addr + len)` as going away (unless invalidation is switched off).
@@ -15,16 +17,6 @@ fn notify(addr: usize, len: usize) {
     if len != 0 && settings::invalidation_enabled() {
         firehose::monitor::notify_unmapped(addr, len);
     }
-}
-
-/// True for `madvise` advice that drops the pages under a range (the next touch gets new ones).
-/// `MADV_DONTFORK`/`DOFORK` (issued by libibverbs itself) and hints do not.
-pub fn advice_drops_pages(advice: c_int) -> bool {
-    const MADV_DONTNEED_LOCKED: c_int = 24;
-    matches!(
-        advice,
-        libc::MADV_DONTNEED | libc::MADV_FREE | libc::MADV_REMOVE | MADV_DONTNEED_LOCKED
-    )
 }
 
 /// Extent of the mapping that starts at `addr` (page-wise `mincore` probe, allocation-free; it
@@ -111,7 +103,7 @@ pub unsafe extern "C" fn mremap(
 /// Same contract as libc `madvise`.
 #[no_mangle]
 pub unsafe extern "C" fn madvise(addr: *mut c_void, len: usize, advice: c_int) -> c_int {
-    if advice_drops_pages(advice) {
+    if madvise_drops_pages(advice) {
         notify(addr as usize, len);
     }
     match real_libc::madvise() {
@@ -135,8 +127,8 @@ pub unsafe extern "C" fn mmap(
     fd: c_int,
     off: libc::off_t,
 ) -> *mut c_void {
-    if flags & libc::MAP_FIXED != 0 {
-        notify(addr as usize, len);
+    if let Some((start, span)) = mmap_replaces(addr as usize, len, flags) {
+        notify(start, span);
     }
     match real_libc::mmap() {
         // SAFETY: forwarding the caller's arguments to the real function.
@@ -166,17 +158,6 @@ pub unsafe extern "C" fn shmdt(addr: *const c_void) -> c_int {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn only_page_dropping_advice_invalidates() {
-        assert!(advice_drops_pages(libc::MADV_DONTNEED));
-        assert!(advice_drops_pages(libc::MADV_FREE));
-        assert!(advice_drops_pages(libc::MADV_REMOVE));
-        assert!(!advice_drops_pages(libc::MADV_DONTFORK));
-        assert!(!advice_drops_pages(libc::MADV_DOFORK));
-        assert!(!advice_drops_pages(libc::MADV_WILLNEED));
-        assert!(!advice_drops_pages(libc::MADV_HUGEPAGE));
-    }
 
     #[test]
     fn mapped_extent_covers_exactly_an_isolated_mapping() {
