@@ -39,18 +39,9 @@ static long anon_huge_kib(const char *a) {
     return kib;
 }
 
-static int thp_disabled(void) {
-    FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
-    if (!f) return 1;
-    char buf[128] = "";
-    char *got = fgets(buf, sizeof buf, f);
-    fclose(f);
-    return !got || strstr(buf, "[never]") != NULL;
-}
-
 int main(void) {
     case_watchdog(60);
-    if (thp_disabled()) {
+    if (fh_test_thp_never()) {
         printf("SKIP: transparent huge pages are disabled\n");
         return FH_SKIP;
     }

@@ -48,15 +48,6 @@ static long anon_huge_kib(const char *a, size_t len) {
     return sum;
 }
 
-static int thp_mode_never(void) {
-    FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
-    if (!f) return 1;
-    char buf[128] = "";
-    char *got = fgets(buf, sizeof buf, f);
-    fclose(f);
-    return !got || strstr(buf, "[never]") != NULL;
-}
-
 /* RDMA READ `len` (<= 1 MiB) bytes at `addr` through `rkey` and require pattern `seed` at offsets
  * base_off.. of that pattern; `what` names the check. Exits on failure. */
 static void expect_read(struct vc *v, const char *what, const char *addr, size_t len,
@@ -81,7 +72,7 @@ static void expect_read(struct vc *v, const char *what, const char *addr, size_t
 int main(void) {
     struct vc v;
     vc_open(&v);
-    if (thp_mode_never()) {
+    if (fh_test_thp_never()) {
         printf("SKIP: transparent huge pages are disabled (or not built) in this kernel\n");
         return FH_SKIP;
     }

@@ -105,4 +105,14 @@ static inline long fh_test_vmlck_kib(void) {
     return kib;
 }
 
+/* True when transparent huge pages are off ("[never]") or the setting cannot be read. */
+static inline int fh_test_thp_never(void) {
+    FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+    if (!f) return 1;
+    char buf[128] = "";
+    char *got = fgets(buf, sizeof buf, f);
+    fclose(f);
+    return !got || strstr(buf, "[never]") != NULL;
+}
+
 #endif /* FH_TEST_H */
