@@ -55,7 +55,7 @@ pub struct Cache {
     watcher: Option<Arc<dyn RangeWatcher>>,
     page: usize,
     shift: u32,
-    slots: Box<[ReaderSlot]>,
+    slots: Box<[ReaderSlot; SLOTS]>,
     writer: Padded<AtomicBool>,
     /// Exclusive slots that ever entered this cache, and the highest such id (writers scan
     /// slots 0..=max only, and skip the membarrier when the only joined slot is their own).
@@ -175,7 +175,7 @@ impl Cache {
             watcher,
             page,
             shift: page.trailing_zeros(),
-            slots: (0..SLOTS).map(|_| ReaderSlot::default()).collect(),
+            slots: Box::new(std::array::from_fn(|_| ReaderSlot::default())),
             writer: Padded(AtomicBool::new(false)),
             joined: Padded((AtomicUsize::new(0), AtomicUsize::new(0))),
             queue: Padded(InvalQueue::new()),
@@ -337,7 +337,10 @@ impl Cache {
         }
     }
 
-    /// Miss path: drain, re-check, make room, pin (readers running), insert.
+    /// Miss path: drain, re-check, make room, pin (readers running), insert. Kept out of line so
+    /// the hit path in `register` stays a small leaf (no spills, short prologue).
+    #[cold]
+    #[inline(never)]
     fn register_slow(
         &self,
         sid: usize,
@@ -608,6 +611,8 @@ impl Cache {
         Ok(())
     }
 
+    #[cold]
+    #[inline(never)]
     fn drain_now(&self) -> usize {
         let w = self.lock();
         let mut unpins = Vec::new();

@@ -32,11 +32,11 @@ struct Record {
 struct FreeList(UnsafeCell<Vec<u32>>);
 
 pub struct Handles {
-    chunks: Box<[AtomicPtr<Record>]>,
+    chunks: Box<[AtomicPtr<Record>; MAX_CHUNKS]>,
     next: AtomicU32,
     grow: Mutex<()>,
     /// Per exclusive slot; index 0 (shared slot) is unused, `shared` below is used instead.
-    local: Box<[FreeList]>,
+    local: Box<[FreeList; SLOTS]>,
     shared: Mutex<Vec<u32>>,
 }
 
@@ -47,12 +47,10 @@ unsafe impl Sync for Handles {}
 impl Handles {
     pub fn new() -> Self {
         Handles {
-            chunks: (0..MAX_CHUNKS)
-                .map(|_| AtomicPtr::new(null_mut()))
-                .collect(),
+            chunks: Box::new([const { AtomicPtr::new(null_mut()) }; MAX_CHUNKS]),
             next: AtomicU32::new(0),
             grow: Mutex::new(()),
-            local: (0..SLOTS).map(|_| FreeList::default()).collect(),
+            local: Box::new(std::array::from_fn(|_| FreeList::default())),
             shared: Mutex::new(Vec::new()),
         }
     }
@@ -77,7 +75,7 @@ impl Handles {
         } else {
             // SAFETY: only the owner thread of slot `slot` gets here with this index, and it does
             // not re-enter (nothing inside `f` calls back into the handle table).
-            f(unsafe { &mut *self.local[slot].0.get() })
+            f(unsafe { &mut *self.local[slot & (SLOTS - 1)].0.get() })
         }
     }
 

@@ -47,21 +47,22 @@ impl HashFront {
         }
     }
 
-    /// Id of the entry whose key (`key_of(id)`) is `key`.
+    /// The entry whose key is `key`: `probe(id)` resolves a candidate id to its value if that
+    /// value's key is `key` (so the hit path reads each candidate's record once).
     #[inline]
-    pub fn get(&self, key: usize, key_of: impl Fn(u32) -> usize) -> Option<u32> {
+    pub fn get<T>(&self, key: usize, probe: impl Fn(u32) -> Option<T>) -> Option<T> {
         let h = hash(key);
         let t = tag(h);
         let mut i = home(h, self.mask);
         loop {
-            let s = self.slots[i];
+            // SAFETY: `i` is masked by `mask == slots.len() - 1` (the length is a power of two).
+            let s = unsafe { *self.slots.get_unchecked(i & self.mask) };
             if s == 0 {
                 return None;
             }
             if s >> ID_BITS == t {
-                let id = (s & ID_MASK) - 1;
-                if key_of(id) == key {
-                    return Some(id);
+                if let Some(v) = probe((s & ID_MASK) - 1) {
+                    return Some(v);
                 }
             }
             i = (i + 1) & self.mask;
@@ -168,7 +169,9 @@ mod tests {
             assert_eq!(h.len, m.len());
         }
         for id in 0..600u32 {
-            assert_eq!(h.get(key_of(id), key_of), m.get(&key_of(id)).copied());
+            let key = key_of(id);
+            let found = h.get(key, |c| (key_of(c) == key).then_some(c));
+            assert_eq!(found, m.get(&key).copied());
         }
     }
 }

@@ -49,11 +49,13 @@ impl Index {
         end: usize,
         access: Access,
     ) -> Option<&'s Region> {
-        let id = match self.front.get(start, |id| slab.get(id).start) {
-            Some(id) => id,
-            None => self.sorted.pred(start)?.1,
+        let r = match self.front.get(start, |id| {
+            let r = slab.get(id);
+            (r.start == start).then_some(r)
+        }) {
+            Some(r) => r,
+            None => slab.get(self.sorted.pred(start)?.1),
         };
-        let r = slab.get(id);
         (end <= r.end(self.shift) && r.access().covers(access)).then_some(r)
     }
 

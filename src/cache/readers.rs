@@ -14,6 +14,8 @@ use std::sync::Mutex;
 
 /// Number of reader slots per cache (including the shared slot 0).
 pub const SLOTS: usize = 128;
+// `my_slot` masks ids with `SLOTS - 1` so indexing per-slot arrays needs no bounds check.
+const _: () = assert!(SLOTS.is_power_of_two());
 const NO_ID: u32 = 0;
 const SHARED_FOREVER: u32 = u32::MAX;
 
@@ -47,7 +49,7 @@ pub fn my_slot() -> usize {
     match MY_ID.try_with(|c| c.get()) {
         Ok(NO_ID) => assign(),
         Ok(SHARED_FOREVER) | Err(_) => 0,
-        Ok(id) => id as usize,
+        Ok(id) => id as usize & (SLOTS - 1), // ids are < SLOTS: the mask only informs the compiler
     }
 }
 

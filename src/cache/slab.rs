@@ -28,6 +28,8 @@ const STRIDE: usize = 5;
 /// Ids fit in 22 bits (the hash front packs a 10-bit tag beside them): ~4 Mi regions at once.
 pub const MAX_IDS: u32 = (1 << 22) - 1;
 const MAX_CHUNKS: usize = (MAX_IDS as usize).div_ceil(CHUNK);
+// `get` masks the chunk number instead of bounds-checking it (one instruction on the hit path).
+const _: () = assert!(MAX_CHUNKS.is_power_of_two());
 
 /// Where id's record sits in its chunk (see `STRIDE`).
 #[inline]
@@ -43,7 +45,7 @@ struct Alloc {
 }
 
 pub struct Slab {
-    chunks: Box<[AtomicPtr<Region>]>,
+    chunks: Box<[AtomicPtr<Region>; MAX_CHUNKS]>,
     len: AtomicU32,
     alloc: Mutex<Alloc>,
 }
@@ -57,9 +59,7 @@ unsafe impl Send for Slab {}
 impl Slab {
     pub fn new() -> Self {
         Slab {
-            chunks: (0..MAX_CHUNKS)
-                .map(|_| AtomicPtr::new(std::ptr::null_mut()))
-                .collect(),
+            chunks: Box::new([const { AtomicPtr::new(std::ptr::null_mut()) }; MAX_CHUNKS]),
             len: AtomicU32::new(0),
             alloc: Mutex::new(Alloc {
                 free: Vec::new(),
@@ -71,7 +71,8 @@ impl Slab {
     /// The record of `id`. `id` must have been returned by `alloc` (live or freed since).
     #[inline]
     pub fn get(&self, id: u32) -> &Region {
-        let base = self.chunks[(id >> CHUNK_BITS) as usize].load(Ordering::Acquire);
+        let base =
+            self.chunks[(id >> CHUNK_BITS) as usize & (MAX_CHUNKS - 1)].load(Ordering::Acquire);
         debug_assert!(!base.is_null());
         // SAFETY: a chunk pointer, once set, points at CHUNK initialised records that live until
         // the slab drops; ids handed out by `alloc` lie in an allocated chunk.
