@@ -70,6 +70,9 @@ pub struct Cache {
     /// Serialises writers (misses, drains, evictions); guards the limits.
     mutex: Mutex<WriterState>,
     max_pinned: AtomicUsize,
+    /// Largest page-aligned request `register` accepts: `max_pinned`, capped so that the length
+    /// in pages fits the region's u32 (one compare on the hit path covers both).
+    max_request: AtomicUsize,
     max_regions: AtomicUsize,
     handles: Handles,
     c: SlowCounters,
@@ -188,6 +191,7 @@ impl Cache {
                 spare: Vec::new(),
             }),
             max_pinned: AtomicUsize::new(limits.max_pinned),
+            max_request: AtomicUsize::new(max_request(limits.max_pinned, page)),
             max_regions: AtomicUsize::new(limits.max_regions),
             handles: Handles::new(),
             c: SlowCounters::default(),
@@ -243,38 +247,57 @@ impl Cache {
             .checked_add(self.page - 1)
             .ok_or(fh_status::FH_ERR_OVERFLOW)?
             & !(self.page - 1);
-        if end - start > self.max_pinned.load(Ordering::Relaxed) || !self.fits(start, end) {
+        if end - start > self.max_request.load(Ordering::Relaxed) {
             return Err(fh_status::FH_ERR_TOO_LARGE);
         }
         let sid = my_slot();
-        let mut tries = 0;
-        let region = loop {
-            match self.try_hit(sid, start, end, access) {
-                Fast::Hit(r) => {
-                    self.slots[sid].add_hit(sid);
-                    break r;
-                }
-                Fast::Busy if tries < 100 => {
-                    // A writer is mutating the index (briefly; never across a backend call).
-                    tries += 1;
-                    let mut spins = 0;
-                    while self.writer.0.load(Ordering::Relaxed) {
-                        spins += 1;
-                        if spins < 64 {
-                            std::hint::spin_loop();
-                        } else {
-                            std::thread::yield_now(); // the writer may be descheduled
-                        }
-                    }
-                }
-                _ => break self.register_slow(sid, start, end, access)?,
+        let region = match self.try_hit(sid, start, end, access) {
+            Fast::Hit(r) => {
+                self.slots[sid].add_hit(sid);
+                r
             }
+            Fast::Busy => self.register_busy(sid, start, end, access)?,
+            Fast::Miss => self.register_slow(sid, start, end, access)?,
         };
         self.issue(sid, region, addr, len)
     }
 
+    /// A writer was mutating the index (briefly; never across a backend call): wait for it and
+    /// retry the hit, up to 100 times, then take the slow path. Out of line so the hit path in
+    /// `register` keeps few live values (no spills).
+    #[cold]
+    #[inline(never)]
+    fn register_busy(
+        &self,
+        sid: usize,
+        start: usize,
+        end: usize,
+        access: Access,
+    ) -> FhResult<RegionPtr> {
+        for _ in 0..100 {
+            let mut spins = 0;
+            while self.writer.0.load(Ordering::Relaxed) {
+                spins += 1;
+                if spins < 64 {
+                    std::hint::spin_loop();
+                } else {
+                    std::thread::yield_now(); // the writer may be descheduled
+                }
+            }
+            match self.try_hit(sid, start, end, access) {
+                Fast::Hit(r) => {
+                    self.slots[sid].add_hit(sid);
+                    return Ok(r);
+                }
+                Fast::Busy => {}
+                Fast::Miss => break,
+            }
+        }
+        self.register_slow(sid, start, end, access)
+    }
+
     /// Reader section: one lookup, refcount bump on success.
-    #[inline]
+    #[inline(always)]
     fn try_hit(&self, sid: usize, start: usize, end: usize, access: Access) -> Fast {
         let slot = &self.slots[sid];
         if sid != 0 && !slot.joined.load(Ordering::Relaxed) {
@@ -661,6 +684,8 @@ impl Cache {
         let mut w = self.lock();
         w.state.limits = limits;
         self.max_pinned.store(limits.max_pinned, Ordering::Relaxed);
+        self.max_request
+            .store(max_request(limits.max_pinned, self.page), Ordering::Relaxed);
         self.max_regions
             .store(limits.max_regions, Ordering::Relaxed);
         let mut unpins = Vec::new();
@@ -734,6 +759,11 @@ impl Cache {
     pub fn queued_invalidations(&self) -> usize {
         self.queue.0.len()
     }
+}
+
+/// See `Cache::max_request`.
+fn max_request(max_pinned: usize, page: usize) -> usize {
+    max_pinned.min((u32::MAX as usize).saturating_mul(page))
 }
 
 impl crate::monitor::MemoryListener for Cache {

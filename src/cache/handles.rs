@@ -5,7 +5,8 @@
 //! two racing ones) and a made-up handle are both detected (`None`). Records live in fixed chunks
 //! that never move (a lock-free reader may be looking at one while another chunk is added), and
 //! free record indices sit in per-thread-slot free lists, so the hit path touches no shared
-//! allocator line. Generations are 32 bits: a handle kept across 2^31 reuses of its record could be
+//! allocator line. The free lists are intrusive (a free record holds the index of the next free
+//! one), so taking and returning a record touches only the record and the list head. Generations are 32 bits: a handle kept across 2^31 reuses of its record could be
 //! mistaken for a live one (documented limit).
 
 use std::cell::UnsafeCell;
@@ -21,15 +22,36 @@ const CHUNK: usize = 1 << CHUNK_BITS;
 const MAX_CHUNKS: usize = 1024; // 4 Mi live handles
 const BATCH: u32 = 64; // records taken from the global pool at a time
 
-#[derive(Default)]
+/// End of a free list.
+const NIL: u32 = u32::MAX;
+
 struct Record {
     gen: AtomicU32,
+    /// While free (even generation): the next record of the free list it is on. Written and read
+    /// only by the owner of that list.
+    next: AtomicU32,
     region: AtomicPtr<Region>,
 }
 
+impl Default for Record {
+    fn default() -> Self {
+        Record {
+            gen: AtomicU32::new(0),
+            next: AtomicU32::new(NIL),
+            region: AtomicPtr::new(null_mut()),
+        }
+    }
+}
+
+/// Head of one slot's free list.
 #[repr(align(128))]
-#[derive(Default)]
-struct FreeList(UnsafeCell<Vec<u32>>);
+struct FreeList(UnsafeCell<u32>);
+
+impl Default for FreeList {
+    fn default() -> Self {
+        FreeList(UnsafeCell::new(NIL))
+    }
+}
 
 pub struct Handles {
     chunks: Box<[AtomicPtr<Record>; MAX_CHUNKS]>,
@@ -37,7 +59,7 @@ pub struct Handles {
     grow: Mutex<()>,
     /// Per exclusive slot; index 0 (shared slot) is unused, `shared` below is used instead.
     local: Box<[FreeList; SLOTS]>,
-    shared: Mutex<Vec<u32>>,
+    shared: Mutex<u32>,
 }
 
 // SAFETY: `local[i]` is only touched by the thread that currently owns slot id `i` (ids are handed
@@ -51,7 +73,7 @@ impl Handles {
             next: AtomicU32::new(0),
             grow: Mutex::new(()),
             local: Box::new(std::array::from_fn(|_| FreeList::default())),
-            shared: Mutex::new(Vec::new()),
+            shared: Mutex::new(NIL),
         }
     }
 
@@ -66,10 +88,21 @@ impl Handles {
         Some(unsafe { &*base.add(idx as usize & (CHUNK - 1)) })
     }
 
+    /// The record of an index this table handed out (its chunk exists).
+    #[inline(always)]
+    fn own_record(&self, idx: u32) -> &Record {
+        let base =
+            self.chunks[(idx >> CHUNK_BITS) as usize & (MAX_CHUNKS - 1)].load(Ordering::Acquire);
+        debug_assert!(!base.is_null());
+        // SAFETY: indices on free lists come from `refill`, which allocated their chunk first;
+        // chunks live until `self` drops.
+        unsafe { &*base.add(idx as usize & (CHUNK - 1)) }
+    }
+
     // Inlined into the hit path (a call here cost ~25 instructions per op); the shared slot's
     // locked list stays out of line.
     #[inline(always)]
-    fn with_free<R>(&self, slot: usize, f: impl FnOnce(&mut Vec<u32>) -> R) -> R {
+    fn with_free<R>(&self, slot: usize, f: impl FnOnce(&mut u32) -> R) -> R {
         if slot == 0 {
             self.with_shared(f)
         } else {
@@ -81,26 +114,35 @@ impl Handles {
 
     #[cold]
     #[inline(never)]
-    fn with_shared<R>(&self, f: impl FnOnce(&mut Vec<u32>) -> R) -> R {
+    fn with_shared<R>(&self, f: impl FnOnce(&mut u32) -> R) -> R {
         f(&mut self.shared.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
     /// Issue a handle for `region`. `None` when 4 Mi handles are live at once.
     #[inline]
     pub fn acquire(&self, slot: usize, region: NonNull<Region>) -> Option<u64> {
-        let idx = match self.with_free(slot, |v| v.pop()) {
-            Some(i) => i,
+        let popped = self.with_free(slot, |head| {
+            let idx = *head;
+            if idx == NIL {
+                return None;
+            }
+            let rec = self.own_record(idx);
+            *head = rec.next.load(Ordering::Relaxed);
+            Some((idx, rec))
+        });
+        let (idx, rec) = match popped {
+            Some(p) => p,
             None => self.refill(slot)?,
         };
-        let rec = self.record(idx)?;
         let gen = rec.gen.load(Ordering::Relaxed).wrapping_add(1); // even -> odd: live
         rec.region.store(region.as_ptr(), Ordering::Relaxed);
         rec.gen.store(gen, Ordering::Release);
         Some(((gen as u64) << 32) | (idx as u64 + 1))
     }
 
+    /// Take BATCH fresh records: return the first, put the rest on `slot`'s (empty) list.
     #[cold]
-    fn refill(&self, slot: usize) -> Option<u32> {
+    fn refill(&self, slot: usize) -> Option<(u32, &Record)> {
         let base = self.next.fetch_add(BATCH, Ordering::Relaxed);
         if base as usize + BATCH as usize > CHUNK * MAX_CHUNKS {
             self.next.fetch_sub(BATCH, Ordering::Relaxed);
@@ -114,8 +156,17 @@ impl Handles {
                 c.store(Box::into_raw(chunk) as *mut Record, Ordering::Release);
             }
         }
-        self.with_free(slot, |v| v.extend((base + 1..base + BATCH).rev()));
-        Some(base)
+        for i in base + 1..base + BATCH - 1 {
+            self.own_record(i).next.store(i + 1, Ordering::Relaxed);
+        }
+        self.with_free(slot, |head| {
+            // Another thread may have used the shared list meanwhile: chain its rest behind ours.
+            self.own_record(base + BATCH - 1)
+                .next
+                .store(*head, Ordering::Relaxed);
+            *head = base + 1;
+        });
+        Some((base, self.own_record(base)))
     }
 
     /// Retire `handle`; returns its region, or `None` if the handle is not live.
@@ -138,7 +189,10 @@ impl Handles {
             .ok()?;
         // The record cannot be reissued before we put it back on a free list below.
         let region = NonNull::new(rec.region.load(Ordering::Relaxed));
-        self.with_free(slot, |v| v.push(idx));
+        self.with_free(slot, |head| {
+            rec.next.store(*head, Ordering::Relaxed);
+            *head = idx;
+        });
         region
     }
 
@@ -190,6 +244,33 @@ mod tests {
         assert_eq!(h.release(1, a), None);
         assert_eq!(h.release(2, c), Some(fake(3)), "release from another slot");
         assert_eq!(h.release(1, b), Some(fake(2)));
+    }
+
+    #[test]
+    fn free_lists_hand_out_each_record_once() {
+        let h = Handles::new();
+        let live_idx = |hs: &[u64]| {
+            let mut v: Vec<u32> = hs.iter().map(|&x| x as u32).collect();
+            v.sort_unstable();
+            v.dedup();
+            v.len()
+        };
+        // Several refills on slot 1, released through slot 2 and the shared slot, then taken
+        // again from all three lists at once: every live handle must own a distinct record.
+        let first: Vec<u64> = (0..1000)
+            .map(|i| h.acquire(1, fake(i + 1)).unwrap())
+            .collect();
+        assert_eq!(live_idx(&first), 1000);
+        for (i, &x) in first.iter().enumerate() {
+            assert!(h.release(if i % 3 == 0 { 0 } else { 2 }, x).is_some());
+        }
+        let again: Vec<u64> = (0..3000)
+            .map(|i| h.acquire(i % 3, fake(i + 1)).unwrap())
+            .collect();
+        assert_eq!(live_idx(&again), 3000, "a record was handed out twice");
+        for (i, &x) in again.iter().enumerate() {
+            assert_eq!(h.release(2, x), Some(fake(i + 1)));
+        }
     }
 
     #[test]
