@@ -287,10 +287,13 @@ fn timed<C: RegCache>(
     Ok(row)
 }
 
-/// Miss rows: raw backend, ours with nothing kept, UCX with every region invalidated.
+/// Miss rows: raw backend, ours with nothing kept, ours full and evicting, UCX with every region
+/// invalidated.
 fn miss_rows(backend: &Arc<dyn Pinner>, quick: bool) -> Result<Vec<miss::MissRow>, String> {
     let rounds = if quick { 9 } else { 40 };
-    let arena = Arena::new(MISS_SIZES.iter().sum(), true);
+    // Each size twice: the evicting row alternates between two ranges.
+    let total: usize = MISS_SIZES.iter().sum();
+    let arena = Arena::new(2 * total, true);
     let mut rows = Vec::new();
     let mut offset = 0;
     for &size in &MISS_SIZES {
@@ -301,6 +304,7 @@ fn miss_rows(backend: &Arc<dyn Pinner>, quick: bool) -> Result<Vec<miss::MissRow
         eprintln!("miss: {size} B, {rounds} rounds of {per_batch} ops");
         let raw_b = CountingBackend::new(backend.clone());
         let ours_b = CountingBackend::new(backend.clone());
+        let lru_b = CountingBackend::new(backend.clone());
         let ucx_b = CountingBackend::new(backend.clone());
         let ours = Ours::new(
             ours_b.clone(),
@@ -309,12 +313,20 @@ fn miss_rows(backend: &Arc<dyn Pinner>, quick: bool) -> Result<Vec<miss::MissRow
                 max_regions: 0,
             },
         );
+        let one = Ours::new(
+            lru_b.clone(),
+            Limits {
+                max_pinned: usize::MAX,
+                max_regions: 1,
+            },
+        );
         let ucx = Ucx::new(ucx_b.clone(), 0)?;
         let (raw_op, ours_op, ucx_op) = (
             miss::Raw(&raw_b),
             miss::Uncached(&ours),
             miss::UcxInvalidated(&ucx),
         );
+        let lru_op = miss::Evicting(&one);
         let contenders = [
             miss::Contender {
                 op: &raw_op,
@@ -325,11 +337,21 @@ fn miss_rows(backend: &Arc<dyn Pinner>, quick: bool) -> Result<Vec<miss::MissRow
                 backend: &ours_b,
             },
             miss::Contender {
+                op: &lru_op,
+                backend: &lru_b,
+            },
+            miss::Contender {
                 op: &ucx_op,
                 backend: &ucx_b,
             },
         ];
-        rows.extend(miss::run(&contenders, addr, size, per_batch, rounds));
+        rows.extend(miss::run(
+            &contenders,
+            [addr, addr + total],
+            size,
+            per_batch,
+            rounds,
+        ));
     }
     Ok(rows)
 }

@@ -68,6 +68,27 @@ impl<C: RegCache> MissOp for Uncached<'_, C> {
     }
 }
 
+/// A cache that keeps one region (ours: `max_regions = 1`). Ops alternate between two ranges
+/// (see `run`), so every op misses, pins and inserts its range, and evicts (unpins) the other
+/// one: the steady state of a full cache. This row includes the index insert and the eviction,
+/// which `Uncached` (nothing ever enters the index) does not.
+pub struct Evicting<'a, C: RegCache>(pub &'a C);
+
+impl<C: RegCache> MissOp for Evicting<'_, C> {
+    fn name(&self) -> &'static str {
+        "ours-lru"
+    }
+    fn op(&self, addr: usize, len: usize) -> bool {
+        match self.0.get(addr, len) {
+            Some(h) => {
+                self.0.put(h);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
 /// UCX's cache with each region invalidated while held, so the put unregisters it.
 pub struct UcxInvalidated<'a>(pub &'a crate::ucx::Ucx);
 
@@ -93,11 +114,13 @@ pub struct Contender<'a> {
     pub backend: &'a CountingBackend,
 }
 
-/// `rounds` rounds; in each, every contender runs `per_batch` ops on the same `addr..addr+len`.
-/// The order rotates per round. The first contender must be "raw" (the reference).
+/// `rounds` rounds; in each, every contender runs `per_batch` ops of `len` bytes, alternating
+/// between `addrs[0]` and `addrs[1]` (the same sequence for everyone, so the backend sees the same
+/// pages whoever calls it). The order rotates per round. The first contender must be "raw" (the
+/// reference).
 pub fn run(
     contenders: &[Contender<'_>],
-    addr: usize,
+    addrs: [usize; 2],
     len: usize,
     per_batch: usize,
     rounds: usize,
@@ -108,7 +131,8 @@ pub fn run(
     let mut failed = vec![false; k];
     // Warm-up: one untimed op each (first-time costs: page tables, tree nodes, lazy init).
     for c in contenders {
-        c.op.op(addr, len);
+        c.op.op(addrs[0], len);
+        c.op.op(addrs[1], len);
     }
     for round in 0..rounds {
         for j in 0..k {
@@ -116,8 +140,8 @@ pub fn run(
             let c = &contenders[i];
             let before = c.backend.pins().min(c.backend.unpins());
             let t0 = Instant::now();
-            for _ in 0..per_batch {
-                failed[i] |= !c.op.op(addr, len);
+            for k in 0..per_batch {
+                failed[i] |= !c.op.op(addrs[k & 1], len);
             }
             samples[i].push(t0.elapsed().as_nanos() as f64 / per_batch as f64);
             // A miss counts once it was pinned *and* unpinned (lazy unpin may trail by one op).

@@ -96,12 +96,12 @@ pub fn miss_table(rows: &[MissRow]) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "     size  impl   #iterations  t_mean[ns]  t_p50[ns]  t_p99[ns]  pins/op  overhead[%]"
+        "     size  impl      #iterations  t_mean[ns]  t_p50[ns]  t_p99[ns]  pins/op  overhead[%]"
     );
     for r in rows {
         let _ = writeln!(
             s,
-            " {:>8}  {:<5} {:>12}  {:>10.0}  {:>9.0}  {:>9.0}  {:>7.2}  {:>+11.1}",
+            " {:>8}  {:<8} {:>12}  {:>10.0}  {:>9.0}  {:>9.0}  {:>7.2}  {:>+11.1}",
             size_name(r.size),
             r.imp,
             r.iterations,

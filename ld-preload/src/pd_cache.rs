@@ -83,6 +83,7 @@ static RETIRED: Mutex<Stats> = Mutex::new(Stats {
     in_use: 0,
     pin_retries: 0,
     pin_failures: 0,
+    uncached: 0,
 });
 
 fn pds() -> MutexGuard<'static, Option<PdMap>> {

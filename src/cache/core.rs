@@ -42,9 +42,16 @@ struct SlowCounters {
     misses: AtomicU64,
     evictions: AtomicU64,
     invalidations: AtomicU64,
+    /// Pinned bytes and regions that count against the bounds: everything that was cached
+    /// (indexed now, or detached and still held). `uncached_*` below count the rest.
     pinned_bytes: AtomicU64,
     pinned_peak: AtomicU64,
     regions: AtomicU64,
+    /// Registrations handed out uncached (no room in the cache) and still held.
+    uncached_bytes: AtomicU64,
+    uncached_regions: AtomicU64,
+    /// Registrations ever handed out uncached.
+    uncached_total: AtomicU64,
     pin_retries: AtomicU64,
     pin_failures: AtomicU64,
 }
@@ -94,9 +101,11 @@ enum Fast {
 /// What the cache mutex guards.
 struct WriterState {
     limits: Limits,
-    /// Storage for `trim`'s unpin list, kept between calls: a release that trims (every miss
-    /// under tight bounds) then pays no malloc/free pair.
+    /// Storage for the unpin lists of misses and `trim`, kept between calls: a miss or a release
+    /// that trims (every miss under tight bounds) then pays no malloc/free pair.
     spare: Vec<RegionPtr>,
+    /// Storage for a miss's list of overlapping regions.
+    overlaps: Vec<RegionPtr>,
 }
 
 /// Proof that the cache mutex is held.
@@ -189,6 +198,7 @@ impl Cache {
             mutex: Mutex::new(WriterState {
                 limits,
                 spare: Vec::new(),
+                overlaps: Vec::new(),
             }),
             max_pinned: AtomicUsize::new(limits.max_pinned),
             max_request: AtomicUsize::new(max_request(limits.max_pinned, page)),
@@ -371,9 +381,37 @@ impl Cache {
         end: usize,
         access: Access,
     ) -> FhResult<RegionPtr> {
-        let w = self.lock();
-        let mut unpins = Vec::new();
-        self.drain(&w, &mut unpins, None);
+        let mut w = self.lock();
+        // Scratch lists kept in the writer state: a miss then pays no malloc/free pair.
+        let mut unpins = std::mem::take(&mut w.state.spare);
+        let mut overlaps = std::mem::take(&mut w.state.overlaps);
+        let res = self.miss_locked(&w, sid, start, end, access, &mut unpins, &mut overlaps);
+        self.unpin_drain(&mut unpins);
+        overlaps.clear();
+        w.state.spare = unpins;
+        w.state.overlaps = overlaps;
+        drop(w);
+        let (region, watch) = res?;
+        if let (Some(watcher), Some((ts, te))) = (&self.watcher, watch) {
+            watcher.watch(ts, te - ts);
+        }
+        Ok(region)
+    }
+
+    /// The miss proper, cache mutex held. Returns the region and, if it entered the index, the
+    /// range to hand to the watcher. Leaves regions to unpin in `unpins` (the caller unpins them).
+    #[allow(clippy::too_many_arguments)]
+    fn miss_locked(
+        &self,
+        w: &Writer,
+        sid: usize,
+        start: usize,
+        end: usize,
+        access: Access,
+        unpins: &mut Vec<RegionPtr>,
+        overlaps: &mut Vec<RegionPtr>,
+    ) -> FhResult<(RegionPtr, Option<(usize, usize)>)> {
+        self.drain(w, unpins, None);
         if let Some(r) = w.index().lookup(&self.slab, start, end, access) {
             // Only we mutate the index, so the region cannot be detached under us.
             if r.state.fetch_add(1, Ordering::Relaxed) & COUNT_MASK == 0 {
@@ -381,17 +419,15 @@ impl Cache {
             }
             r.touch();
             self.slots[sid].add_hit(sid);
-            let r = NonNull::from(r);
-            self.unpin_all(unpins);
-            return Ok(r);
+            return Ok((NonNull::from(r), None));
         }
         self.c.misses.fetch_add(1, Ordering::Relaxed);
 
         // Target: the union with every overlapping region (their rights too), unless too big.
         let max_pinned = w.state.limits.max_pinned;
-        let overlaps = w.index().overlapping(&self.slab, start, end);
+        w.index().overlapping_into(&self.slab, start, end, overlaps);
         let (mut ts, mut te, mut ta) = (start, end, access);
-        for p in &overlaps {
+        for p in overlaps.iter() {
             // SAFETY: indexed regions are live while we hold the mutex.
             let r = unsafe { p.as_ref() };
             ts = ts.min(r.start);
@@ -401,26 +437,36 @@ impl Cache {
         if te - ts > max_pinned || !self.fits(ts, te) {
             (ts, te, ta) = (start, end, access);
         }
-        {
+        // Readers are excluded only when something must leave the index: with no overlap and an
+        // empty index (e.g. `max_regions = 0`) there is nothing to detach or evict.
+        let room = if overlaps.is_empty() && w.index().is_empty() {
+            self.has_room(w, te - ts, unpins)
+        } else {
             let x = w.exclude();
             // The index stays non-overlapping: old regions leave it (holders keep them).
-            for p in overlaps {
-                self.detach(&x, p, &mut unpins);
+            for p in overlaps.drain(..) {
+                self.detach(&x, p, unpins);
             }
-            self.make_room(&w, &x, te - ts, &mut unpins);
+            self.make_room(w, &x, te - ts, unpins)
+        };
+        // No room even after evicting every idle region (the rest is in use, or the bounds are
+        // zero): the registration is handed out uncached (never indexed, unpinned at its last
+        // release), so the cache itself never exceeds its bounds. Pin only what was asked.
+        let cached = room;
+        if !cached {
+            (ts, te, ta) = (start, end, access);
         }
-        self.unpin_all(unpins);
+        self.unpin_drain(unpins);
 
         self.inflight.set(ts, te);
         let pinned = loop {
             match self.pinner.pin(ts, te - ts, ta) {
                 Ok(p) => break p,
                 Err(PinError::NoMemory(_)) => {
-                    let mut unpins = Vec::new();
                     let victim = {
                         let x = w.exclude();
                         x.index().clock_victim(&self.slab).inspect(|&p| {
-                            self.detach(&x, p, &mut unpins);
+                            self.detach(&x, p, unpins);
                         })
                     };
                     if victim.is_none() {
@@ -430,7 +476,7 @@ impl Cache {
                     }
                     self.c.evictions.fetch_add(1, Ordering::Relaxed);
                     self.c.pin_retries.fetch_add(1, Ordering::Relaxed);
-                    self.unpin_all(unpins);
+                    self.unpin_drain(unpins);
                 }
                 Err(PinError::Failed(_)) if (ts, te, ta) != (start, end, access) => {
                     // The union may cover memory that is gone; the request alone may still pin.
@@ -445,26 +491,30 @@ impl Cache {
             }
         };
         let len = (te - ts) as u64;
-        let bytes = self.c.pinned_bytes.fetch_add(len, Ordering::Relaxed) + len;
-        self.c.pinned_peak.fetch_max(bytes, Ordering::Relaxed);
-        self.c.regions.fetch_add(1, Ordering::Relaxed);
+        self.count_pin(len, cached);
         self.slots[sid].add_in_use(sid, 1);
         let pages = ((te - ts) >> self.shift) as u32;
-        let Some(region) = self.slab.alloc(ts, pages, pinned, ta, 1) else {
+        let state = if cached { 1 } else { 1 | DETACHED };
+        let Some(region) = self.slab.alloc(ts, pages, pinned, ta, state, !cached) else {
             self.inflight.clear();
             self.slots[sid].add_in_use(sid, -1);
             self.pinner.unpin(pinned, ts, te - ts);
-            self.c.pinned_bytes.fetch_sub(len, Ordering::Relaxed);
-            self.c.regions.fetch_sub(1, Ordering::Relaxed);
+            self.count_unpin(len, cached);
             self.c.pin_failures.fetch_add(1, Ordering::Relaxed);
             return Err(fh_status::FH_ERR_NO_MEMORY);
         };
 
-        let mut unpins = Vec::new();
+        if !cached {
+            // Nobody else can find it, so invalidations need not reach it: its holder's keys
+            // stay valid until the release unpins it.
+            self.inflight.clear();
+            self.c.uncached_total.fetch_add(1, Ordering::Relaxed);
+            return Ok((region, None));
+        }
         {
             // Invalidations that arrived while pinning may cover the new range: then it is handed
             // to this caller only (detached), never cached.
-            let hit = self.drain(&w, &mut unpins, Some((ts, te)));
+            let hit = self.drain(w, unpins, Some((ts, te)));
             let x = w.exclude();
             if hit {
                 // SAFETY: we own the only reference to the new region.
@@ -477,16 +527,33 @@ impl Cache {
             }
         }
         self.inflight.clear();
-        self.unpin_all(unpins);
-        drop(w);
-        if let Some(watch) = &self.watcher {
-            watch.watch(ts, te - ts);
-        }
-        Ok(region)
+        Ok((region, Some((ts, te))))
+    }
+
+    /// Whether `extra` more bytes (and, if `extra > 0`, one more region) fit the bounds without
+    /// evicting, once the regions in `unpins` are gone.
+    fn has_room(&self, w: &Writer, extra: usize, unpins: &[RegionPtr]) -> bool {
+        let limits = w.state.limits;
+        let going: usize = unpins
+            .iter()
+            // SAFETY: regions queued for unpin are still allocated.
+            .map(|p| self.len_of(unsafe { p.as_ref() }))
+            .sum();
+        let bytes = self.c.pinned_bytes.load(Ordering::Relaxed) as usize - going;
+        let regions = self.c.regions.load(Ordering::Relaxed) as usize - unpins.len();
+        bytes.saturating_add(extra) <= limits.max_pinned
+            && regions.saturating_add((extra > 0) as usize) <= limits.max_regions
     }
 
     /// Evict idle regions (CLOCK order) until `extra` more bytes and one more region fit.
-    fn make_room(&self, w: &Writer, x: &Exclusive, extra: usize, unpins: &mut Vec<RegionPtr>) {
+    /// Returns whether they fit (false: everything left is in use).
+    fn make_room(
+        &self,
+        w: &Writer,
+        x: &Exclusive,
+        extra: usize,
+        unpins: &mut Vec<RegionPtr>,
+    ) -> bool {
         let limits = w.state.limits;
         // What stays pinned once the regions already queued for unpinning are gone.
         let going: usize = unpins
@@ -501,7 +568,7 @@ impl Cache {
             || regions.saturating_add(new_regions) > limits.max_regions
         {
             let Some(p) = x.index().clock_victim(&self.slab) else {
-                return; // everything left is in use: never evicted
+                return false; // everything left is in use: never evicted
             };
             let n = unpins.len();
             self.detach(x, p, unpins);
@@ -511,6 +578,7 @@ impl Cache {
             regions -= 1;
             self.c.evictions.fetch_add(1, Ordering::Relaxed);
         }
+        true
     }
 
     /// Remove `p` from the index; if idle, queue it for unpinning (else its last holder unpins).
@@ -560,8 +628,13 @@ impl Cache {
         extra_hit
     }
 
-    fn unpin_all(&self, unpins: Vec<RegionPtr>) {
-        for p in unpins {
+    fn unpin_all(&self, mut unpins: Vec<RegionPtr>) {
+        self.unpin_drain(&mut unpins);
+    }
+
+    /// Unpin everything in `unpins`, leaving it empty (its capacity is kept for reuse).
+    fn unpin_drain(&self, unpins: &mut Vec<RegionPtr>) {
+        for p in unpins.drain(..) {
             self.unpin_free(p);
         }
     }
@@ -572,10 +645,33 @@ impl Cache {
         // SAFETY: `p` is detached with zero holders, so we hold the only reference.
         let r = unsafe { p.as_ref() };
         let len = self.len_of(r);
+        let cached = !r.uncached;
         self.pinner.unpin(r.pinned, r.start, len);
         self.slab.free(p);
-        self.c.pinned_bytes.fetch_sub(len as u64, Ordering::Relaxed);
-        self.c.regions.fetch_sub(1, Ordering::Relaxed);
+        self.count_unpin(len as u64, cached);
+    }
+
+    fn count_pin(&self, len: u64, cached: bool) {
+        let (bytes, regions) = if cached {
+            (&self.c.pinned_bytes, &self.c.regions)
+        } else {
+            (&self.c.uncached_bytes, &self.c.uncached_regions)
+        };
+        bytes.fetch_add(len, Ordering::Relaxed);
+        regions.fetch_add(1, Ordering::Relaxed);
+        let total = self.c.pinned_bytes.load(Ordering::Relaxed)
+            + self.c.uncached_bytes.load(Ordering::Relaxed);
+        self.c.pinned_peak.fetch_max(total, Ordering::Relaxed);
+    }
+
+    fn count_unpin(&self, len: u64, cached: bool) {
+        let (bytes, regions) = if cached {
+            (&self.c.pinned_bytes, &self.c.regions)
+        } else {
+            (&self.c.uncached_bytes, &self.c.uncached_regions)
+        };
+        bytes.fetch_sub(len, Ordering::Relaxed);
+        regions.fetch_sub(1, Ordering::Relaxed);
     }
 
     /// Drop one reference; the last holder of a detached region unpins it.
@@ -606,9 +702,7 @@ impl Cache {
             let x = w.exclude();
             self.make_room(&w, &x, 0, &mut unpins);
         }
-        for p in unpins.drain(..) {
-            self.unpin_free(p);
-        }
+        self.unpin_drain(&mut unpins);
         w.state.spare = unpins;
     }
 
@@ -711,12 +805,14 @@ impl Cache {
             misses: c.misses.load(Ordering::Relaxed),
             evictions: c.evictions.load(Ordering::Relaxed),
             invalidations: c.invalidations.load(Ordering::Relaxed),
-            pinned_bytes: c.pinned_bytes.load(Ordering::Relaxed),
+            pinned_bytes: c.pinned_bytes.load(Ordering::Relaxed)
+                + c.uncached_bytes.load(Ordering::Relaxed),
             pinned_peak: c.pinned_peak.load(Ordering::Relaxed),
-            regions: c.regions.load(Ordering::Relaxed),
+            regions: c.regions.load(Ordering::Relaxed) + c.uncached_regions.load(Ordering::Relaxed),
             in_use: in_use.max(0) as u64,
             pin_retries: c.pin_retries.load(Ordering::Relaxed),
             pin_failures: c.pin_failures.load(Ordering::Relaxed),
+            uncached: c.uncached_total.load(Ordering::Relaxed),
         }
     }
 

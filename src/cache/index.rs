@@ -59,11 +59,26 @@ impl Index {
         (end <= r.end(self.shift) && r.access().covers(access)).then_some(r)
     }
 
+    pub fn is_empty(&self) -> bool {
+        self.sorted.is_empty()
+    }
+
     /// Every indexed region overlapping `[start, end)`, in address order.
     pub fn overlapping(&self, slab: &Slab, start: usize, end: usize) -> Vec<RegionPtr> {
         let mut out = Vec::new();
-        self.for_each_overlapping(slab, start, end, |p| out.push(p));
+        self.overlapping_into(slab, start, end, &mut out);
         out
+    }
+
+    /// `overlapping`, appended to `out` (lets the miss path reuse one list).
+    pub fn overlapping_into(
+        &self,
+        slab: &Slab,
+        start: usize,
+        end: usize,
+        out: &mut Vec<RegionPtr>,
+    ) {
+        self.for_each_overlapping(slab, start, end, |p| out.push(p));
     }
 
     /// True if some indexed region overlaps `[start, end)`. Allocation-free (used from hooks).

@@ -21,12 +21,17 @@ impl Inflight {
         }
     }
 
-    /// Writer only (cache mutex held).
+    /// Writer only (cache mutex held, so `seq` has one writer and plain stores suffice). A
+    /// seqlock write, then one full fence: the range is visible to every hook before the caller
+    /// goes on to pin (or, for `clear`, to publish the pinned region in the index).
     pub fn set(&self, start: usize, end: usize) {
-        self.seq.fetch_add(1, Ordering::SeqCst); // odd: writing
-        self.start.store(start, Ordering::SeqCst);
-        self.end.store(end, Ordering::SeqCst);
-        self.seq.fetch_add(1, Ordering::SeqCst);
+        let seq = self.seq.load(Ordering::Relaxed);
+        self.seq.store(seq.wrapping_add(1), Ordering::Relaxed); // odd: writing
+        fence(Ordering::Release); // the odd value is visible before either bound changes
+        self.start.store(start, Ordering::Relaxed);
+        self.end.store(end, Ordering::Relaxed);
+        self.seq.store(seq.wrapping_add(2), Ordering::Release);
+        fence(Ordering::SeqCst);
     }
 
     pub fn clear(&self) {
@@ -35,16 +40,17 @@ impl Inflight {
 
     /// Hook-safe. True if `[start, end)` overlaps the in-flight range, or on a torn read.
     pub fn overlaps(&self, start: usize, end: usize) -> bool {
-        let s1 = self.seq.load(Ordering::SeqCst);
+        fence(Ordering::SeqCst); // pairs with the fence in `set` (the caller's unmap came first)
+        let s1 = self.seq.load(Ordering::Acquire);
         if s1 & 1 == 1 {
             return true;
         }
         let (a, b) = (
-            self.start.load(Ordering::SeqCst),
-            self.end.load(Ordering::SeqCst),
+            self.start.load(Ordering::Relaxed),
+            self.end.load(Ordering::Relaxed),
         );
-        fence(Ordering::SeqCst);
-        if self.seq.load(Ordering::SeqCst) != s1 {
+        fence(Ordering::Acquire);
+        if self.seq.load(Ordering::Relaxed) != s1 {
             return true;
         }
         a < end && start < b

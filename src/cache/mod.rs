@@ -56,6 +56,9 @@ pub struct Stats {
     pub in_use: u64,
     pub pin_retries: u64,
     pub pin_failures: u64,
+    /// Registrations handed out uncached because the cache had no room (bounds reached with
+    /// everything else in use, or zero bounds): pinned for their holder, unpinned at release.
+    pub uncached: u64,
 }
 
 /// Told about every newly pinned range, so a monitor can start watching it (e.g. userfaultfd

@@ -35,6 +35,9 @@ pub struct Region {
     /// CLOCK "recently used" bit: set by hits only when clear (so a hot hit does not keep writing
     /// the line), cleared by the eviction hand.
     pub referenced: AtomicBool,
+    /// Handed out without ever entering the index (the cache had no room): counted apart from the
+    /// cache's bounds. Fixed for the record's life.
+    pub uncached: bool,
 }
 
 const _: () = assert!(std::mem::size_of::<Region>() <= 40);

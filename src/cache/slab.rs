@@ -84,14 +84,16 @@ impl Slab {
         self.len.load(Ordering::Acquire)
     }
 
-    /// A new record holding one region with `holders` holders. `None` when ~4 Mi exist.
+    /// A new record holding one region whose `state` is `state` (holders, maybe DETACHED).
+    /// `None` when ~4 Mi exist.
     pub fn alloc(
         &self,
         start: usize,
         pages: u32,
         pinned: Pinned,
         access: Access,
-        holders: u32,
+        state: u32,
+        uncached: bool,
     ) -> Option<NonNull<Region>> {
         let mut a = self.alloc.lock().unwrap_or_else(|e| e.into_inner());
         let id = match a.free.pop() {
@@ -119,10 +121,11 @@ impl Slab {
                 start,
                 pinned,
                 pages,
-                state: AtomicU32::new(holders),
+                state: AtomicU32::new(state),
                 id,
                 access: access.0 as u8,
                 referenced: AtomicBool::new(true),
+                uncached,
             })
         };
         NonNull::new(p)
@@ -155,6 +158,7 @@ fn free_record() -> Region {
         id: 0,
         access: 0,
         referenced: AtomicBool::new(false),
+        uncached: false,
     }
 }
 
@@ -202,7 +206,7 @@ mod tests {
             rkey: 3,
         };
         let ps: Vec<_> = (0..3000)
-            .map(|i| s.alloc(i * 4096, 1, pin, Access(1), 0).unwrap())
+            .map(|i| s.alloc(i * 4096, 1, pin, Access(1), 0, false).unwrap())
             .collect();
         assert_eq!(s.high_water(), 3000);
         let a = ps[1500];
@@ -211,7 +215,7 @@ mod tests {
         assert_eq!(s.get(id).start, 1500 * 4096);
         s.free(a);
         assert_eq!(s.get(id).state.load(Ordering::Relaxed), FREE);
-        let b = s.alloc(77, 2, pin, Access(4), 1).unwrap();
+        let b = s.alloc(77, 2, pin, Access(4), 1, false).unwrap();
         assert_eq!(b, a, "freed record reused in place");
         assert_eq!(s.get(id).start, 77);
         assert_eq!(s.high_water(), 3000);

@@ -146,6 +146,10 @@ impl Sorted {
         Some(id)
     }
 
+    pub fn is_empty(&self) -> bool {
+        self.blocks.is_empty()
+    }
+
     #[cfg(test)]
     pub fn len(&self) -> usize {
         self.blocks.iter().map(|b| b.keys.len()).sum()

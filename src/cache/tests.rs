@@ -216,7 +216,9 @@ fn release_after_overcommit_keeps_the_last_ones_cached() {
     }
     let s = c.stats();
     assert_eq!(s.regions, 3, "the three cached ones stay");
-    assert_eq!(s.evictions, s.misses - s.regions);
+    // 8 held with room for 3: the other 5 went out uncached and were unpinned at release.
+    assert_eq!(s.uncached, 5);
+    assert_eq!(s.evictions + s.uncached, s.misses - s.regions);
     c.set_limits(Limits {
         max_pinned: 64 << 20,
         max_regions: 1,
@@ -224,4 +226,45 @@ fn release_after_overcommit_keeps_the_last_ones_cached() {
     assert_eq!(c.stats().regions, 1);
     assert_eq!(pin.live_count(), 1);
     assert_eq!(pin.bad_unpins(), 0);
+}
+
+#[test]
+/// With no room (zero bounds here), a registration is pinned for its holder only: never indexed,
+/// so a second request for the same range pins again, and the release unpins at once.
+fn no_room_hands_out_uncached_registrations() {
+    let (pin, c) = cache(1 << 30, 0);
+    let a = c.register(4 * P, P, RW).unwrap();
+    let b = c.register(4 * P, P, RW).unwrap();
+    assert_ne!(a.lkey, b.lkey, "an uncached region is never hit");
+    let s = c.stats();
+    assert_eq!((s.hits, s.misses, s.uncached), (0, 2, 2));
+    assert_eq!((s.regions, s.in_use, s.pinned_bytes), (2, 2, 2 * P as u64));
+    // Invalidation while held: the holder's keys stay pinned until its release.
+    c.invalidate(4 * P, P);
+    assert_eq!(pin.live_count(), 2);
+    c.deregister(a.handle).unwrap();
+    assert_eq!(
+        pin.live_count(),
+        1,
+        "unpinned at its release, no trim needed"
+    );
+    c.deregister(b.handle).unwrap();
+    let s = c.stats();
+    assert_eq!(
+        (s.regions, s.in_use, s.pinned_bytes, s.evictions),
+        (0, 0, 0, 0)
+    );
+    assert_eq!(s.pinned_peak, 2 * P as u64);
+    assert_eq!(pin.live_count(), 0);
+    assert_eq!(pin.bad_unpins(), 0);
+    // Raising the bound makes the same range cacheable again.
+    c.set_limits(Limits {
+        max_pinned: 1 << 30,
+        max_regions: 1,
+    });
+    let d = c.register(4 * P, P, RW).unwrap();
+    c.deregister(d.handle).unwrap();
+    let e = c.register(4 * P, P, RW).unwrap();
+    assert_eq!(e.lkey, d.lkey, "cached once there is room");
+    c.deregister(e.handle).unwrap();
 }

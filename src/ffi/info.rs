@@ -115,6 +115,11 @@ pub(crate) fn render(c: &fh_cache) -> String {
         "#   dropped:       {} evictions, {} invalidations, {} pin retries, {} pin failures",
         s.evictions, s.invalidations, s.pin_retries, s.pin_failures
     );
+    let _ = writeln!(
+        o,
+        "#   uncached:      {} registrations (no room: bounds reached, the rest in use)",
+        s.uncached
+    );
     o
 }
 
