@@ -10,7 +10,7 @@
 //! strace -c -f target/release/examples/miss_profile 100000 mlock
 //! ```
 //!
-//! Usage: `miss_profile [N] [null|mlock] [lru|raw]`. Backend `null` (default) pins nothing, so
+//! Usage: `miss_profile [N] [null|mlock] [lru|raw] [BYTES]`. Backend `null` (default) pins nothing, so
 //! only the cache's bookkeeping runs; `raw` calls the backend directly (the same two alternating
 //! ranges as `lru`), the reference for the cache's overhead.
 use std::sync::Arc;
@@ -47,21 +47,22 @@ fn main() {
     };
     let mode = args.get(2).map(String::as_str).unwrap_or("");
     let lru = mode == "lru" || mode == "raw";
+    let size: usize = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(4096);
     let limits = Limits {
         max_pinned: 1 << 30,
         max_regions: lru as usize,
     };
     let cache = Cache::new(pinner.clone(), limits, None);
-    let buf = vec![1u8; 1 << 16];
+    let buf = vec![1u8; 2 * size + 8192];
     let base = (buf.as_ptr() as usize + 4095) & !4095;
-    let addrs = [base, if lru { base + 8192 } else { base }];
+    let addrs = [base, if lru { base + size + 4096 } else { base }];
     let access = Access(Access::LOCAL_WRITE.0 | Access::REMOTE_WRITE.0 | Access::REMOTE_READ.0);
     if mode == "raw" {
         let t = std::time::Instant::now();
         for i in 0..n {
             let a = std::hint::black_box(addrs[i & 1]);
-            let p = pinner.pin(a, 4096, access).expect("pin");
-            pinner.unpin(p, a, 4096);
+            let p = pinner.pin(a, size, access).expect("pin");
+            pinner.unpin(p, a, size);
         }
         let ns = t.elapsed().as_nanos() as f64 / n as f64;
         eprintln!("{ns:.1} ns per pin+unpin (raw backend)");
@@ -70,7 +71,7 @@ fn main() {
     let t = std::time::Instant::now();
     for i in 0..n {
         let r = cache
-            .register(std::hint::black_box(addrs[i & 1]), 4096, access)
+            .register(std::hint::black_box(addrs[i & 1]), size, access)
             .expect("miss");
         cache
             .deregister(std::hint::black_box(r.handle))

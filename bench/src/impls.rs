@@ -14,6 +14,8 @@ pub trait RegCache: Send + Sync {
     fn get(&self, addr: usize, len: usize) -> Option<u64>;
     /// Release one `get`.
     fn put(&self, handle: u64);
+    /// Unpin every idle cached region (untimed housekeeping between measurements).
+    fn flush(&self) {}
 }
 
 /// What both caches are asked for: a local-write + remote read/write registration
@@ -48,6 +50,9 @@ impl RegCache for Ours {
     #[inline]
     fn put(&self, handle: u64) {
         let _ = self.cache.deregister(handle);
+    }
+    fn flush(&self) {
+        self.cache.flush();
     }
 }
 

@@ -287,8 +287,8 @@ fn timed<C: RegCache>(
     Ok(row)
 }
 
-/// Miss rows: raw backend, ours with nothing kept, ours full and evicting, UCX with every region
-/// invalidated.
+/// Miss rows: raw backend, ours with nothing kept, raw in the evicting order, ours full and
+/// evicting (against raw-lru), UCX with every region invalidated.
 fn miss_rows(backend: &Arc<dyn Pinner>, quick: bool) -> Result<Vec<miss::MissRow>, String> {
     let rounds = if quick { 9 } else { 40 };
     // Each size twice: the evicting row alternates between two ranges.
@@ -305,6 +305,7 @@ fn miss_rows(backend: &Arc<dyn Pinner>, quick: bool) -> Result<Vec<miss::MissRow
         let raw_b = CountingBackend::new(backend.clone());
         let ours_b = CountingBackend::new(backend.clone());
         let lru_b = CountingBackend::new(backend.clone());
+        let raw_lru_b = CountingBackend::new(backend.clone());
         let ucx_b = CountingBackend::new(backend.clone());
         let ours = Ours::new(
             ours_b.clone(),
@@ -327,22 +328,35 @@ fn miss_rows(backend: &Arc<dyn Pinner>, quick: bool) -> Result<Vec<miss::MissRow
             miss::UcxInvalidated(&ucx),
         );
         let lru_op = miss::Evicting(&one);
+        let raw_lru_op = miss::RawEvicting {
+            backend: &raw_lru_b,
+            held: std::cell::Cell::new(None),
+        };
         let contenders = [
             miss::Contender {
                 op: &raw_op,
                 backend: &raw_b,
+                reference: 0,
             },
             miss::Contender {
                 op: &ours_op,
                 backend: &ours_b,
+                reference: 0,
+            },
+            miss::Contender {
+                op: &raw_lru_op,
+                backend: &raw_lru_b,
+                reference: 0,
             },
             miss::Contender {
                 op: &lru_op,
                 backend: &lru_b,
+                reference: 2,
             },
             miss::Contender {
                 op: &ucx_op,
                 backend: &ucx_b,
+                reference: 0,
             },
         ];
         rows.extend(miss::run(

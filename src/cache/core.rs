@@ -23,11 +23,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::handles::Handles;
 use super::index::{Index, RegionPtr};
-use super::inflight::Inflight;
 use super::inval_queue::InvalQueue;
 use super::membarrier;
 use super::readers::{my_slot, ReaderSlot, SLOTS};
-use super::region::{Region, COUNT_MASK, DETACHED};
+use super::region::{Region, COUNT_MASK, DETACHED, PENDING};
 use super::slab::Slab;
 use super::{Limits, RangeWatcher, Registration, Stats};
 use crate::pin::{Access, PinError, Pinner};
@@ -70,7 +69,6 @@ pub struct Cache {
     queue: Padded<InvalQueue>,
     /// Set when a hook found the ring full: the next drain invalidates everything.
     overflow: Padded<AtomicBool>,
-    inflight: Inflight,
     index: UnsafeCell<Index>,
     /// Region records (ids are what the index stores).
     slab: Slab,
@@ -192,7 +190,6 @@ impl Cache {
             joined: Padded((AtomicUsize::new(0), AtomicUsize::new(0))),
             queue: Padded(InvalQueue::new()),
             overflow: Padded(AtomicBool::new(false)),
-            inflight: Inflight::new(),
             index: UnsafeCell::new(Index::new(page.trailing_zeros())),
             slab: Slab::new(),
             mutex: Mutex::new(WriterState {
@@ -327,7 +324,14 @@ impl Cache {
         let index = unsafe { &*self.index.get() };
         let res = match index.lookup(&self.slab, start, end, access) {
             Some(r) => {
-                let prev = r.state.fetch_add(1, Ordering::Relaxed);
+                // Acquire: pairs with `publish`, so the keys stored before it are visible.
+                let prev = r.state.fetch_add(1, Ordering::Acquire);
+                if prev & PENDING != 0 {
+                    // A miss is still pinning it (and holds the mutex the slow path waits on).
+                    r.state.fetch_sub(1, Ordering::Relaxed);
+                    slot.exit(sid);
+                    return Fast::Miss;
+                }
                 if prev & COUNT_MASK == 0 {
                     slot.add_in_use(sid, 1);
                 }
@@ -354,7 +358,7 @@ impl Cache {
         match self.handles.acquire(sid, r) {
             Some(handle) => {
                 // SAFETY: we hold a reference count on `r`, so it is live.
-                let p = unsafe { r.as_ref() }.pinned;
+                let p = unsafe { r.as_ref() }.pinned();
                 Ok(Registration {
                     handle,
                     addr,
@@ -400,6 +404,11 @@ impl Cache {
 
     /// The miss proper, cache mutex held. Returns the region and, if it entered the index, the
     /// range to hand to the watcher. Leaves regions to unpin in `unpins` (the caller unpins them).
+    ///
+    /// A cached miss excludes readers once: to detach overlapping regions, evict, and insert the
+    /// new region as PENDING, all before pinning. While it pins, hooks find the range in the index
+    /// (so an invalidation of it is queued, and drained before any later lookup) and readers that
+    /// find it treat it as a miss. Storing the keys and clearing PENDING needs no exclusion.
     #[allow(clippy::too_many_arguments)]
     fn miss_locked(
         &self,
@@ -411,9 +420,10 @@ impl Cache {
         unpins: &mut Vec<RegionPtr>,
         overlaps: &mut Vec<RegionPtr>,
     ) -> FhResult<(RegionPtr, Option<(usize, usize)>)> {
-        self.drain(w, unpins, None);
+        self.drain(w, unpins);
         if let Some(r) = w.index().lookup(&self.slab, start, end, access) {
-            // Only we mutate the index, so the region cannot be detached under us.
+            // Only we mutate the index, so the region cannot be detached under us (and only a
+            // miss holding the mutex leaves a region PENDING).
             if r.state.fetch_add(1, Ordering::Relaxed) & COUNT_MASK == 0 {
                 self.slots[sid].add_in_use(sid, 1);
             }
@@ -437,40 +447,47 @@ impl Cache {
         if te - ts > max_pinned || !self.fits(ts, te) {
             (ts, te, ta) = (start, end, access);
         }
-        // Readers are excluded only when something must leave the index: with no overlap and an
-        // empty index (e.g. `max_regions = 0`) there is nothing to detach or evict.
-        let room = if overlaps.is_empty() && w.index().is_empty() {
-            self.has_room(w, te - ts, unpins)
-        } else {
-            let x = w.exclude();
-            // The index stays non-overlapping: old regions leave it (holders keep them).
-            for p in overlaps.drain(..) {
-                self.detach(&x, p, unpins);
-            }
-            self.make_room(w, &x, te - ts, unpins)
-        };
+        // With no overlap, no room and an empty index (e.g. `max_regions = 0`) nothing can be
+        // detached, evicted or inserted: no exclusion.
+        let pending =
+            if overlaps.is_empty() && w.index().is_empty() && !self.has_room(w, te - ts, unpins) {
+                None
+            } else {
+                let x = w.exclude();
+                // The index stays non-overlapping: old regions leave it (holders keep them).
+                for p in overlaps.drain(..) {
+                    self.detach(&x, p, unpins);
+                }
+                if self.make_room(w, &x, te - ts, unpins) {
+                    Some(self.insert_pending(&x, ts, te, ta)?)
+                } else {
+                    None
+                }
+            };
         // No room even after evicting every idle region (the rest is in use, or the bounds are
         // zero): the registration is handed out uncached (never indexed, unpinned at its last
         // release), so the cache itself never exceeds its bounds. Pin only what was asked.
-        let cached = room;
+        let cached = pending.is_some();
         if !cached {
             (ts, te, ta) = (start, end, access);
         }
+        // Evicted regions go before the new pin (the backend may be at its limit).
         self.unpin_drain(unpins);
 
-        self.inflight.set(ts, te);
+        let mut pending = pending;
         let pinned = loop {
             match self.pinner.pin(ts, te - ts, ta) {
                 Ok(p) => break p,
                 Err(PinError::NoMemory(_)) => {
                     let victim = {
                         let x = w.exclude();
+                        // A PENDING region has a holder (this miss): never a victim.
                         x.index().clock_victim(&self.slab).inspect(|&p| {
                             self.detach(&x, p, unpins);
                         })
                     };
                     if victim.is_none() {
-                        self.inflight.clear();
+                        self.drop_pending(w, pending);
                         self.c.pin_failures.fetch_add(1, Ordering::Relaxed);
                         return Err(fh_status::FH_ERR_NO_MEMORY);
                     }
@@ -481,53 +498,82 @@ impl Cache {
                 Err(PinError::Failed(_)) if (ts, te, ta) != (start, end, access) => {
                     // The union may cover memory that is gone; the request alone may still pin.
                     (ts, te, ta) = (start, end, access);
-                    self.inflight.set(ts, te);
+                    if pending.is_some() {
+                        self.drop_pending(w, pending);
+                        let x = w.exclude();
+                        pending = Some(self.insert_pending(&x, ts, te, ta)?);
+                    }
                 }
                 Err(PinError::Failed(_)) => {
-                    self.inflight.clear();
+                    self.drop_pending(w, pending);
                     self.c.pin_failures.fetch_add(1, Ordering::Relaxed);
                     return Err(fh_status::FH_ERR_PIN_FAILED);
                 }
             }
         };
         let len = (te - ts) as u64;
-        self.count_pin(len, cached);
         self.slots[sid].add_in_use(sid, 1);
-        let pages = ((te - ts) >> self.shift) as u32;
-        let state = if cached { 1 } else { 1 | DETACHED };
-        let Some(region) = self.slab.alloc(ts, pages, pinned, ta, state, !cached) else {
-            self.inflight.clear();
-            self.slots[sid].add_in_use(sid, -1);
-            self.pinner.unpin(pinned, ts, te - ts);
-            self.count_unpin(len, cached);
-            self.c.pin_failures.fetch_add(1, Ordering::Relaxed);
-            return Err(fh_status::FH_ERR_NO_MEMORY);
-        };
-
-        if !cached {
-            // Nobody else can find it, so invalidations need not reach it: its holder's keys
-            // stay valid until the release unpins it.
-            self.inflight.clear();
+        let Some(region) = pending else {
+            // Uncached: nobody else can find it, so invalidations need not reach it; its
+            // holder's keys stay valid until the release unpins it.
+            let pages = ((te - ts) >> self.shift) as u32;
+            let Some(region) = self.slab.alloc(ts, pages, pinned, ta, 1 | DETACHED, true) else {
+                self.slots[sid].add_in_use(sid, -1);
+                self.pinner.unpin(pinned, ts, te - ts);
+                self.c.pin_failures.fetch_add(1, Ordering::Relaxed);
+                return Err(fh_status::FH_ERR_NO_MEMORY);
+            };
+            self.count_pin(len, false);
             self.c.uncached_total.fetch_add(1, Ordering::Relaxed);
             return Ok((region, None));
-        }
+        };
+        self.count_pin(len, true);
+        // SAFETY: the pending region is ours (one holder: this miss) and live.
+        let r = unsafe { region.as_ref() };
+        r.set_pinned(pinned);
+        // An invalidation that arrived while pinning found the range in the index and is queued:
+        // the drain before the next lookup (every lookup drains first) detaches the region. This
+        // caller's keys stay valid until its release either way.
+        r.publish();
+        Ok((region, Some((ts, te))))
+    }
+
+    /// Allocate a region record for `[ts, te)` (one holder, PENDING, placeholder keys) and put it
+    /// in the index.
+    fn insert_pending(
+        &self,
+        x: &Exclusive,
+        ts: usize,
+        te: usize,
+        ta: Access,
+    ) -> FhResult<RegionPtr> {
+        let none = crate::pin::Pinned {
+            token: 0,
+            lkey: 0,
+            rkey: 0,
+        };
+        let pages = ((te - ts) >> self.shift) as u32;
+        let region = self
+            .slab
+            .alloc(ts, pages, none, ta, 1 | PENDING, false)
+            .ok_or(fh_status::FH_ERR_NO_MEMORY)?;
+        x.index().insert(&self.slab, region);
+        Ok(region)
+    }
+
+    /// Undo `insert_pending` after a failed pin (the region may have been detached meanwhile by
+    /// a drain; then it is only freed).
+    fn drop_pending(&self, w: &Writer, pending: Option<RegionPtr>) {
+        let Some(p) = pending else { return };
         {
-            // Invalidations that arrived while pinning may cover the new range: then it is handed
-            // to this caller only (detached), never cached.
-            let hit = self.drain(w, unpins, Some((ts, te)));
             let x = w.exclude();
-            if hit {
-                // SAFETY: we own the only reference to the new region.
-                unsafe { region.as_ref() }
-                    .state
-                    .fetch_or(DETACHED, Ordering::Relaxed);
-                self.c.invalidations.fetch_add(1, Ordering::Relaxed);
-            } else {
-                x.index().insert(&self.slab, region);
+            // SAFETY: ours and live; readers are excluded.
+            if unsafe { p.as_ref() }.is_indexed() {
+                x.index().remove(&self.slab, p);
             }
         }
-        self.inflight.clear();
-        Ok((region, Some((ts, te))))
+        // Nobody else holds it: readers never acquire a PENDING region.
+        self.slab.free(p);
     }
 
     /// Whether `extra` more bytes (and, if `extra > 0`, one more region) fit the bounds without
@@ -593,17 +639,12 @@ impl Cache {
         }
     }
 
-    /// Process queued invalidations. Returns whether any of them overlapped `extra`.
-    fn drain(
-        &self,
-        w: &Writer,
-        unpins: &mut Vec<RegionPtr>,
-        extra: Option<(usize, usize)>,
-    ) -> bool {
+    /// Process queued invalidations: detach every indexed region they overlap (PENDING ones
+    /// included); idle ones are queued in `unpins`.
+    fn drain(&self, w: &Writer, unpins: &mut Vec<RegionPtr>) {
         if !self.pending() {
-            return false;
+            return;
         }
-        let mut extra_hit = false;
         let x = w.exclude();
         let all = self.overflow.0.swap(false, Ordering::SeqCst);
         let mut victims = Vec::new();
@@ -611,11 +652,9 @@ impl Cache {
             if !all {
                 victims.extend(x.index().overlapping(&self.slab, s, e));
             }
-            extra_hit |= extra.is_some_and(|(a, b)| a < e && s < b);
         }
         if all {
             victims = x.index().all(&self.slab);
-            extra_hit |= extra.is_some();
         }
         victims.sort_unstable();
         victims.dedup();
@@ -625,7 +664,6 @@ impl Cache {
         for p in victims {
             self.detach(&x, p, unpins);
         }
-        extra_hit
     }
 
     fn unpin_all(&self, mut unpins: Vec<RegionPtr>) {
@@ -646,7 +684,7 @@ impl Cache {
         let r = unsafe { p.as_ref() };
         let len = self.len_of(r);
         let cached = !r.uncached;
-        self.pinner.unpin(r.pinned, r.start, len);
+        self.pinner.unpin(r.pinned(), r.start, len);
         self.slab.free(p);
         self.count_unpin(len as u64, cached);
     }
@@ -697,7 +735,7 @@ impl Cache {
     fn trim(&self) {
         let mut w = self.lock();
         let mut unpins = std::mem::take(&mut w.state.spare);
-        self.drain(&w, &mut unpins, None);
+        self.drain(&w, &mut unpins);
         {
             let x = w.exclude();
             self.make_room(&w, &x, 0, &mut unpins);
@@ -733,7 +771,7 @@ impl Cache {
     fn drain_now(&self) -> usize {
         let w = self.lock();
         let mut unpins = Vec::new();
-        self.drain(&w, &mut unpins, None);
+        self.drain(&w, &mut unpins);
         let n = unpins.len();
         self.unpin_all(unpins);
         n
@@ -752,12 +790,10 @@ impl Cache {
         }
     }
 
-    /// Filter for `invalidate`: false only when no indexed region and no in-flight pin overlaps.
-    /// Conservative (true) whenever a writer is active.
+    /// Filter for `invalidate`: false only when no indexed region overlaps. A miss that is
+    /// pinning has its region in the index already (PENDING), so its range counts. Conservative
+    /// (true) whenever a writer is active.
     fn may_be_cached(&self, start: usize, end: usize) -> bool {
-        if self.inflight.overlaps(start, end) {
-            return true;
-        }
         // Always the shared slot: a hook may fire on a thread that is itself inside the cache, and
         // exclusive slots do not nest.
         let slot = &self.slots[0];
@@ -769,8 +805,7 @@ impl Cache {
             unsafe { &*self.index.get() }.any_overlapping(&self.slab, start, end)
         };
         slot.exit(0);
-        // A pin may have started after the first check and before we entered.
-        res || self.inflight.overlaps(start, end)
+        res
     }
 
     /// Shrinking evicts idle regions down to the new bounds.
@@ -783,7 +818,7 @@ impl Cache {
         self.max_regions
             .store(limits.max_regions, Ordering::Relaxed);
         let mut unpins = Vec::new();
-        self.drain(&w, &mut unpins, None);
+        self.drain(&w, &mut unpins);
         {
             let x = w.exclude();
             self.make_room(&w, &x, 0, &mut unpins);
@@ -820,7 +855,7 @@ impl Cache {
     pub fn flush(&self) -> usize {
         let w = self.lock();
         let mut unpins = Vec::new();
-        self.drain(&w, &mut unpins, None);
+        self.drain(&w, &mut unpins);
         let drained = unpins.len();
         {
             let x = w.exclude();
@@ -879,7 +914,7 @@ impl Drop for Cache {
             // handle (detached idle ones were already freed), each listed once. The slab frees
             // the records when it drops.
             let r = unsafe { p.as_ref() };
-            self.pinner.unpin(r.pinned, r.start, self.len_of(r));
+            self.pinner.unpin(r.pinned(), r.start, self.len_of(r));
         }
     }
 }

@@ -10,7 +10,6 @@ mod core;
 mod handles;
 mod hash_front;
 mod index;
-mod inflight;
 mod inval_queue;
 mod membarrier;
 mod readers;

@@ -7,7 +7,7 @@
 //! to a record ever overlaps a plain write to it.
 
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU32, Ordering};
 use std::sync::Mutex;
 
 use super::region::{Region, FREE};
@@ -117,16 +117,9 @@ impl Slab {
         // SAFETY: the record is FREE (fresh or from the free list): nobody holds a reference to
         // it, and the alloc mutex serialises writers of FREE records.
         unsafe {
-            p.write(Region {
-                start,
-                pinned,
-                pages,
-                state: AtomicU32::new(state),
-                id,
-                access: access.0 as u8,
-                referenced: AtomicBool::new(true),
-                uncached,
-            })
+            p.write(Region::new(
+                start, pages, pinned, state, id, access, uncached,
+            ))
         };
         NonNull::new(p)
     }
@@ -146,20 +139,12 @@ impl Slab {
 }
 
 fn free_record() -> Region {
-    Region {
-        start: 0,
-        pinned: Pinned {
-            token: 0,
-            lkey: 0,
-            rkey: 0,
-        },
-        pages: 0,
-        state: AtomicU32::new(FREE),
-        id: 0,
-        access: 0,
-        referenced: AtomicBool::new(false),
-        uncached: false,
-    }
+    let none = Pinned {
+        token: 0,
+        lkey: 0,
+        rkey: 0,
+    };
+    Region::new(0, 0, none, FREE, 0, Access(0), false)
 }
 
 impl Drop for Slab {

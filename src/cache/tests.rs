@@ -268,3 +268,110 @@ fn no_room_hands_out_uncached_registrations() {
     assert_eq!(e.lkey, d.lkey, "cached once there is room");
     c.deregister(e.handle).unwrap();
 }
+
+/// What `HookPinner` runs inside one `pin`: (addr, len) of the range just pinned.
+type PinAction = Box<dyn FnOnce(usize, usize) + Send>;
+
+/// The counting double plus a one-shot action run inside `pin`, after the backend pinned: what a
+/// hook on another thread (an unmap) or a concurrent reader can do while a miss is pinning.
+struct HookPinner {
+    inner: CountingPinner,
+    during_pin: std::sync::Mutex<Option<PinAction>>,
+}
+
+impl crate::pin::Pinner for HookPinner {
+    fn pin(
+        &self,
+        addr: usize,
+        len: usize,
+        access: Access,
+    ) -> Result<crate::pin::Pinned, crate::pin::PinError> {
+        let res = self.inner.pin(addr, len, access);
+        let action = self.during_pin.lock().unwrap().take();
+        if let Some(f) = action {
+            f(addr, len);
+        }
+        res
+    }
+    fn unpin(&self, pinned: crate::pin::Pinned, addr: usize, len: usize) {
+        self.inner.unpin(pinned, addr, len)
+    }
+    fn name(&self) -> &'static str {
+        "hook"
+    }
+}
+
+fn hook_cache() -> (Arc<HookPinner>, Arc<Cache>) {
+    let pin = Arc::new(HookPinner {
+        inner: CountingPinner::new(),
+        during_pin: std::sync::Mutex::new(None),
+    });
+    let limits = Limits {
+        max_pinned: 1 << 30,
+        max_regions: 100,
+    };
+    let c = Cache::new(pin.clone(), limits, None);
+    (pin, c)
+}
+
+#[test]
+/// An unmap reported while the miss is pinning (after the backend pinned the old pages) must not
+/// leave the region cached: its caller gets it, the next request pins again.
+fn invalidation_during_the_pin_is_not_lost() {
+    let (pin, c) = hook_cache();
+    let weak = Arc::downgrade(&c);
+    *pin.during_pin.lock().unwrap() = Some(Box::new(move |a, l| {
+        weak.upgrade().unwrap().invalidate(a, l);
+    }));
+    let a = c.register(4 * P, P, RW).unwrap();
+    assert_ne!(a.lkey, 0);
+    let b = c.register(4 * P, P, RW).unwrap();
+    assert_ne!(
+        a.lkey, b.lkey,
+        "a region invalidated mid-pin was cached and hit"
+    );
+    let s = c.stats();
+    assert_eq!((s.hits, s.misses, s.invalidations), (0, 2, 1));
+    c.deregister(a.handle).unwrap();
+    assert_eq!(
+        pin.inner.live_count(),
+        1,
+        "the stale one is unpinned at its release"
+    );
+    c.deregister(b.handle).unwrap();
+    let d = c.register(4 * P, P, RW).unwrap();
+    assert_eq!(d.lkey, b.lkey, "the second one was cached normally");
+    c.deregister(d.handle).unwrap();
+    assert_eq!(pin.inner.bad_unpins(), 0);
+}
+
+#[test]
+/// A reader that finds the region while the miss that created it is still pinning must not get
+/// its placeholder keys: it waits for the miss and then hits the pinned region.
+fn reader_during_the_pin_waits_for_the_keys() {
+    let (pin, c) = hook_cache();
+    let weak = Arc::downgrade(&c);
+    let reader = Arc::new(std::sync::Mutex::new(None));
+    let slot = reader.clone();
+    *pin.during_pin.lock().unwrap() = Some(Box::new(move |a, l| {
+        let c2 = weak.upgrade().unwrap();
+        let h = std::thread::spawn(move || {
+            let r = c2.register(a, l, RW).unwrap();
+            c2.deregister(r.handle).unwrap();
+            r.lkey
+        });
+        // Give the reader time to look the range up while the region is still PENDING.
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        *slot.lock().unwrap() = Some(h);
+    }));
+    let a = c.register(4 * P, P, RW).unwrap();
+    let h = reader.lock().unwrap().take().unwrap();
+    assert_eq!(
+        h.join().unwrap(),
+        a.lkey,
+        "the reader must see the pinned keys"
+    );
+    let s = c.stats();
+    assert_eq!((s.hits, s.misses), (1, 1));
+    c.deregister(a.handle).unwrap();
+}
