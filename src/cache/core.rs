@@ -119,7 +119,9 @@ struct Exclusive<'a> {
 
 impl Drop for Exclusive<'_> {
     fn drop(&mut self) {
-        self.cache.writer.0.store(false, Ordering::SeqCst);
+        // Release: a reader that sees the flag down sees the index as we left it. (Raising the
+        // flag is the store that needs SeqCst: see `Writer::exclude`.)
+        self.cache.writer.0.store(false, Ordering::Release);
     }
 }
 

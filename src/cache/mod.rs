@@ -16,6 +16,7 @@ mod readers;
 mod region;
 mod slab;
 mod sorted;
+mod spinlock;
 
 pub use self::core::Cache;
 pub use self::inval_queue::QUEUE_CAPACITY;

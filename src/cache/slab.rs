@@ -8,9 +8,9 @@
 
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicPtr, AtomicU32, Ordering};
-use std::sync::Mutex;
 
 use super::region::{Region, FREE};
+use super::spinlock::SpinLock;
 use crate::pin::{Access, Pinned};
 
 const CHUNK_BITS: u32 = 10;
@@ -47,7 +47,8 @@ struct Alloc {
 pub struct Slab {
     chunks: Box<[AtomicPtr<Region>; MAX_CHUNKS]>,
     len: AtomicU32,
-    alloc: Mutex<Alloc>,
+    /// A spin lock: held for a push or pop (see spinlock.rs).
+    alloc: SpinLock<Alloc>,
 }
 
 // SAFETY: records are handed out as shared references only while they hold a region; their
@@ -61,7 +62,7 @@ impl Slab {
         Slab {
             chunks: Box::new([const { AtomicPtr::new(std::ptr::null_mut()) }; MAX_CHUNKS]),
             len: AtomicU32::new(0),
-            alloc: Mutex::new(Alloc {
+            alloc: SpinLock::new(Alloc {
                 free: Vec::new(),
                 len: 0,
             }),
@@ -95,7 +96,7 @@ impl Slab {
         state: u32,
         uncached: bool,
     ) -> Option<NonNull<Region>> {
-        let mut a = self.alloc.lock().unwrap_or_else(|e| e.into_inner());
+        let mut a = self.alloc.lock();
         let id = match a.free.pop() {
             Some(id) => id,
             None => {
@@ -130,11 +131,7 @@ impl Slab {
         let r = unsafe { p.as_ref() };
         let id = r.id;
         r.state.store(FREE, Ordering::Relaxed);
-        self.alloc
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .free
-            .push(id);
+        self.alloc.lock().free.push(id);
     }
 }
 

@@ -127,12 +127,25 @@ impl Sorted {
         if blk.keys[i] != key {
             return None;
         }
+        let id = blk.ids[i];
+        if blk.keys.len() == 1 {
+            // The block empties: keep it as the spare (no element moves; the last block, the
+            // usual case, is popped rather than shifted out).
+            blk.keys.clear();
+            blk.ids.clear();
+            let empty = if b + 1 == nblocks {
+                self.firsts.pop();
+                self.blocks.pop()
+            } else {
+                self.firsts.remove(b);
+                Some(self.blocks.remove(b))
+            };
+            self.spare = empty;
+            return Some(id);
+        }
         blk.keys.remove(i);
-        let id = blk.ids.remove(i);
-        if blk.keys.is_empty() {
-            self.spare = Some(self.blocks.remove(b));
-            self.firsts.remove(b);
-        } else {
+        blk.ids.remove(i);
+        {
             self.firsts[b] = blk.keys[0];
             // Merge with the next block when both fit in one (keeps blocks dense under churn).
             if b + 1 < nblocks && blk.keys.len().saturating_add(next_len) <= BLOCK / 2 {
