@@ -158,7 +158,10 @@ typedef struct fh_config {
      */
     size_t max_pinned;
     /**
-     * Regions kept at most (env `FH_MAX_REGIONS`; 0 = keep nothing idle).
+     * Regions kept at most (env `FH_MAX_REGIONS`; 0 = keep nothing idle). When the bounds leave
+     * no room even after evicting every idle region (everything else is in use, or a bound is 0),
+     * a registration is still made, uncached: pinned for its caller only and unpinned at its
+     * release (counted by `fh_info`'s "uncached" line).
      */
     size_t max_regions;
     /**

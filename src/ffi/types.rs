@@ -114,7 +114,10 @@ pub struct fh_config {
     /// Bytes kept pinned at most by lazy release (env `FH_MAX_PINNED`, must be > 0). A single
     /// request larger than this is `FH_ERR_TOO_LARGE`.
     pub max_pinned: usize,
-    /// Regions kept at most (env `FH_MAX_REGIONS`; 0 = keep nothing idle).
+    /// Regions kept at most (env `FH_MAX_REGIONS`; 0 = keep nothing idle). When the bounds leave
+    /// no room even after evicting every idle region (everything else is in use, or a bound is 0),
+    /// a registration is still made, uncached: pinned for its caller only and unpinned at its
+    /// release (counted by `fh_info`'s "uncached" line).
     pub max_regions: usize,
     /// Optional `struct ibv_pd *` of the caller: registrations are then made in that PD, so their
     /// keys work with the caller's QPs. NULL with the verbs backend = open the first device and
