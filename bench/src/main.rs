@@ -290,7 +290,9 @@ fn timed<C: RegCache>(
 /// Miss rows: raw backend, ours with nothing kept, raw in the evicting order, ours full and
 /// evicting (against raw-lru), UCX with every region invalidated.
 fn miss_rows(backend: &Arc<dyn Pinner>, quick: bool) -> Result<Vec<miss::MissRow>, String> {
-    let rounds = if quick { 9 } else { 40 };
+    // A round costs ~5 ms at most (all rows, all sizes: ~13 ms), and the per-round ratios are noisy on
+    // a shared host: 200 rounds keep the median steady to a few tenths of a percent.
+    let rounds = if quick { 20 } else { 200 };
     // Each size twice: the evicting row alternates between two ranges.
     let total: usize = MISS_SIZES.iter().sum();
     let arena = Arena::new(2 * total, true);

@@ -21,6 +21,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use super::counters::{HoldsMutex, Locked, PinCount};
 use super::handles::Handles;
 use super::index::{Index, RegionPtr};
 use super::inval_queue::InvalQueue;
@@ -35,24 +36,24 @@ use crate::status::{fh_status, FhResult};
 #[repr(align(128))]
 struct Padded<T>(T);
 
-/// Counters changed only on slow paths (misses, evictions, releases of detached regions).
+/// Counters changed only on slow paths (misses, evictions, releases of detached regions); see
+/// counters.rs for why most need no locked instruction.
 #[derive(Default)]
 struct SlowCounters {
-    misses: AtomicU64,
-    evictions: AtomicU64,
-    invalidations: AtomicU64,
-    /// Pinned bytes and regions that count against the bounds: everything that was cached
-    /// (indexed now, or detached and still held). `uncached_*` below count the rest.
-    pinned_bytes: AtomicU64,
-    pinned_peak: AtomicU64,
-    regions: AtomicU64,
+    misses: Locked,
+    evictions: Locked,
+    invalidations: Locked,
+    /// Pinned pages and regions that count against the bounds: everything that was cached
+    /// (indexed now, or detached and still held).
+    cached: PinCount,
     /// Registrations handed out uncached (no room in the cache) and still held.
-    uncached_bytes: AtomicU64,
-    uncached_regions: AtomicU64,
+    uncached: PinCount,
+    /// High-water mark of all pinned bytes.
+    pinned_peak: AtomicU64,
     /// Registrations ever handed out uncached.
-    uncached_total: AtomicU64,
-    pin_retries: AtomicU64,
-    pin_failures: AtomicU64,
+    uncached_total: Locked,
+    pin_retries: Locked,
+    pin_failures: Locked,
 }
 
 /// The pin-down cache. `Send + Sync`; share it as `Arc<Cache>`.
@@ -111,6 +112,8 @@ struct Writer<'a> {
     cache: &'a Cache,
     state: MutexGuard<'a, WriterState>,
 }
+
+impl HoldsMutex for Writer<'_> {}
 
 /// Proof that readers are excluded; lowers the writer flag on drop.
 struct Exclusive<'a> {
@@ -433,7 +436,7 @@ impl Cache {
             self.slots[sid].add_hit(sid);
             return Ok((NonNull::from(r), None));
         }
-        self.c.misses.fetch_add(1, Ordering::Relaxed);
+        self.c.misses.bump(w, 1);
 
         // Target: the union with every overlapping region (their rights too), unless too big.
         let max_pinned = w.state.limits.max_pinned;
@@ -490,11 +493,11 @@ impl Cache {
                     };
                     if victim.is_none() {
                         self.drop_pending(w, pending);
-                        self.c.pin_failures.fetch_add(1, Ordering::Relaxed);
+                        self.c.pin_failures.bump(w, 1);
                         return Err(fh_status::FH_ERR_NO_MEMORY);
                     }
-                    self.c.evictions.fetch_add(1, Ordering::Relaxed);
-                    self.c.pin_retries.fetch_add(1, Ordering::Relaxed);
+                    self.c.evictions.bump(w, 1);
+                    self.c.pin_retries.bump(w, 1);
                     self.unpin_drain(unpins);
                 }
                 Err(PinError::Failed(_)) if (ts, te, ta) != (start, end, access) => {
@@ -508,7 +511,7 @@ impl Cache {
                 }
                 Err(PinError::Failed(_)) => {
                     self.drop_pending(w, pending);
-                    self.c.pin_failures.fetch_add(1, Ordering::Relaxed);
+                    self.c.pin_failures.bump(w, 1);
                     return Err(fh_status::FH_ERR_PIN_FAILED);
                 }
             }
@@ -522,11 +525,11 @@ impl Cache {
             let Some(region) = self.slab.alloc(ts, pages, pinned, ta, 1 | DETACHED, true) else {
                 self.slots[sid].add_in_use(sid, -1);
                 self.pinner.unpin(pinned, ts, te - ts);
-                self.c.pin_failures.fetch_add(1, Ordering::Relaxed);
+                self.c.pin_failures.bump(w, 1);
                 return Err(fh_status::FH_ERR_NO_MEMORY);
             };
             self.count_pin(len, false);
-            self.c.uncached_total.fetch_add(1, Ordering::Relaxed);
+            self.c.uncached_total.bump(w, 1);
             return Ok((region, None));
         };
         self.count_pin(len, true);
@@ -587,8 +590,9 @@ impl Cache {
             // SAFETY: regions queued for unpin are still allocated.
             .map(|p| self.len_of(unsafe { p.as_ref() }))
             .sum();
-        let bytes = self.c.pinned_bytes.load(Ordering::Relaxed) as usize - going;
-        let regions = self.c.regions.load(Ordering::Relaxed) as usize - unpins.len();
+        let (pages, regions) = self.c.cached.get();
+        let bytes = ((pages as usize) << self.shift) - going;
+        let regions = regions as usize - unpins.len();
         bytes.saturating_add(extra) <= limits.max_pinned
             && regions.saturating_add((extra > 0) as usize) <= limits.max_regions
     }
@@ -609,8 +613,9 @@ impl Cache {
             // SAFETY: regions queued for unpin are still allocated.
             .map(|p| self.len_of(unsafe { p.as_ref() }))
             .sum();
-        let mut bytes = self.c.pinned_bytes.load(Ordering::Relaxed) as usize - going;
-        let mut regions = self.c.regions.load(Ordering::Relaxed) as usize - unpins.len();
+        let (pages, regions) = self.c.cached.get();
+        let mut bytes = ((pages as usize) << self.shift) - going;
+        let mut regions = regions as usize - unpins.len();
         let new_regions = (extra > 0) as usize;
         while bytes.saturating_add(extra) > limits.max_pinned
             || regions.saturating_add(new_regions) > limits.max_regions
@@ -624,7 +629,7 @@ impl Cache {
             // SAFETY: just queued for unpin, still allocated.
             bytes -= self.len_of(unsafe { p.as_ref() });
             regions -= 1;
-            self.c.evictions.fetch_add(1, Ordering::Relaxed);
+            self.c.evictions.bump(w, 1);
         }
         true
     }
@@ -660,9 +665,7 @@ impl Cache {
         }
         victims.sort_unstable();
         victims.dedup();
-        self.c
-            .invalidations
-            .fetch_add(victims.len() as u64, Ordering::Relaxed);
+        self.c.invalidations.bump(w, victims.len() as u64);
         for p in victims {
             self.detach(&x, p, unpins);
         }
@@ -692,26 +695,26 @@ impl Cache {
     }
 
     fn count_pin(&self, len: u64, cached: bool) {
-        let (bytes, regions) = if cached {
-            (&self.c.pinned_bytes, &self.c.regions)
+        let pages = len >> self.shift;
+        if cached {
+            self.c.cached.add(pages);
         } else {
-            (&self.c.uncached_bytes, &self.c.uncached_regions)
-        };
-        bytes.fetch_add(len, Ordering::Relaxed);
-        regions.fetch_add(1, Ordering::Relaxed);
-        let total = self.c.pinned_bytes.load(Ordering::Relaxed)
-            + self.c.uncached_bytes.load(Ordering::Relaxed);
-        self.c.pinned_peak.fetch_max(total, Ordering::Relaxed);
+            self.c.uncached.add(pages);
+        }
+        let total = (self.c.cached.get().0 + self.c.uncached.get().0) << self.shift;
+        // Usually below the peak: a load, no locked instruction.
+        if total > self.c.pinned_peak.load(Ordering::Relaxed) {
+            self.c.pinned_peak.fetch_max(total, Ordering::Relaxed);
+        }
     }
 
     fn count_unpin(&self, len: u64, cached: bool) {
-        let (bytes, regions) = if cached {
-            (&self.c.pinned_bytes, &self.c.regions)
+        let pages = len >> self.shift;
+        if cached {
+            self.c.cached.sub(pages);
         } else {
-            (&self.c.uncached_bytes, &self.c.uncached_regions)
-        };
-        bytes.fetch_sub(len, Ordering::Relaxed);
-        regions.fetch_sub(1, Ordering::Relaxed);
+            self.c.uncached.sub(pages);
+        }
     }
 
     /// Drop one reference; the last holder of a detached region unpins it.
@@ -748,10 +751,9 @@ impl Cache {
 
     #[inline]
     fn over_limits(&self) -> bool {
-        self.c.pinned_bytes.load(Ordering::Relaxed) as usize
-            > self.max_pinned.load(Ordering::Relaxed)
-            || self.c.regions.load(Ordering::Relaxed) as usize
-                > self.max_regions.load(Ordering::Relaxed)
+        let (pages, regions) = self.c.cached.get();
+        (pages as usize) << self.shift > self.max_pinned.load(Ordering::Relaxed)
+            || regions as usize > self.max_regions.load(Ordering::Relaxed)
     }
 
     /// Unknown / already released handle -> `FH_ERR_UNKNOWN_HANDLE` and nothing changes.
@@ -837,19 +839,20 @@ impl Cache {
             in_use += s.in_use.load(Ordering::Relaxed);
         }
         let c = &self.c;
+        let (cached_pages, cached_regions) = c.cached.get();
+        let (uncached_pages, uncached_regions) = c.uncached.get();
         Stats {
             hits,
-            misses: c.misses.load(Ordering::Relaxed),
-            evictions: c.evictions.load(Ordering::Relaxed),
-            invalidations: c.invalidations.load(Ordering::Relaxed),
-            pinned_bytes: c.pinned_bytes.load(Ordering::Relaxed)
-                + c.uncached_bytes.load(Ordering::Relaxed),
+            misses: c.misses.get(),
+            evictions: c.evictions.get(),
+            invalidations: c.invalidations.get(),
+            pinned_bytes: (cached_pages + uncached_pages) << self.shift,
             pinned_peak: c.pinned_peak.load(Ordering::Relaxed),
-            regions: c.regions.load(Ordering::Relaxed) + c.uncached_regions.load(Ordering::Relaxed),
+            regions: cached_regions + uncached_regions,
             in_use: in_use.max(0) as u64,
-            pin_retries: c.pin_retries.load(Ordering::Relaxed),
-            pin_failures: c.pin_failures.load(Ordering::Relaxed),
-            uncached: c.uncached_total.load(Ordering::Relaxed),
+            pin_retries: c.pin_retries.get(),
+            pin_failures: c.pin_failures.get(),
+            uncached: c.uncached_total.get(),
         }
     }
 
@@ -868,9 +871,7 @@ impl Cache {
                 }
             }
         }
-        self.c
-            .evictions
-            .fetch_add((unpins.len() - drained) as u64, Ordering::Relaxed);
+        self.c.evictions.bump(&w, (unpins.len() - drained) as u64);
         let n = unpins.len();
         self.unpin_all(unpins);
         n

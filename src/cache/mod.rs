@@ -7,6 +7,7 @@
 //! (Implementation lives in the sibling files; this file is the public surface.)
 
 mod core;
+mod counters;
 mod handles;
 mod hash_front;
 mod index;
