@@ -426,7 +426,10 @@ impl Cache {
         overlaps: &mut Vec<RegionPtr>,
     ) -> FhResult<(RegionPtr, Option<(usize, usize)>)> {
         self.drain(w, unpins);
-        if let Some(r) = w.index().lookup(&self.slab, start, end, access) {
+        let found = w
+            .index()
+            .lookup_or_overlapping(&self.slab, start, end, access, overlaps);
+        if let Some(r) = found {
             // Only we mutate the index, so the region cannot be detached under us (and only a
             // miss holding the mutex leaves a region PENDING).
             if r.state.fetch_add(1, Ordering::Relaxed) & COUNT_MASK == 0 {
@@ -440,7 +443,6 @@ impl Cache {
 
         // Target: the union with every overlapping region (their rights too), unless too big.
         let max_pinned = w.state.limits.max_pinned;
-        w.index().overlapping_into(&self.slab, start, end, overlaps);
         let (mut ts, mut te, mut ta) = (start, end, access);
         for p in overlaps.iter() {
             // SAFETY: indexed regions are live while we hold the mutex.
@@ -648,10 +650,16 @@ impl Cache {
 
     /// Process queued invalidations: detach every indexed region they overlap (PENDING ones
     /// included); idle ones are queued in `unpins`.
+    #[inline]
     fn drain(&self, w: &Writer, unpins: &mut Vec<RegionPtr>) {
-        if !self.pending() {
-            return;
+        if self.pending() {
+            self.drain_queued(w, unpins);
         }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn drain_queued(&self, w: &Writer, unpins: &mut Vec<RegionPtr>) {
         let x = w.exclude();
         let all = self.overflow.0.swap(false, Ordering::SeqCst);
         let mut victims = Vec::new();

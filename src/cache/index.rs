@@ -59,6 +59,50 @@ impl Index {
         (end <= r.end(self.shift) && r.access().covers(access)).then_some(r)
     }
 
+    /// The miss path's lookup: like `lookup`, and when nothing contains the request, every
+    /// indexed region overlapping it appended to `out` (address order), from one descent.
+    pub fn lookup_or_overlapping<'s>(
+        &self,
+        slab: &'s Slab,
+        start: usize,
+        end: usize,
+        access: Access,
+        out: &mut Vec<RegionPtr>,
+    ) -> Option<&'s Region> {
+        let exact = self.front.get(start, |id| {
+            let r = slab.get(id);
+            (r.start == start).then_some(r)
+        });
+        if let Some(r) = exact {
+            if end <= r.end(self.shift) && r.access().covers(access) {
+                return Some(r);
+            }
+        }
+        let mut found = None;
+        // Non-overlapping regions: only the first one visited (the predecessor of `start`) can
+        // contain the request.
+        self.sorted.scan_from_pred(start, |s, id| {
+            if s >= end {
+                return false;
+            }
+            let r = slab.get(id);
+            let r_end = r.end(self.shift);
+            if r_end <= start {
+                return true; // the predecessor ends before the request
+            }
+            if s <= start && end <= r_end && r.access().covers(access) {
+                found = Some(r);
+                return false;
+            }
+            out.push(NonNull::from(r));
+            true
+        });
+        if found.is_some() {
+            out.clear();
+        }
+        found
+    }
+
     pub fn is_empty(&self) -> bool {
         self.sorted.is_empty()
     }
@@ -66,19 +110,8 @@ impl Index {
     /// Every indexed region overlapping `[start, end)`, in address order.
     pub fn overlapping(&self, slab: &Slab, start: usize, end: usize) -> Vec<RegionPtr> {
         let mut out = Vec::new();
-        self.overlapping_into(slab, start, end, &mut out);
-        out
-    }
-
-    /// `overlapping`, appended to `out` (lets the miss path reuse one list).
-    pub fn overlapping_into(
-        &self,
-        slab: &Slab,
-        start: usize,
-        end: usize,
-        out: &mut Vec<RegionPtr>,
-    ) {
         self.for_each_overlapping(slab, start, end, |p| out.push(p));
+        out
     }
 
     /// True if some indexed region overlaps `[start, end)`. Allocation-free (used from hooks).
@@ -168,5 +201,60 @@ impl Index {
             return Some(NonNull::from(r));
         }
         None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pin::Pinned;
+
+    /// The miss path's single descent agrees with `lookup` + `overlapping` on random indexes of
+    /// non-overlapping regions and random requests.
+    #[test]
+    fn lookup_or_overlapping_matches_lookup_then_overlapping() {
+        let slab = Slab::new();
+        let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+        let mut rnd = |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n
+        };
+        let none = Pinned {
+            token: 0,
+            lkey: 0,
+            rkey: 0,
+        };
+        for _ in 0..200 {
+            let mut idx = Index::new(12);
+            // Regions of 1-3 pages with gaps of 0-2 pages, random rights.
+            let mut page = rnd(4) as usize;
+            for _ in 0..rnd(12) {
+                let pages = 1 + rnd(3) as u32;
+                let access = Access(rnd(16) as u32);
+                let p = slab
+                    .alloc(page << 12, pages, none, access, 0, false)
+                    .unwrap();
+                idx.insert(&slab, p);
+                page += pages as usize + rnd(3) as usize;
+            }
+            for _ in 0..50 {
+                let start = (rnd(page as u64 + 4) as usize) << 12;
+                let end = start + ((1 + rnd(5) as usize) << 12);
+                let access = Access(rnd(16) as u32);
+                let want = idx.lookup(&slab, start, end, access).map(NonNull::from);
+                let mut out = Vec::new();
+                let got = idx
+                    .lookup_or_overlapping(&slab, start, end, access, &mut out)
+                    .map(NonNull::from);
+                assert_eq!(got, want);
+                if want.is_none() {
+                    assert_eq!(out, idx.overlapping(&slab, start, end));
+                } else {
+                    assert!(out.is_empty());
+                }
+            }
+        }
     }
 }

@@ -50,13 +50,14 @@ impl Sorted {
         Some((blk.keys[i], blk.ids[i]))
     }
 
-    /// Visit entries with key >= `from` in key order until `f` returns false.
-    pub fn scan_from(&self, from: usize, mut f: impl FnMut(usize, u32) -> bool) {
-        let (mut b, mut i) = match self.pred_pos(from) {
-            Some((b, i)) if self.blocks[b].keys[i] == from => (b, i),
-            Some((b, i)) => (b, i + 1),
-            None => (0, 0),
-        };
+    /// Visit entries in key order, starting at the last one with key <= `key` (or at the first
+    /// entry if there is none), until `f` returns false.
+    pub fn scan_from_pred(&self, key: usize, f: impl FnMut(usize, u32) -> bool) {
+        let (b, i) = self.pred_pos(key).unwrap_or((0, 0));
+        self.scan_at(b, i, f);
+    }
+
+    fn scan_at(&self, mut b: usize, mut i: usize, mut f: impl FnMut(usize, u32) -> bool) {
         while b < self.blocks.len() {
             let blk = &self.blocks[b];
             while i < blk.keys.len() {
@@ -68,6 +69,16 @@ impl Sorted {
             b += 1;
             i = 0;
         }
+    }
+
+    /// Visit entries with key >= `from` in key order until `f` returns false.
+    pub fn scan_from(&self, from: usize, f: impl FnMut(usize, u32) -> bool) {
+        let (b, i) = match self.pred_pos(from) {
+            Some((b, i)) if self.blocks[b].keys[i] == from => (b, i),
+            Some((b, i)) => (b, i + 1),
+            None => (0, 0),
+        };
+        self.scan_at(b, i, f);
     }
 
     pub fn insert(&mut self, key: usize, id: u32) {
