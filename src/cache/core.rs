@@ -6,12 +6,17 @@
 //!   hook-side overlap filter) enter their own per-thread slot, check `writer` and the
 //!   invalidation queue, look up, bump the region's refcount and leave. A hit therefore writes only
 //!   its slot line, the region's refcount and its handle record.
-//! * The writer holds readers off only around index mutations, never around backend calls: misses
-//!   pin with the mutex held but readers running, so hits on other regions continue meanwhile.
-//! * `invalidate` (hooks) never blocks: it checks for overlap as a reader (or conservatively
-//!   assumes overlap if a writer is active or a pin is in flight) and pushes the range into a
-//!   fixed ring. Every register sees a non-empty ring and drains it (as writer) before looking up,
-//!   so after `invalidate` returns no lookup can hit an overlapping region.
+//! * The writer holds readers off only around index mutations, never around backend calls: a miss
+//!   inserts its region PENDING (one exclusion, together with detaching overlaps and evicting),
+//!   then pins with the mutex held but readers running, so hits on other regions continue
+//!   meanwhile; readers that find a PENDING region take the slow path and wait for the mutex.
+//! * `invalidate` (hooks) never blocks: it checks for overlap as a reader (PENDING regions count,
+//!   so an unmap during a pin is not lost; it conservatively assumes overlap if a writer is
+//!   active) and pushes the range into a fixed ring. Every register sees a non-empty ring and
+//!   drains it (as writer) before looking up, so after `invalidate` returns no lookup can hit an
+//!   overlapping region.
+//! * No room within the bounds (the rest in use, or zero bounds): the registration is handed out
+//!   uncached (detached from the start) and unpinned at its release.
 //! * Regions leave the index by being *detached* (`DETACHED` bit). Whoever brings the count of a
 //!   detached region to zero unpins and frees it; readers can no longer find it, and any reader
 //!   that found it earlier finished before the writer detached it.
