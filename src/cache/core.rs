@@ -79,6 +79,11 @@ pub struct Cache {
     /// Region records (ids are what the index stores).
     slab: Slab,
     /// Serialises writers (misses, drains, evictions); guards the limits.
+    ///
+    /// Lock order: `mutex`, then the reader exclusion (`Writer::exclude`), then the leaf locks
+    /// (the slab's spin lock, the handle table's `grow`/`shared` mutexes, the reader-id pool),
+    /// which never call out while held. The backend is called with `mutex` held (never with
+    /// readers excluded). Hooks take no lock at all (`invalidate`).
     mutex: Mutex<WriterState>,
     max_pinned: AtomicUsize,
     /// Largest page-aligned request `register` accepts: `max_pinned`, capped so that the length
