@@ -17,23 +17,8 @@ use std::sync::Arc;
 
 use firehose::cache::{Cache, Limits};
 use firehose::pin::mlock::MlockPinner;
-use firehose::pin::{Access, PinError, Pinned, Pinner};
-
-struct NullPinner;
-
-impl Pinner for NullPinner {
-    fn pin(&self, addr: usize, _len: usize, _access: Access) -> Result<Pinned, PinError> {
-        Ok(Pinned {
-            token: addr,
-            lkey: 1,
-            rkey: 1,
-        })
-    }
-    fn unpin(&self, _pinned: Pinned, _addr: usize, _len: usize) {}
-    fn name(&self) -> &'static str {
-        "null"
-    }
-}
+use firehose::pin::null::NullPinner;
+use firehose::pin::{Access, Pinner};
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();

@@ -7,21 +7,7 @@ use std::sync::Arc;
 use firehose::pin::{Access, PinError, Pinned, Pinner};
 
 /// Pins nothing. Used for metadata measurements (so only cache bytes are counted).
-pub struct NullPinner;
-
-impl Pinner for NullPinner {
-    fn pin(&self, addr: usize, _len: usize, _access: Access) -> Result<Pinned, PinError> {
-        Ok(Pinned {
-            token: addr,
-            lkey: 1,
-            rkey: 1,
-        })
-    }
-    fn unpin(&self, _pinned: Pinned, _addr: usize, _len: usize) {}
-    fn name(&self) -> &'static str {
-        "null"
-    }
-}
+pub use firehose::pin::null::NullPinner;
 
 /// Forwards to a real backend and counts calls (relaxed atomics: only on the miss path).
 pub struct CountingBackend {

@@ -326,10 +326,16 @@ fn miss_rows(backend: &Arc<dyn Pinner>, quick: bool) -> Result<Vec<miss::MissRow
         let ucx = Ucx::new(ucx_b.clone(), 0)?;
         let (raw_op, ours_op, ucx_op) = (
             miss::Raw(&raw_b),
-            miss::Uncached(&ours),
+            miss::CacheMiss {
+                cache: &ours,
+                name: "ours",
+            },
             miss::UcxInvalidated(&ucx),
         );
-        let lru_op = miss::Evicting(&one);
+        let lru_op = miss::CacheMiss {
+            cache: &one,
+            name: "ours-lru",
+        };
         let raw_lru_op = miss::RawEvicting {
             backend: &raw_lru_b,
             held: std::cell::Cell::new(None),

@@ -54,25 +54,36 @@ impl MissOp for Raw<'_> {
     }
 }
 
-/// A cache configured so nothing stays cached (ours: `max_regions = 0`).
-pub struct Uncached<'a, C: RegCache>(pub &'a C);
+/// Register + deregister through one of our caches. Its limits decide which row this is:
+/// * "ours": `max_regions = 0`, so nothing stays cached: each registration is handed out
+///   uncached and unpinned at its release;
+/// * "ours-lru": `max_regions = 1`, ops alternating between two ranges (see `run`), so each op
+///   misses, evicts (unpins) the other range and inserts its own: the steady state of a full
+///   cache, index insert and eviction included. `settle` flushes what it keeps between batches.
+pub struct CacheMiss<'a, C: RegCache> {
+    pub cache: &'a C,
+    pub name: &'static str,
+}
 
-impl<C: RegCache> MissOp for Uncached<'_, C> {
+impl<C: RegCache> MissOp for CacheMiss<'_, C> {
     fn name(&self) -> &'static str {
-        self.0.name()
+        self.name
     }
     fn op(&self, addr: usize, len: usize) -> bool {
-        match self.0.get(addr, len) {
+        match self.cache.get(addr, len) {
             Some(h) => {
-                self.0.put(h);
+                self.cache.put(h);
                 true
             }
             None => false,
         }
     }
+    fn settle(&self) {
+        self.cache.flush();
+    }
 }
 
-/// The raw reference for `Evicting`: the same backend calls in the same order (unpin the previous
+/// The raw reference for the "ours-lru" row: the same backend calls in the same order (unpin the previous
 /// range, then pin the next; one range stays pinned between ops). Pinning right after unpinning a
 /// different range costs the kernel differently from pin+unpin of one range (measured: -8 % at
 /// 1 MiB, +5 % at 4 KiB), so the evicting row is compared with this one, not with `Raw`.
@@ -107,30 +118,6 @@ impl MissOp for RawEvicting<'_> {
 impl Drop for RawEvicting<'_> {
     fn drop(&mut self) {
         self.settle();
-    }
-}
-
-/// A cache that keeps one region (ours: `max_regions = 1`). Ops alternate between two ranges
-/// (see `run`), so every op misses, pins and inserts its range, and evicts (unpins) the other
-/// one: the steady state of a full cache. This row includes the index insert and the eviction,
-/// which `Uncached` (nothing ever enters the index) does not.
-pub struct Evicting<'a, C: RegCache>(pub &'a C);
-
-impl<C: RegCache> MissOp for Evicting<'_, C> {
-    fn name(&self) -> &'static str {
-        "ours-lru"
-    }
-    fn op(&self, addr: usize, len: usize) -> bool {
-        match self.0.get(addr, len) {
-            Some(h) => {
-                self.0.put(h);
-                true
-            }
-            None => false,
-        }
-    }
-    fn settle(&self) {
-        self.0.flush();
     }
 }
 

@@ -34,6 +34,7 @@ use super::membarrier;
 use super::readers::{my_slot, ReaderSlot, SLOTS};
 use super::region::{Region, COUNT_MASK, DETACHED, PENDING};
 use super::slab::Slab;
+use super::spinlock::wait_while;
 use super::{Limits, RangeWatcher, Registration, Stats};
 use crate::pin::{Access, PinError, Pinner};
 use crate::status::{fh_status, FhResult};
@@ -164,15 +165,7 @@ impl Writer<'_> {
             }
         }
         for s in c.slots[..=max].iter() {
-            let mut spins = 0u32;
-            while s.readers.load(Ordering::SeqCst) != 0 {
-                spins += 1;
-                if spins < 64 {
-                    std::hint::spin_loop();
-                } else {
-                    std::thread::yield_now();
-                }
-            }
+            wait_while(|| s.readers.load(Ordering::SeqCst) != 0);
         }
         Exclusive { cache: c }
     }
@@ -297,15 +290,7 @@ impl Cache {
         access: Access,
     ) -> FhResult<RegionPtr> {
         for _ in 0..100 {
-            let mut spins = 0;
-            while self.writer.0.load(Ordering::Relaxed) {
-                spins += 1;
-                if spins < 64 {
-                    std::hint::spin_loop();
-                } else {
-                    std::thread::yield_now(); // the writer may be descheduled
-                }
-            }
+            wait_while(|| self.writer.0.load(Ordering::Relaxed));
             match self.try_hit(sid, start, end, access) {
                 Fast::Hit(r) => {
                     self.slots[sid].add_hit(sid);
@@ -593,20 +578,31 @@ impl Cache {
         self.slab.free(p);
     }
 
-    /// Whether `extra` more bytes (and, if `extra > 0`, one more region) fit the bounds without
-    /// evicting, once the regions in `unpins` are gone.
-    fn has_room(&self, w: &Writer, extra: usize, unpins: &[RegionPtr]) -> bool {
-        let limits = w.state.limits;
+    /// Cached bytes and regions that stay pinned once the regions in `unpins` are gone.
+    fn staying(&self, unpins: &[RegionPtr]) -> (usize, usize) {
         let going: usize = unpins
             .iter()
             // SAFETY: regions queued for unpin are still allocated.
             .map(|p| self.len_of(unsafe { p.as_ref() }))
             .sum();
         let (pages, regions) = self.c.cached.get();
-        let bytes = ((pages as usize) << self.shift) - going;
-        let regions = regions as usize - unpins.len();
+        (
+            ((pages as usize) << self.shift) - going,
+            regions as usize - unpins.len(),
+        )
+    }
+
+    /// Whether `extra` more bytes (and, if `extra > 0`, one more region) fit `limits` on top of
+    /// `bytes` and `regions`.
+    fn fits_limits(limits: Limits, bytes: usize, regions: usize, extra: usize) -> bool {
         bytes.saturating_add(extra) <= limits.max_pinned
             && regions.saturating_add((extra > 0) as usize) <= limits.max_regions
+    }
+
+    /// Whether `extra` more bytes (and one more region) fit without evicting.
+    fn has_room(&self, w: &Writer, extra: usize, unpins: &[RegionPtr]) -> bool {
+        let (bytes, regions) = self.staying(unpins);
+        Self::fits_limits(w.state.limits, bytes, regions, extra)
     }
 
     /// Evict idle regions (CLOCK order) until `extra` more bytes and one more region fit.
@@ -619,19 +615,8 @@ impl Cache {
         unpins: &mut Vec<RegionPtr>,
     ) -> bool {
         let limits = w.state.limits;
-        // What stays pinned once the regions already queued for unpinning are gone.
-        let going: usize = unpins
-            .iter()
-            // SAFETY: regions queued for unpin are still allocated.
-            .map(|p| self.len_of(unsafe { p.as_ref() }))
-            .sum();
-        let (pages, regions) = self.c.cached.get();
-        let mut bytes = ((pages as usize) << self.shift) - going;
-        let mut regions = regions as usize - unpins.len();
-        let new_regions = (extra > 0) as usize;
-        while bytes.saturating_add(extra) > limits.max_pinned
-            || regions.saturating_add(new_regions) > limits.max_regions
-        {
+        let (mut bytes, mut regions) = self.staying(unpins);
+        while !Self::fits_limits(limits, bytes, regions, extra) {
             let Some(p) = x.index().clock_victim(&self.slab) else {
                 return false; // everything left is in use: never evicted
             };

@@ -32,22 +32,29 @@ impl<T> SpinLock<T> {
 
     #[inline]
     pub fn lock(&self) -> SpinGuard<'_, T> {
-        let mut spins = 0u32;
         while self
             .locked
             .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
             .is_err()
         {
-            while self.locked.load(Ordering::Relaxed) {
-                spins += 1;
-                if spins < 64 {
-                    std::hint::spin_loop();
-                } else {
-                    std::thread::yield_now();
-                }
-            }
+            wait_while(|| self.locked.load(Ordering::Relaxed));
         }
         SpinGuard { lock: self }
+    }
+}
+
+/// Spin while `busy()`, yielding the CPU after 64 rounds: the thread we wait for (a lock holder,
+/// a reader leaving its section, a writer mutating the index) may have been descheduled.
+#[inline]
+pub fn wait_while(busy: impl Fn() -> bool) {
+    let mut spins = 0u32;
+    while busy() {
+        spins += 1;
+        if spins < 64 {
+            std::hint::spin_loop();
+        } else {
+            std::thread::yield_now();
+        }
     }
 }
 

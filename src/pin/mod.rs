@@ -5,6 +5,7 @@
 
 pub mod counting;
 pub mod mlock;
+pub mod null;
 pub mod verbs;
 
 /// Access rights, bit-compatible with `enum ibv_access_flags` so they pass straight to verbs.
