@@ -23,6 +23,8 @@ pub struct MissRow {
     pub overhead_pct: f64,
     /// Backend pin+unpin pairs observed per timed op (1.0 = every op was a real miss).
     pub pins_per_op: f64,
+    /// The row `overhead_pct` is measured against.
+    pub reference: &'static str,
 }
 
 /// A way to do one forced miss (register fresh + deregister + eventual unpin).
@@ -197,6 +199,7 @@ pub fn run(
                 lat: if failed[i] { summarize(&[]) } else { lat },
                 overhead_pct: overhead_pct(&samples[i], &samples[c.reference]),
                 pins_per_op: pins[i] as f64 / iterations as f64,
+                reference: contenders[c.reference].op.name(),
             }
         })
         .collect()

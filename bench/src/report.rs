@@ -96,12 +96,12 @@ pub fn miss_table(rows: &[MissRow]) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "     size  impl      #iterations  t_mean[ns]  t_p50[ns]  t_p99[ns]  pins/op  overhead[%]"
+        "     size  impl      #iterations  t_mean[ns]  t_p50[ns]  t_p99[ns]  pins/op  overhead[%]  vs"
     );
     for r in rows {
         let _ = writeln!(
             s,
-            " {:>8}  {:<8} {:>12}  {:>10.0}  {:>9.0}  {:>9.0}  {:>7.2}  {:>+11.1}",
+            " {:>8}  {:<8} {:>12}  {:>10.0}  {:>9.0}  {:>9.0}  {:>7.2}  {:>+11.1}  {}",
             size_name(r.size),
             r.imp,
             r.iterations,
@@ -109,7 +109,8 @@ pub fn miss_table(rows: &[MissRow]) -> String {
             r.lat.p50,
             r.lat.p99,
             r.pins_per_op,
-            r.overhead_pct
+            r.overhead_pct,
+            r.reference
         );
     }
     s
@@ -218,9 +219,9 @@ pub fn json(
         .iter()
         .map(|r| {
             format!(
-                "{{\"size\":{},\"impl\":{},\"iterations\":{},\"t_mean_ns\":{},\"t_p50_ns\":{},\"t_p99_ns\":{},\"pins_per_op\":{},\"overhead_pct\":{}}}",
+                "{{\"size\":{},\"impl\":{},\"iterations\":{},\"t_mean_ns\":{},\"t_p50_ns\":{},\"t_p99_ns\":{},\"pins_per_op\":{},\"overhead_pct\":{},\"overhead_vs\":{}}}",
                 r.size, jstr(r.imp), r.iterations, num(r.lat.mean), num(r.lat.p50),
-                num(r.lat.p99), num(r.pins_per_op), num(r.overhead_pct)
+                num(r.lat.p99), num(r.pins_per_op), num(r.overhead_pct), jstr(r.reference)
             )
         })
         .collect();
