@@ -460,10 +460,13 @@ impl Cache {
                 for p in overlaps.drain(..) {
                     self.detach(&x, p, unpins);
                 }
-                if self.make_room(w, &x, te - ts, unpins) {
-                    Some(self.insert_pending(&x, ts, te, ta)?)
-                } else {
+                if !self.make_room(w, &x, te - ts, unpins) {
                     None
+                } else if let Some(p) = self.insert_pending(&x, ts, te, ta) {
+                    Some(p)
+                } else {
+                    self.c.pin_failures.bump(w, 1); // ~4 Mi region records exist
+                    return Err(fh_status::FH_ERR_NO_MEMORY);
                 }
             };
         // No room even after evicting every idle region (the rest is in use, or the bounds are
@@ -503,7 +506,12 @@ impl Cache {
                     if pending.is_some() {
                         self.drop_pending(w, pending);
                         let x = w.exclude();
-                        pending = Some(self.insert_pending(&x, ts, te, ta)?);
+                        // The record just freed is reused: this cannot run out.
+                        pending = self.insert_pending(&x, ts, te, ta);
+                        if pending.is_none() {
+                            self.c.pin_failures.bump(w, 1);
+                            return Err(fh_status::FH_ERR_NO_MEMORY);
+                        }
                     }
                 }
                 Err(PinError::Failed(_)) => {
@@ -541,30 +549,21 @@ impl Cache {
     }
 
     /// Allocate a region record for `[ts, te)` (one holder, PENDING, placeholder keys) and put it
-    /// in the index.
-    fn insert_pending(
-        &self,
-        x: &Exclusive,
-        ts: usize,
-        te: usize,
-        ta: Access,
-    ) -> FhResult<RegionPtr> {
+    /// in the index. `None` when ~4 Mi region records exist.
+    fn insert_pending(&self, x: &Exclusive, ts: usize, te: usize, ta: Access) -> Option<RegionPtr> {
         let none = crate::pin::Pinned {
             token: 0,
             lkey: 0,
             rkey: 0,
         };
         let pages = ((te - ts) >> self.shift) as u32;
-        let region = self
-            .slab
-            .alloc(ts, pages, none, ta, 1 | PENDING, false)
-            .ok_or(fh_status::FH_ERR_NO_MEMORY)?;
+        let region = self.slab.alloc(ts, pages, none, ta, 1 | PENDING, false)?;
         x.index().insert(&self.slab, region);
-        Ok(region)
+        Some(region)
     }
 
-    /// Undo `insert_pending` after a failed pin (the region may have been detached meanwhile by
-    /// a drain; then it is only freed).
+    /// Undo `insert_pending` after a failed pin. No drain runs between the insert and the pin, so
+    /// the region is still indexed; checked anyway, since removing an unindexed one would be wrong.
     fn drop_pending(&self, w: &Writer, pending: Option<RegionPtr>) {
         let Some(p) = pending else { return };
         {
