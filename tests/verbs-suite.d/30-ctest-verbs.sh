@@ -1,5 +1,6 @@
 # The C tests labelled `verbs` (c-tests/verbs_*.c: free+malloc, unmap paths, access rights, old
-# handle after reuse, caller PD) on the real device, through ctest. One suite test: it passes only
+# handle after reuse, caller PD, uncached registrations when the bounds leave no room) on the real
+# device, through ctest. One suite test: it passes only
 # if ctest passes and none of them skipped (here a device exists, so a skip means nothing ran).
 # Each ctest test shows up in this test's log as ctest's own `N/M Test #k: name ... Passed` line.
 #
