@@ -11,7 +11,8 @@ use crate::pin::{Access, Pinned};
 
 /// Set in `Region::state` once the region left the index (invalidated, replaced by a union, or
 /// evicted). From then on nobody can acquire it; whoever brings the count to zero (last holder or,
-/// if already idle, the detaching writer) unpins it. The low 31 bits are the holder count.
+/// if already idle, the detaching writer) unpins it. Uncached registrations are DETACHED from the
+/// start. The low 30 bits are the holder count (`COUNT_MASK`).
 pub const DETACHED: u32 = 1 << 31;
 /// Set in `Region::state` while the miss that created the region is still pinning it: the region
 /// is already in the index (so hooks see the range and queue invalidations of it), but readers
