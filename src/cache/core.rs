@@ -696,13 +696,17 @@ impl Cache {
         self.count_unpin(len as u64, cached);
     }
 
-    fn count_pin(&self, len: u64, cached: bool) {
-        let pages = len >> self.shift;
+    /// The counter a region of this kind is charged to.
+    fn pin_count(&self, cached: bool) -> &PinCount {
         if cached {
-            self.c.cached.add(pages);
+            &self.c.cached
         } else {
-            self.c.uncached.add(pages);
+            &self.c.uncached
         }
+    }
+
+    fn count_pin(&self, len: u64, cached: bool) {
+        self.pin_count(cached).add(len >> self.shift);
         let total = (self.c.cached.get().0 + self.c.uncached.get().0) << self.shift;
         // Usually below the peak: a load, no locked instruction.
         if total > self.c.pinned_peak.load(Ordering::Relaxed) {
@@ -711,12 +715,7 @@ impl Cache {
     }
 
     fn count_unpin(&self, len: u64, cached: bool) {
-        let pages = len >> self.shift;
-        if cached {
-            self.c.cached.sub(pages);
-        } else {
-            self.c.uncached.sub(pages);
-        }
+        self.pin_count(cached).sub(len >> self.shift);
     }
 
     /// Drop one reference; the last holder of a detached region unpins it.

@@ -32,6 +32,8 @@ impl Locked {
 
 const REGION_BITS: u32 = 24;
 const REGION_MASK: u64 = (1 << REGION_BITS) - 1;
+// Every region is a slab record: the region count cannot carry into the page bits.
+const _: () = assert!((super::slab::MAX_IDS as u64) < REGION_MASK);
 
 /// Pinned pages and regions of one kind (cached or uncached).
 #[derive(Default)]
