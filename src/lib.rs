@@ -9,4 +9,5 @@ pub mod config;
 pub mod ffi;
 pub mod monitor;
 pub mod pin;
+pub mod seam;
 pub mod status;

@@ -692,8 +692,17 @@ impl Cache {
         let len = self.len_of(r);
         let cached = !r.uncached;
         self.pinner.unpin(r.pinned(), r.start, len);
+        self.unwatch(r);
         self.slab.free(p);
         self.count_unpin(len as u64, cached);
+    }
+
+    /// Tell the watcher a region it was told about (every cached one: see `register_slow`) is
+    /// unpinned. Uncached regions were never watched.
+    fn unwatch(&self, r: &Region) {
+        if let (Some(w), false) = (&self.watcher, r.uncached) {
+            w.unwatch(r.start, self.len_of(r));
+        }
     }
 
     /// The counter a region of this kind is charged to.
@@ -901,7 +910,7 @@ fn max_request(max_pinned: usize, page: usize) -> usize {
     max_pinned.min((u32::MAX as usize).saturating_mul(page))
 }
 
-impl crate::monitor::MemoryListener for Cache {
+impl crate::seam::MemoryListener for Cache {
     fn on_unmap(&self, addr: usize, len: usize) {
         self.invalidate(addr, len)
     }
@@ -919,6 +928,7 @@ impl Drop for Cache {
             // the records when it drops.
             let r = unsafe { p.as_ref() };
             self.pinner.unpin(r.pinned(), r.start, self.len_of(r));
+            self.unwatch(r);
         }
     }
 }

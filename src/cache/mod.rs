@@ -62,11 +62,7 @@ pub struct Stats {
     pub uncached: u64,
 }
 
-/// Told about every newly pinned range, so a monitor can start watching it (e.g. userfaultfd
-/// registration of the whole mapping). Called outside hooks and outside the cache's read path.
-pub trait RangeWatcher: Send + Sync {
-    fn watch(&self, addr: usize, len: usize);
-}
+pub use crate::seam::RangeWatcher;
 
 #[cfg(test)]
 mod tests;

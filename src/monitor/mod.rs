@@ -51,10 +51,7 @@ pub fn uffd_watch(addr: usize, len: usize) -> usize {
     uffd::watch(addr, len)
 }
 
-/// Receives "this range is (about to be) gone" events.
-pub trait MemoryListener: Send + Sync {
-    fn on_unmap(&self, addr: usize, len: usize);
-}
+pub use crate::seam::MemoryListener;
 
 /// Fan an event out to all listeners (used by `fh_notify_unmapped` and by the hooks). Hook-safe:
 /// no allocation, no lock. A call made from inside a listener (on the same thread) is dropped, so a

@@ -248,10 +248,11 @@ fn ensure_open(st: &mut Option<State>) -> Option<c_int> {
 #[derive(Clone, Copy, Debug, Default)]
 pub struct UffdWatcher;
 
-impl crate::cache::RangeWatcher for UffdWatcher {
+impl crate::seam::RangeWatcher for UffdWatcher {
     fn watch(&self, addr: usize, len: usize) {
         watch(addr, len);
     }
+    fn unwatch(&self, _addr: usize, _len: usize) {}
 }
 
 /// Register every VMA overlapping [addr, addr+len). Returns how many were newly registered.
