@@ -238,7 +238,7 @@ impl Cache {
     /// Invalidations are waiting in the ring (one read-mostly line).
     #[inline]
     fn pending(&self) -> bool {
-        self.queue.0.len() != 0 || self.overflow.0.load(Ordering::SeqCst)
+        !self.queue.0.is_empty() || self.overflow.0.load(Ordering::SeqCst)
     }
 
     fn lock(&self) -> Writer<'_> {

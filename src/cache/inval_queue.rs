@@ -1,104 +1,64 @@
 //! Fixed-size, preallocated, lock-free queue of invalidated ranges.
 //!
 //! Producers are memory hooks (any thread, possibly re-entered from inside the cache), so a push
-//! never allocates and never waits: it claims a cell with one CAS (bounded multi-producer ring
-//! with per-cell sequence numbers, the classic "sequence = position when free, position + 1 when
-//! full" scheme) or reports that the ring is full. The single consumer is the cache's writer,
-//! which drains under its mutex. On overflow the caller sets a flag that makes the next drain
-//! invalidate everything, which is always safe.
+//! never allocates and never takes a lock: it claims a cell or reports that the ring is full. The
+//! single consumer is the cache's writer, which drains under its mutex. On overflow the caller
+//! sets a flag that makes the next drain invalidate everything, which is always safe.
+//!
+//! The ring is crossbeam's `ArrayQueue` (allocated once, here): its `pop` waits for a cell that a
+//! producer has claimed but not yet written instead of reporting "empty". A hand-written ring here
+//! once stopped at such a cell, so a drain could finish while a *later*, completed push (whose
+//! `invalidate` had returned) sat behind it: a stale hit. The wait is bounded: a producer between
+//! its claim and its write runs no code that can block.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use crossbeam_queue::ArrayQueue;
 
 /// Ring capacity. Case 5 of ARCHITECTURE.md wants fewer than 100 queued entries whatever happens,
 /// so the ring itself is the bound (a full ring falls back to "invalidate all").
 pub const QUEUE_CAPACITY: usize = 64;
 
-struct Cell {
-    seq: AtomicUsize,
-    start: AtomicUsize,
-    end: AtomicUsize,
-}
-
 pub struct InvalQueue {
-    cells: [Cell; QUEUE_CAPACITY],
-    head: AtomicUsize, // next position to push
-    tail: AtomicUsize, // next position to pop (consumer only)
+    ring: ArrayQueue<(usize, usize)>,
 }
 
 impl InvalQueue {
     pub fn new() -> Self {
         InvalQueue {
-            cells: std::array::from_fn(|i| Cell {
-                seq: AtomicUsize::new(i),
-                start: AtomicUsize::new(0),
-                end: AtomicUsize::new(0),
-            }),
-            head: AtomicUsize::new(0),
-            tail: AtomicUsize::new(0),
+            ring: ArrayQueue::new(QUEUE_CAPACITY),
         }
     }
 
     /// Push `[start, end)`. Returns false when the ring is full. Hook-safe: no allocation, no lock.
+    #[inline]
     pub fn push(&self, start: usize, end: usize) -> bool {
-        let mut pos = self.head.load(Ordering::Relaxed);
-        loop {
-            let cell = &self.cells[pos % QUEUE_CAPACITY];
-            let seq = cell.seq.load(Ordering::Acquire);
-            let dif = seq.wrapping_sub(pos) as isize;
-            if dif == 0 {
-                match self.head.compare_exchange_weak(
-                    pos,
-                    pos.wrapping_add(1),
-                    Ordering::Relaxed,
-                    Ordering::Relaxed,
-                ) {
-                    Ok(_) => {
-                        cell.start.store(start, Ordering::Relaxed);
-                        cell.end.store(end, Ordering::Relaxed);
-                        // Publishes the data to the consumer.
-                        cell.seq.store(pos.wrapping_add(1), Ordering::Release);
-                        return true;
-                    }
-                    Err(now) => pos = now,
-                }
-            } else if dif < 0 {
-                return false; // full: the consumer has not freed this cell yet
-            } else {
-                pos = self.head.load(Ordering::Relaxed);
-            }
-        }
+        self.ring.push((start, end)).is_ok()
     }
 
-    /// Pop one completed entry. Must only be called by the single consumer (the cache's writer,
-    /// which holds the cache mutex). Stops at a cell whose producer has not finished writing.
+    /// Pop one entry, waiting for one that is claimed but not yet written. Called by the single
+    /// consumer (the cache's writer, which holds the cache mutex). `None` once every push that
+    /// started before this call is taken.
+    #[inline]
     pub fn pop(&self) -> Option<(usize, usize)> {
-        let pos = self.tail.load(Ordering::Relaxed);
-        let cell = &self.cells[pos % QUEUE_CAPACITY];
-        let seq = cell.seq.load(Ordering::Acquire);
-        if seq != pos.wrapping_add(1) {
-            return None;
-        }
-        let range = (
-            cell.start.load(Ordering::Relaxed),
-            cell.end.load(Ordering::Relaxed),
-        );
-        self.tail.store(pos.wrapping_add(1), Ordering::Relaxed);
-        cell.seq
-            .store(pos.wrapping_add(QUEUE_CAPACITY), Ordering::Release);
-        Some(range)
+        self.ring.pop()
+    }
+
+    /// True when nothing is queued (two loads: the hit path's check).
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.ring.is_empty()
     }
 
     /// Entries pushed and not yet popped (approximate under concurrent pushes).
     pub fn len(&self) -> usize {
-        self.head
-            .load(Ordering::Acquire)
-            .wrapping_sub(self.tail.load(Ordering::Acquire))
+        self.ring.len()
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::Arc;
 
     #[test]
     fn fifo_and_full() {
@@ -112,36 +72,59 @@ mod tests {
             assert_eq!(q.pop(), Some((i, i + 1)));
         }
         assert_eq!(q.pop(), None);
+        assert!(q.is_empty());
         assert!(q.push(5, 6));
+        assert!(!q.is_empty());
         assert_eq!(q.pop(), Some((5, 6)));
     }
 
+    /// Every push that *returned* before a drain started is taken by that drain, even while other
+    /// producers are between claiming a cell and writing it. (The hand-written ring this replaced
+    /// stopped at a claimed-but-unwritten cell and failed this within a second.)
     #[test]
-    fn concurrent_producers_lose_nothing_until_full() {
-        let q = std::sync::Arc::new(InvalQueue::new());
-        let per = QUEUE_CAPACITY / 4;
-        let hs: Vec<_> = (0..4)
-            .map(|t| {
-                let q = q.clone();
+    fn a_drain_takes_every_completed_push() {
+        const PRODUCERS: usize = 8;
+        let q = Arc::new(InvalQueue::new());
+        let done: Arc<Vec<AtomicUsize>> = Arc::new((0..PRODUCERS).map(|_| 0.into()).collect());
+        let stop = Arc::new(AtomicBool::new(false));
+        let hs: Vec<_> = (0..PRODUCERS)
+            .map(|p| {
+                let (q, done, stop) = (q.clone(), done.clone(), stop.clone());
                 std::thread::spawn(move || {
-                    for i in 0..per {
-                        assert!(q.push(t * 1000 + i, 1));
+                    let mut i = 0;
+                    while !stop.load(Ordering::Relaxed) {
+                        if q.push(p, i + 1) {
+                            i += 1;
+                            done[p].store(i, Ordering::Release);
+                        } else {
+                            std::thread::yield_now();
+                        }
                     }
                 })
             })
             .collect();
+        let mut seen = [0usize; PRODUCERS];
+        let t0 = std::time::Instant::now();
+        let mut drains = 0u64;
+        while t0.elapsed() < std::time::Duration::from_millis(1500) {
+            let want: Vec<usize> = done.iter().map(|d| d.load(Ordering::Acquire)).collect();
+            while let Some((p, i)) = q.pop() {
+                assert_eq!(i, seen[p] + 1, "per-producer order");
+                seen[p] = i;
+            }
+            drains += 1;
+            for p in 0..PRODUCERS {
+                assert!(
+                    seen[p] >= want[p],
+                    "drain {drains}: producer {p}'s push #{} had returned, drain saw only #{}",
+                    want[p],
+                    seen[p]
+                );
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
         for h in hs {
             h.join().unwrap();
         }
-        let mut got = Vec::new();
-        while let Some((s, _)) = q.pop() {
-            got.push(s);
-        }
-        got.sort();
-        let mut want: Vec<usize> = (0..4)
-            .flat_map(|t| (0..per).map(move |i| t * 1000 + i))
-            .collect();
-        want.sort();
-        assert_eq!(got, want);
     }
 }
