@@ -436,15 +436,19 @@ impl Cache {
         }
         self.c.misses.bump(w, 1);
 
-        // Target: the union with every overlapping region (their rights too), unless too big.
+        // Target: the union with every overlapping region of the same remote rights (their local
+        // rights too), unless too big. Overlapping regions with other remote rights are detached
+        // below but not merged: a key never grants remote rights that were not asked for.
         let max_pinned = w.state.limits.max_pinned;
         let (mut ts, mut te, mut ta) = (start, end, access);
         for p in overlaps.iter() {
             // SAFETY: indexed regions are live while we hold the mutex.
             let r = unsafe { p.as_ref() };
-            ts = ts.min(r.start);
-            te = te.max(r.end(self.shift));
-            ta = ta.union(r.access());
+            if r.access().same_remote(access) {
+                ts = ts.min(r.start);
+                te = te.max(r.end(self.shift));
+                ta = ta.union(r.access());
+            }
         }
         if te - ts > max_pinned || !self.fits(ts, te) {
             (ts, te, ta) = (start, end, access);

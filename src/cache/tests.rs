@@ -51,7 +51,7 @@ fn hit_after_lazy_release_and_exact_addr_returned() {
     assert_eq!((rec.addr, rec.len), (P, P));
     c.deregister(a.handle).unwrap();
     assert_eq!(c.deregister(a.handle), Err(FH_ERR_UNKNOWN_HANDLE));
-    let b = c.register(P + 8, 8, Access::LOCAL_WRITE).unwrap();
+    let b = c.register(P + 8, 8, Access::REMOTE_WRITE).unwrap();
     assert_eq!(b.lkey, a.lkey, "contained + covered access = hit");
     let s = c.stats();
     assert_eq!((s.hits, s.misses, s.regions, s.in_use), (1, 1, 1, 1));
@@ -63,23 +63,46 @@ fn hit_after_lazy_release_and_exact_addr_returned() {
 }
 
 #[test]
-fn read_only_never_serves_remote_write_and_union_replaces() {
+fn a_key_never_grants_more_remote_rights_than_asked() {
     let (pin, c) = cache(1 << 30, 100);
-    let a = c.register(P, P, R).unwrap();
+    let rd = Access(Access::LOCAL_WRITE.0 | R.0);
+    let a = c.register(P, P, rd).unwrap();
     let b = c.register(P, 2 * P, Access::REMOTE_WRITE).unwrap();
     assert_ne!(a.lkey, b.lkey);
     let rb = pin.record(b.lkey).unwrap();
     assert_eq!((rb.addr, rb.len), (P, 2 * P));
-    assert!(
-        rb.access.covers(R) && rb.access.covers(Access::REMOTE_WRITE),
-        "union of rights"
-    );
-    // The old region stays pinned for its holder, then goes.
+    assert_eq!(rb.access, Access::REMOTE_WRITE, "no union of remote rights");
+    // The read region left the index (it overlaps) but stays pinned for its holder, then goes.
     assert_eq!(pin.live_count(), 2);
     c.deregister(a.handle).unwrap();
     assert_eq!(pin.live_count(), 1);
-    let c2 = c.register(P, P, R).unwrap();
-    assert_eq!(c2.lkey, b.lkey, "the union now serves the read request");
+    // A read request over the write region is a miss: its rkey would also allow remote write.
+    let r2 = c.register(P, P, R).unwrap();
+    assert_ne!(r2.lkey, b.lkey, "a remote-write key served a remote-read request");
+    assert_eq!(pin.record(r2.lkey).unwrap().access, R);
+    // Nor the other way round, and no remote rights at all is a class of its own too.
+    let w2 = c.register(P, P, Access::REMOTE_WRITE).unwrap();
+    assert_ne!(w2.lkey, r2.lkey);
+    let l = c.register(P, P, Access::LOCAL_WRITE).unwrap();
+    assert_eq!(pin.record(l.lkey).unwrap().access.0 & Access::REMOTE.0, 0);
+    for h in [b.handle, r2.handle, w2.handle, l.handle] {
+        c.deregister(h).unwrap();
+    }
+}
+
+#[test]
+fn same_remote_rights_merge_and_local_rights_are_a_superset() {
+    let (pin, c) = cache(1 << 30, 100);
+    let a = c.register(P, 2 * P, R).unwrap();
+    let b = c.register(2 * P, 2 * P, Access(Access::LOCAL_WRITE.0 | R.0)).unwrap();
+    let rb = pin.record(b.lkey).unwrap();
+    assert_eq!((rb.addr, rb.len), (P, 3 * P), "same remote class: union of extents");
+    assert_eq!(rb.access, Access(Access::LOCAL_WRITE.0 | R.0));
+    c.deregister(a.handle).unwrap();
+    let h = c.register(P, P, R).unwrap();
+    assert_eq!(h.lkey, b.lkey, "more local rights, same remote rights: a hit");
+    c.deregister(h.handle).unwrap();
+    c.deregister(b.handle).unwrap();
 }
 
 #[test]

@@ -20,10 +20,21 @@ impl Access {
     /// Every bit the cache understands; anything else is `FH_ERR_BAD_ACCESS`.
     pub const ALL: Access = Access(1 | 2 | 4 | 8);
 
-    /// True when a registration made with `self` may serve a request for `want`.
+    /// The rights an rkey carries onto the wire.
+    pub const REMOTE: Access = Access(2 | 4 | 8);
+
+    /// True when a registration made with `self` may serve a request for `want`: exactly the
+    /// remote rights asked for (an rkey must never grant more than was asked: a key handed out
+    /// for remote read must not also allow remote write), and at least the local ones.
     #[inline]
     pub fn covers(self, want: Access) -> bool {
-        self.0 & want.0 == want.0
+        self.0 & want.0 == want.0 && (self.0 ^ want.0) & Self::REMOTE.0 == 0
+    }
+
+    /// Same remote rights (the class a registration's rkey belongs to).
+    #[inline]
+    pub fn same_remote(self, other: Access) -> bool {
+        (self.0 ^ other.0) & Self::REMOTE.0 == 0
     }
     #[inline]
     pub fn union(self, other: Access) -> Access {
