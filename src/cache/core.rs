@@ -108,6 +108,22 @@ enum Fast {
     Busy,
 }
 
+/// A PENDING region between its insert and its publish. Dropped with the region still inside
+/// only while unwinding from a panic: then the region leaves the index and is freed.
+struct PendingGuard<'a, 'w> {
+    cache: &'a Cache,
+    w: &'a Writer<'w>,
+    region: Option<RegionPtr>,
+}
+
+impl Drop for PendingGuard<'_, '_> {
+    fn drop(&mut self) {
+        if let Some(p) = self.region.take() {
+            self.cache.drop_pending(self.w, Some(p));
+        }
+    }
+}
+
 /// What the cache mutex guards.
 struct WriterState {
     limits: Limits,
@@ -480,10 +496,17 @@ impl Cache {
         if !cached {
             (ts, te, ta) = (start, end, access);
         }
+        // From here until `publish`, a panic (in the backend, say) must not leave the PENDING
+        // region indexed: a later miss would find it under the mutex and hand out its placeholder
+        // keys (lkey 0) as a hit. The guard takes it out again while unwinding.
+        let mut pending = PendingGuard {
+            cache: self,
+            w,
+            region: pending,
+        };
         // Evicted regions go before the new pin (the backend may be at its limit).
         self.unpin_drain(unpins);
 
-        let mut pending = pending;
         let pinned = loop {
             match self.pinner.pin(ts, te - ts, ta) {
                 Ok(p) => break p,
@@ -496,7 +519,7 @@ impl Cache {
                         })
                     };
                     if victim.is_none() {
-                        self.drop_pending(w, pending);
+                        self.drop_pending(w, pending.region.take());
                         self.c.pin_failures.bump(w, 1);
                         return Err(fh_status::FH_ERR_NO_MEMORY);
                     }
@@ -507,19 +530,19 @@ impl Cache {
                 Err(PinError::Failed(_)) if (ts, te, ta) != (start, end, access) => {
                     // The union may cover memory that is gone; the request alone may still pin.
                     (ts, te, ta) = (start, end, access);
-                    if pending.is_some() {
-                        self.drop_pending(w, pending);
+                    if pending.region.is_some() {
+                        self.drop_pending(w, pending.region.take());
                         let x = w.exclude();
                         // The record just freed is reused: this cannot run out.
-                        pending = self.insert_pending(&x, ts, te, ta);
-                        if pending.is_none() {
+                        pending.region = self.insert_pending(&x, ts, te, ta);
+                        if pending.region.is_none() {
                             self.c.pin_failures.bump(w, 1);
                             return Err(fh_status::FH_ERR_NO_MEMORY);
                         }
                     }
                 }
                 Err(PinError::Failed(_)) => {
-                    self.drop_pending(w, pending);
+                    self.drop_pending(w, pending.region.take());
                     self.c.pin_failures.bump(w, 1);
                     return Err(fh_status::FH_ERR_PIN_FAILED);
                 }
@@ -527,7 +550,7 @@ impl Cache {
         };
         let len = (te - ts) as u64;
         self.slots[sid].add_in_use(sid, 1);
-        let Some(region) = pending else {
+        let Some(region) = pending.region.take() else {
             // Uncached: nobody else can find it, so invalidations need not reach it; its
             // holder's keys stay valid until the release unpins it.
             let pages = ((te - ts) >> self.shift) as u32;

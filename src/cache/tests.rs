@@ -78,7 +78,10 @@ fn a_key_never_grants_more_remote_rights_than_asked() {
     assert_eq!(pin.live_count(), 1);
     // A read request over the write region is a miss: its rkey would also allow remote write.
     let r2 = c.register(P, P, R).unwrap();
-    assert_ne!(r2.lkey, b.lkey, "a remote-write key served a remote-read request");
+    assert_ne!(
+        r2.lkey, b.lkey,
+        "a remote-write key served a remote-read request"
+    );
     assert_eq!(pin.record(r2.lkey).unwrap().access, R);
     // Nor the other way round, and no remote rights at all is a class of its own too.
     let w2 = c.register(P, P, Access::REMOTE_WRITE).unwrap();
@@ -94,13 +97,22 @@ fn a_key_never_grants_more_remote_rights_than_asked() {
 fn same_remote_rights_merge_and_local_rights_are_a_superset() {
     let (pin, c) = cache(1 << 30, 100);
     let a = c.register(P, 2 * P, R).unwrap();
-    let b = c.register(2 * P, 2 * P, Access(Access::LOCAL_WRITE.0 | R.0)).unwrap();
+    let b = c
+        .register(2 * P, 2 * P, Access(Access::LOCAL_WRITE.0 | R.0))
+        .unwrap();
     let rb = pin.record(b.lkey).unwrap();
-    assert_eq!((rb.addr, rb.len), (P, 3 * P), "same remote class: union of extents");
+    assert_eq!(
+        (rb.addr, rb.len),
+        (P, 3 * P),
+        "same remote class: union of extents"
+    );
     assert_eq!(rb.access, Access(Access::LOCAL_WRITE.0 | R.0));
     c.deregister(a.handle).unwrap();
     let h = c.register(P, P, R).unwrap();
-    assert_eq!(h.lkey, b.lkey, "more local rights, same remote rights: a hit");
+    assert_eq!(
+        h.lkey, b.lkey,
+        "more local rights, same remote rights: a hit"
+    );
     c.deregister(h.handle).unwrap();
     c.deregister(b.handle).unwrap();
 }
@@ -397,4 +409,61 @@ fn reader_during_the_pin_waits_for_the_keys() {
     let s = c.stats();
     assert_eq!((s.hits, s.misses), (1, 1));
     c.deregister(a.handle).unwrap();
+}
+
+/// A backend whose next pin panics (armed), else the counting double.
+struct PanicOnce {
+    inner: CountingPinner,
+    armed: std::sync::atomic::AtomicBool,
+}
+
+impl crate::pin::Pinner for PanicOnce {
+    fn pin(
+        &self,
+        addr: usize,
+        len: usize,
+        access: Access,
+    ) -> Result<crate::pin::Pinned, crate::pin::PinError> {
+        if self.armed.swap(false, std::sync::atomic::Ordering::SeqCst) {
+            panic!("injected backend panic");
+        }
+        self.inner.pin(addr, len, access)
+    }
+    fn unpin(&self, pinned: crate::pin::Pinned, addr: usize, len: usize) {
+        self.inner.unpin(pinned, addr, len)
+    }
+    fn name(&self) -> &'static str {
+        "panic-once"
+    }
+}
+
+#[test]
+fn a_panic_inside_a_miss_leaves_no_pending_region() {
+    let pin = Arc::new(PanicOnce {
+        inner: CountingPinner::new(),
+        armed: true.into(),
+    });
+    let c = Cache::new(
+        pin.clone(),
+        Limits {
+            max_pinned: 1 << 30,
+            max_regions: 100,
+        },
+        None,
+    );
+    let c2 = c.clone();
+    let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || c2.register(P, P, R)));
+    assert!(res.is_err(), "the backend's panic reaches the caller");
+    // The same call again: a real miss with real keys, not the placeholder of the dead miss.
+    let r = c.register(P, P, R).unwrap();
+    let rec = pin
+        .inner
+        .record(r.lkey)
+        .expect("keys of a live pin, not a placeholder");
+    assert_eq!((rec.addr, rec.len), (P, P));
+    let s = c.stats();
+    assert_eq!((s.hits, s.regions, s.in_use), (0, 1, 1));
+    c.deregister(r.handle).unwrap();
+    assert_eq!(c.flush(), 1);
+    assert_eq!(pin.inner.live_count(), 0);
 }
