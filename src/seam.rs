@@ -11,6 +11,11 @@
 /// Receives "this range is (about to be) gone" events. See the module docs for the rules.
 pub trait MemoryListener: Send + Sync {
     fn on_unmap(&self, addr: usize, len: usize);
+
+    /// Called in a child process right after `fork`, inside the atfork child handler (one thread,
+    /// other threads' locks possibly held forever): must not allocate, lock or call the backend.
+    /// A cache quarantines itself here: what it holds belongs to the parent.
+    fn forked(&self) {}
 }
 
 /// Told about every range the cache pins and, later, unpins, so a monitor can watch exactly the
