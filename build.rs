@@ -1,4 +1,5 @@
-//! Build script: SONAME for the cdylib, and the C header generated with cbindgen into OUT_DIR.
+//! Build script: SONAME and `-z nodelete` for the cdylib, and the C header generated with cbindgen
+//! into OUT_DIR.
 //!
 //! The header goes to `$OUT_DIR/firehose.h`, never into the source tree, so a normal build does
 //! not dirty the checkout; `scripts/check-header` compares it with the checked-in
@@ -8,7 +9,16 @@ use std::path::PathBuf;
 
 fn main() {
     // A cdylib gets no SONAME by default; C programs would then record an absolute path.
-    println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libfirehose.so.0");
+    // `rustc-link-arg`, not `rustc-cdylib-link-arg`: cargo hands a dependency's cdylib link args
+    // to the cdylib of every crate that depends on it (cargo#9562), which gave
+    // libfirehose_preload.so this SONAME. `rustc-link-arg` stays in this package; its executables
+    // (tests, examples) get a DT_SONAME too, which nothing looks at (none dlopens libfirehose.so.0).
+    println!("cargo:rustc-link-arg=-Wl,-soname,libfirehose.so.0");
+    // The monitor patches libc's entry points to jump into this library, so its code must never be
+    // unmapped: dlclose() keeps a NODELETE object loaded. Deliberately `rustc-cdylib-link-arg`, so
+    // it also reaches every cdylib that embeds this crate (the preload shim, a user's cdylib): each
+    // of them patches libc to jump into itself. (ld drops the flag from executables.)
+    println!("cargo:rustc-cdylib-link-arg=-Wl,-z,nodelete");
 
     let root = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets it"));
     let out = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets it")).join("firehose.h");

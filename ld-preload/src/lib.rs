@@ -6,6 +6,10 @@
 //! Flow: depth guard (`guard.rs`) -> dispatch -> per-pd cache (`pd_cache.rs`) whose backend calls
 //! the real functions (`real_verbs.rs`, `real_pinner.rs`) -> a wrapper MR (`wrapper.rs`).
 //! Settings in `settings.rs`, counters and `FH_STATS` in `stats.rs`, `fork` in `fork.rs`.
+//!
+//! Exports: exactly the hooks above and `fh_preload_stats` (`exports.list`); the library's own
+//! `fh_*` C ABI is linked in but not exported, and the SONAME is `libfirehose_preload.so`
+//! (`build.rs`).
 
 mod coexist;
 mod cost_model;
