@@ -126,6 +126,13 @@ typedef enum fh_status {
      * The operation is not supported by this backend or build.
      */
     FH_ERR_UNSUPPORTED = 7013,
+    /**
+     * The cache was created before `fork` in the parent: in the child it is quarantined (its
+     * registrations belong to the parent's address space and verbs objects). Create a new cache
+     * in the child; `fh_cache_free` of the inherited one is fine (it releases nothing of the
+     * parent's).
+     */
+    FH_ERR_FORKED = 7014,
 } fh_status;
 
 /**

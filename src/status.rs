@@ -35,6 +35,11 @@ pub enum fh_status {
     FH_ERR_PANIC = 7012,
     /// The operation is not supported by this backend or build.
     FH_ERR_UNSUPPORTED = 7013,
+    /// The cache was created before `fork` in the parent: in the child it is quarantined (its
+    /// registrations belong to the parent's address space and verbs objects). Create a new cache
+    /// in the child; `fh_cache_free` of the inherited one is fine (it releases nothing of the
+    /// parent's).
+    FH_ERR_FORKED = 7014,
 }
 
 impl fh_status {
@@ -56,6 +61,7 @@ impl fh_status {
             FH_ERR_BUSY => c"registrations are still in use",
             FH_ERR_PANIC => c"internal panic caught at the C boundary",
             FH_ERR_UNSUPPORTED => c"operation not supported by this backend",
+            FH_ERR_FORKED => c"cache inherited across fork: create a new one in the child",
         }
     }
 }

@@ -76,6 +76,9 @@ pub struct Cache {
     queue: Padded<InvalQueue>,
     /// Set when a hook found the ring full: the next drain invalidates everything.
     overflow: Padded<AtomicBool>,
+    /// Set in a child process after `fork` (see `quarantine`): every call fails with
+    /// `FH_ERR_FORKED` before touching a lock, and drop leaves the parent's pins alone.
+    forked: AtomicBool,
     index: UnsafeCell<Index>,
     /// Region records (ids are what the index stores).
     slab: Slab,
@@ -214,6 +217,7 @@ impl Cache {
             joined: Padded((AtomicUsize::new(0), AtomicUsize::new(0))),
             queue: Padded(InvalQueue::new()),
             overflow: Padded(AtomicBool::new(false)),
+            forked: AtomicBool::new(false),
             index: UnsafeCell::new(Index::new(page.trailing_zeros())),
             slab: Slab::new(),
             mutex: Mutex::new(WriterState {
@@ -401,6 +405,9 @@ impl Cache {
         end: usize,
         access: Access,
     ) -> FhResult<RegionPtr> {
+        if self.is_forked() {
+            return Err(fh_status::FH_ERR_FORKED);
+        }
         let mut w = self.lock();
         // Scratch lists kept in the writer state: a miss then pays no malloc/free pair.
         let mut unpins = std::mem::take(&mut w.state.spare);
@@ -795,6 +802,9 @@ impl Cache {
 
     /// Unknown / already released handle -> `FH_ERR_UNKNOWN_HANDLE` and nothing changes.
     pub fn deregister(&self, handle: u64) -> FhResult<()> {
+        if self.is_forked() {
+            return Err(fh_status::FH_ERR_FORKED);
+        }
         let sid = my_slot();
         let r = self
             .handles
@@ -851,6 +861,9 @@ impl Cache {
 
     /// Shrinking evicts idle regions down to the new bounds.
     pub fn set_limits(&self, limits: Limits) {
+        if self.is_forked() {
+            return;
+        }
         let mut w = self.lock();
         w.state.limits = limits;
         self.max_pinned.store(limits.max_pinned, Ordering::Relaxed);
@@ -895,6 +908,9 @@ impl Cache {
 
     /// Unpin every idle region (also processes pending invalidations). Returns how many.
     pub fn flush(&self) -> usize {
+        if self.is_forked() {
+            return 0;
+        }
         let w = self.lock();
         let mut unpins = Vec::new();
         self.drain(&w, &mut unpins);
@@ -919,11 +935,26 @@ impl Cache {
     /// stays a pure read; callers that want current counters (e.g. `fh_get_stats`) call this
     /// first. Returns how many regions were unpinned.
     pub fn process_invalidations(&self) -> usize {
-        if self.pending() {
+        if self.pending() && !self.is_forked() {
             self.drain_now()
         } else {
             0
         }
+    }
+
+    /// Quarantine after `fork`, in the child (see `seam::MemoryListener::forked`): no lock, no
+    /// allocation. A writer flag left raised by a parent thread that does not exist here is
+    /// lowered and `overflow` raised, so every hit attempt falls through to the slow path, which
+    /// returns `FH_ERR_FORKED` without waiting for anything.
+    pub fn quarantine(&self) {
+        self.forked.store(true, Ordering::SeqCst);
+        self.overflow.0.store(true, Ordering::SeqCst);
+        self.writer.0.store(false, Ordering::SeqCst);
+    }
+
+    /// Whether this cache was inherited across `fork` (see `quarantine`).
+    pub fn is_forked(&self) -> bool {
+        self.forked.load(Ordering::Relaxed)
     }
 
     /// Entries waiting in the invalidation ring (for tests and diagnostics).
@@ -941,10 +972,19 @@ impl crate::seam::MemoryListener for Cache {
     fn on_unmap(&self, addr: usize, len: usize) {
         self.invalidate(addr, len)
     }
+
+    fn forked(&self) {
+        self.quarantine();
+    }
 }
 
 impl Drop for Cache {
     fn drop(&mut self) {
+        if self.is_forked() {
+            // The pins are the parent's (an `ibv_dereg_mr` here would deregister the parent's MR
+            // through the shared uverbs fd): leave them. The slab frees the records.
+            return;
+        }
         let mut all = self.index.get_mut().all(&self.slab);
         all.extend(self.handles.live_regions());
         all.sort_unstable();

@@ -72,12 +72,20 @@ impl Slab {
     /// The record of `id`. `id` must have been returned by `alloc` (live or freed since).
     #[inline]
     pub fn get(&self, id: u32) -> &Region {
+        // SAFETY: a chunk pointer, once set, points at CHUNK initialised records that live until
+        // the slab drops; ids handed out by `alloc` lie in an allocated chunk.
+        unsafe { &*self.record(id) }
+    }
+
+    /// Raw pointer to id's record, derived from the chunk's own allocation (never from a `&Region`,
+    /// so `alloc` may write through it).
+    #[inline]
+    fn record(&self, id: u32) -> *mut Region {
         let base =
             self.chunks[(id >> CHUNK_BITS) as usize & (MAX_CHUNKS - 1)].load(Ordering::Acquire);
         debug_assert!(!base.is_null());
-        // SAFETY: a chunk pointer, once set, points at CHUNK initialised records that live until
-        // the slab drops; ids handed out by `alloc` lie in an allocated chunk.
-        unsafe { &*base.add(slot_in_chunk(id)) }
+        // SAFETY: `slot_in_chunk` < CHUNK, inside the chunk's allocation (see `get`).
+        unsafe { base.add(slot_in_chunk(id)) }
     }
 
     /// Ids that may hold a region (`0..high_water()`); FREE ones have `state == FREE`.
@@ -114,7 +122,9 @@ impl Slab {
                 id
             }
         };
-        let p = NonNull::from(self.get(id)).as_ptr();
+        // A pointer with the chunk's provenance: writing through one derived from `&Region` (as
+        // `get` returns) would be undefined behaviour even for a FREE record.
+        let p = self.record(id);
         // SAFETY: the record is FREE (fresh or from the free list): nobody holds a reference to
         // it, and the alloc mutex serialises writers of FREE records.
         unsafe {

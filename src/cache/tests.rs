@@ -467,3 +467,31 @@ fn a_panic_inside_a_miss_leaves_no_pending_region() {
     assert_eq!(c.flush(), 1);
     assert_eq!(pin.inner.live_count(), 0);
 }
+
+#[test]
+fn a_quarantined_cache_refuses_everything_and_leaves_the_pins_alone() {
+    let (pin, c) = cache(1 << 30, 100);
+    let held = c.register(P, P, R).unwrap();
+    let idle = c.register(4 * P, P, R).unwrap();
+    c.deregister(idle.handle).unwrap();
+    // What the atfork child handler does (through `MemoryListener::forked`).
+    crate::seam::MemoryListener::forked(&*c);
+    assert!(c.is_forked());
+    assert_eq!(
+        c.register(P, P, R),
+        Err(FH_ERR_FORKED),
+        "no hit on the parent's pin"
+    );
+    assert_eq!(c.register(8 * P, P, R), Err(FH_ERR_FORKED));
+    assert_eq!(c.deregister(held.handle), Err(FH_ERR_FORKED));
+    assert_eq!(c.flush(), 0);
+    assert_eq!(c.process_invalidations(), 0);
+    let attempts = pin.attempts();
+    drop(c);
+    assert_eq!(pin.attempts(), attempts);
+    assert_eq!(
+        pin.live_count(),
+        2,
+        "the parent's pins are not the child's to undo"
+    );
+}
