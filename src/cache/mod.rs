@@ -8,16 +8,23 @@
 
 mod core;
 mod counters;
+mod exclusion;
 mod handles;
 mod hash_front;
+mod hit;
 mod index;
 mod inval_queue;
+mod invalidate;
+mod limits;
 mod membarrier;
+mod miss;
+mod pins;
 mod readers;
 mod region;
 mod slab;
 mod sorted;
 mod spinlock;
+mod stats;
 
 pub use self::core::Cache;
 pub use self::inval_queue::QUEUE_CAPACITY;

@@ -8,9 +8,10 @@
 //! exclusively owned slot are updated with a plain load + store (no lock prefix), because only the
 //! owning thread writes them.
 
+use std::any::Any;
 use std::cell::Cell;
 use std::sync::atomic::{compiler_fence, AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard};
 
 /// Number of reader slots per cache (including the shared slot 0).
 pub const SLOTS: usize = 128;
@@ -19,8 +20,49 @@ const _: () = assert!(SLOTS.is_power_of_two());
 const NO_ID: u32 = 0;
 const SHARED_FOREVER: u32 = u32::MAX;
 
-static FREE_IDS: Mutex<Vec<u32>> = Mutex::new(Vec::new());
-static IDS_INIT: std::sync::Once = std::sync::Once::new();
+/// The id pool. Filled on first use under its own lock (not with a `Once`: a child forked while
+/// another thread was inside a `Once` would wait for that thread forever). Lock 4 of
+/// `crate::fork`'s order, held across `fork`; nothing is locked under it.
+struct IdPool {
+    filled: bool,
+    free: Vec<u32>,
+}
+
+static FREE_IDS: Mutex<IdPool> = Mutex::new(IdPool {
+    filled: false,
+    free: Vec::new(),
+});
+
+fn free_ids() -> MutexGuard<'static, IdPool> {
+    FREE_IDS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Handed to `crate::fork` (this module is private to `cache`).
+static FORK_HOOKS: crate::fork::LeafHooks = crate::fork::LeafHooks {
+    lock: fork_lock,
+    child: fork_child,
+};
+
+fn fork_lock() -> Box<dyn Any> {
+    Box::new(free_ids())
+}
+
+/// In a child of `fork` (one thread, the pool locked by it): the ids of the parent's other
+/// threads are free again, since those threads are gone and will never return them. Only this
+/// thread's id stays taken. No allocation: the pool was filled with every id once, so its capacity
+/// holds them all.
+fn fork_child(g: &mut dyn Any) {
+    let Some(g) = g.downcast_mut::<MutexGuard<'static, IdPool>>() else {
+        return;
+    };
+    if !g.filled || g.free.capacity() < SLOTS - 1 {
+        return;
+    }
+    let mine = MY_ID.try_with(|c| c.get()).unwrap_or(NO_ID);
+    g.free.clear();
+    g.free
+        .extend((1..SLOTS as u32).rev().filter(|&id| id != mine));
+}
 
 struct IdGuard;
 
@@ -30,8 +72,8 @@ impl Drop for IdGuard {
             .try_with(|c| c.replace(SHARED_FOREVER))
             .unwrap_or(NO_ID);
         if id != NO_ID && id != SHARED_FOREVER {
-            if let Ok(mut free) = FREE_IDS.lock() {
-                free.push(id);
+            if let Ok(mut pool) = FREE_IDS.lock() {
+                pool.free.push(id);
             }
         }
     }
@@ -55,20 +97,21 @@ pub fn my_slot() -> usize {
 
 #[cold]
 fn assign() -> usize {
-    IDS_INIT.call_once(|| {
-        let mut free = FREE_IDS.lock().unwrap_or_else(|e| e.into_inner());
-        free.extend((1..SLOTS as u32).rev());
-    });
-    let id = FREE_IDS
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .pop()
-        .unwrap_or(SHARED_FOREVER);
+    // Before the lock: registering the atfork handlers must not happen under one of our locks.
+    crate::fork::set_ids_hooks(&FORK_HOOKS);
+    let id = {
+        let mut pool = free_ids();
+        if !pool.filled {
+            pool.filled = true;
+            pool.free.extend((1..SLOTS as u32).rev());
+        }
+        pool.free.pop().unwrap_or(SHARED_FOREVER)
+    };
     let _ = MY_ID.try_with(|c| c.set(id));
     if id != SHARED_FOREVER && ID_GUARD.try_with(|_| ()).is_err() {
         // Thread is tearing down: give the id back and use the shared slot.
         let _ = MY_ID.try_with(|c| c.set(SHARED_FOREVER));
-        FREE_IDS.lock().unwrap_or_else(|e| e.into_inner()).push(id);
+        free_ids().free.push(id);
         return 0;
     }
     if id == SHARED_FOREVER {
