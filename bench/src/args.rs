@@ -1,4 +1,9 @@
-//! Command-line options (hand-parsed: the bench has no CLI dependency).
+//! Command-line options, parsed with `lexopt` (`--opt value` and `--opt=value`); the usage text
+//! is ours.
+
+use std::ffi::OsString;
+
+use lexopt::prelude::*;
 
 /// What the user asked for.
 #[derive(Debug, Clone)]
@@ -24,48 +29,61 @@ usage: firehose-bench [--json] [--quick] [--backend mlock|verbs|null] [--regions
   --regions  cached-region counts of the hit rows (default 1,1000,100000)
 ";
 
-pub fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
-    let mut args = Args {
+/// Parse the arguments (without the program name); `Err("")` means help was asked for.
+pub fn parse<I>(args: I) -> Result<Args, String>
+where
+    I: IntoIterator,
+    I::Item: Into<OsString>,
+{
+    parse_lexopt(args)
+        .map_err(|e| e.to_string())?
+        .ok_or_else(String::new)
+}
+
+/// `Ok(None)`: help.
+fn parse_lexopt<I>(args: I) -> Result<Option<Args>, lexopt::Error>
+where
+    I: IntoIterator,
+    I::Item: Into<OsString>,
+{
+    let mut a = Args {
         json: false,
         quick: false,
         backend: "mlock".to_string(),
         internal_metadata: None,
         regions: vec![1, 1_000, 100_000],
     };
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--json" => args.json = true,
-            "--quick" => args.quick = true,
-            "--backend" => {
-                args.backend = it.next().ok_or("--backend needs a value")?;
+    let mut p = lexopt::Parser::from_args(args);
+    while let Some(arg) = p.next()? {
+        match arg {
+            Long("json") => a.json = true,
+            Long("quick") => a.quick = true,
+            Long("backend") => {
+                a.backend = p.value()?.string()?;
+                if !matches!(a.backend.as_str(), "mlock" | "verbs" | "null") {
+                    return Err(format!("unknown backend {:?}", a.backend).into());
+                }
             }
-            s if s.starts_with("--backend=") => args.backend = s["--backend=".len()..].to_string(),
-            "--regions" => {
-                let list = it.next().ok_or("--regions needs a list like 1,1000")?;
-                args.regions = list
+            Long("regions") => {
+                let list = p.value()?.string()?;
+                a.regions = list
                     .split(',')
                     .map(|x| x.trim().parse::<usize>().ok().filter(|&n| n > 0))
                     .collect::<Option<Vec<_>>>()
-                    .ok_or(format!("bad --regions list {list:?}"))?;
-                args.regions.sort_unstable();
-                args.regions.dedup();
+                    .ok_or(format!("bad --regions list {list:?} (e.g. 1,1000)"))?;
+                a.regions.sort_unstable();
+                a.regions.dedup();
             }
-            "--internal-metadata" => {
-                let imp = it.next().ok_or("--internal-metadata needs IMPL N")?;
-                let n = it
-                    .next()
-                    .and_then(|s| s.parse().ok())
-                    .ok_or("--internal-metadata needs IMPL N")?;
-                args.internal_metadata = Some((imp, n));
+            Long("internal-metadata") => {
+                let imp = p.value()?.string()?;
+                let n = p.value()?.parse()?;
+                a.internal_metadata = Some((imp, n));
             }
-            "-h" | "--help" => return Err(String::new()),
-            other => return Err(format!("unknown argument {other:?}")),
+            Short('h') | Long("help") => return Ok(None),
+            _ => return Err(arg.unexpected()),
         }
     }
-    match args.backend.as_str() {
-        "mlock" | "verbs" | "null" => Ok(args),
-        b => Err(format!("unknown backend {b:?}")),
-    }
+    Ok(Some(a))
 }
 
 #[cfg(test)]
@@ -90,16 +108,22 @@ mod tests {
             p(&["--regions", "1000,1,1000"]).unwrap().regions,
             vec![1, 1000]
         );
+        assert_eq!(p(&["--regions=1"]).unwrap().regions, vec![1]);
+        assert_eq!(p(&["--help"]).unwrap_err(), "");
+        assert_eq!(p(&["-h"]).unwrap_err(), "");
     }
 
     #[test]
     fn rejects_garbage() {
         assert!(p(&["--backend", "rdma"]).is_err());
         assert!(p(&["--frobnicate"]).is_err());
+        assert!(p(&["extra"]).is_err());
         assert!(p(&["--backend"]).is_err());
+        assert!(p(&["--json=yes"]).is_err());
         assert!(p(&["--regions", "1,x"]).is_err());
         assert!(p(&["--regions", "0"]).is_err());
         let a = p(&["--internal-metadata", "ucx", "100"]).unwrap();
         assert_eq!(a.internal_metadata, Some(("ucx".to_string(), 100)));
+        assert!(p(&["--internal-metadata", "ucx", "many"]).is_err());
     }
 }

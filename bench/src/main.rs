@@ -35,7 +35,7 @@ static GLOBAL: metadata::CountingAlloc = metadata::CountingAlloc;
 const MISS_SIZES: [usize; 3] = [4 << 10, 64 << 10, 1 << 20];
 
 fn main() {
-    let args = match args::parse(std::env::args().skip(1)) {
+    let args = match args::parse(std::env::args_os().skip(1)) {
         Ok(a) => a,
         Err(e) => {
             if !e.is_empty() {

@@ -11,6 +11,8 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicBool, AtomicIsize, Ordering::Relaxed};
 use std::sync::Arc;
 
+use serde::{Deserialize, Serialize};
+
 use crate::arena::{page_size, Arena};
 use crate::backend::{CountingBackend, NullPinner};
 use crate::impls::{unbounded, Ours, RegCache};
@@ -49,8 +51,8 @@ unsafe impl GlobalAlloc for CountingAlloc {
     }
 }
 
-/// Per-region bytes, three ways (see module doc).
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// Per-region bytes, three ways (see module doc). The child process prints it as JSON.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct MetaSample {
     pub alloc: f64,
     pub heap: f64,
@@ -94,7 +96,7 @@ fn per_region(a: &Snapshot, b: &Snapshot, n: usize) -> MetaSample {
     }
 }
 
-/// Child-process side: cache `n` one-page regions in a fresh cache of `imp`, print one line.
+/// Child-process side: cache `n` one-page regions in a fresh cache of `imp`; the line to print.
 pub fn measure_here(imp: &str, n: usize) -> Result<String, String> {
     COUNTING.store(true, Relaxed);
     let page = page_size();
@@ -116,7 +118,7 @@ pub fn measure_here(imp: &str, n: usize) -> Result<String, String> {
     if backend.pins() != n as u64 {
         return Err(format!("{imp}: {} pins for {n} regions", backend.pins()));
     }
-    Ok(format!("{} {} {}", sample.alloc, sample.heap, sample.rss))
+    serde_json::to_string(&sample).map_err(|e| e.to_string())
 }
 
 fn fill<C: RegCache>(c: &C, addrs: &[usize], len: usize) -> Result<MetaSample, String> {
@@ -141,24 +143,16 @@ pub fn measure(imp: &'static str, n: usize) -> Result<MetaRow, String> {
         .output()
         .map_err(|e| e.to_string())?;
     let text = String::from_utf8_lossy(&out.stdout);
-    let v: Vec<f64> = text
-        .split_whitespace()
-        .filter_map(|s| s.parse().ok())
-        .collect();
-    if !out.status.success() || v.len() != 3 {
-        return Err(format!(
+    match serde_json::from_str::<MetaSample>(text.trim()) {
+        Ok(per_region) if out.status.success() => Ok(MetaRow {
+            imp,
+            regions: n,
+            per_region,
+        }),
+        _ => Err(format!(
             "metadata child for {imp} failed: {} {}",
             text.trim(),
             String::from_utf8_lossy(&out.stderr).trim()
-        ));
+        )),
     }
-    Ok(MetaRow {
-        imp,
-        regions: n,
-        per_region: MetaSample {
-            alloc: v[0],
-            heap: v[1],
-            rss: v[2],
-        },
-    })
 }

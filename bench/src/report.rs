@@ -1,12 +1,14 @@
 //! Output: perftest-style aligned tables, the targets with PASS/MISS, and the `--json` document
-//! (written by hand: flat rows of numbers and fixed identifiers need no serializer).
+//! (serde_json).
 
 use std::fmt::Write;
+
+use serde::Serialize;
 
 use crate::hit::{HitRow, Pattern};
 use crate::metadata::MetaRow;
 use crate::miss::MissRow;
-use crate::targets::{scaling, Cmp, Target};
+use crate::targets::{scaling, Target};
 
 /// Run-wide facts printed above the tables and stored in the JSON.
 pub struct RunInfo {
@@ -143,10 +145,7 @@ pub fn meta_table(rows: &[MetaRow]) -> String {
 pub fn targets_table(targets: &[Target]) -> String {
     let mut s = String::new();
     for t in targets {
-        let op = match t.cmp {
-            Cmp::AtMost => "<=",
-            Cmp::AtLeast => ">=",
-        };
+        let op = t.cmp.symbol();
         let _ = writeln!(
             s,
             " [{}] {:<58} {:>9.2} {} (target {op} {} {})  {}",
@@ -172,30 +171,76 @@ fn size_name(b: usize) -> String {
     }
 }
 
-/// JSON number (NaN/inf become null, which JSON has no number for).
-fn num(x: f64) -> String {
-    if x.is_finite() {
-        format!("{x}")
-    } else {
-        "null".to_string()
-    }
+/// The `--json` document: run facts, then one flat object per row of each table.
+#[derive(Serialize)]
+struct JsonDoc<'a> {
+    backend: &'a str,
+    memlock: &'a str,
+    quick: bool,
+    cpus: usize,
+    loadavg: &'a str,
+    hit_batch_ops: usize,
+    hit_batches: usize,
+    ucx_region_struct_bytes: usize,
+    ucx_base_region_bytes: usize,
+    hit: Vec<JsonHit<'a>>,
+    miss: Vec<JsonMiss<'a>>,
+    metadata: Vec<JsonMeta<'a>>,
+    targets: Vec<JsonTarget<'a>>,
 }
 
-/// JSON string for our fixed identifiers and messages (escapes what could appear).
-fn jstr(s: &str) -> String {
-    let mut o = String::from("\"");
-    for c in s.chars() {
-        match c {
-            '"' => o.push_str("\\\""),
-            '\\' => o.push_str("\\\\"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(o, "\\u{:04x}", c as u32);
-            }
-            c => o.push(c),
-        }
-    }
-    o.push('"');
-    o
+// Non-finite numbers (a missing measurement is NaN) come out as `null`: serde_json writes JSON,
+// which has no NaN.
+
+#[derive(Serialize)]
+struct JsonHit<'a> {
+    regions: usize,
+    pattern: &'a str,
+    threads: usize,
+    #[serde(rename = "impl")]
+    imp: &'a str,
+    iterations: u64,
+    t_mean_ns: f64,
+    t_p50_ns: f64,
+    t_p99_ns: f64,
+    mops: f64,
+    failures: u64,
+}
+
+#[derive(Serialize)]
+struct JsonMiss<'a> {
+    size: usize,
+    #[serde(rename = "impl")]
+    imp: &'a str,
+    iterations: u64,
+    t_mean_ns: f64,
+    t_p50_ns: f64,
+    t_p99_ns: f64,
+    pins_per_op: f64,
+    overhead_pct: f64,
+    overhead_vs: &'a str,
+}
+
+#[derive(Serialize)]
+struct JsonMeta<'a> {
+    #[serde(rename = "impl")]
+    imp: &'a str,
+    regions: usize,
+    rss_bytes_per_region: f64,
+    malloc_bytes_per_region: f64,
+    /// Ours only (UCX allocates in C).
+    rust_alloc_bytes_per_region: Option<f64>,
+}
+
+#[derive(Serialize)]
+struct JsonTarget<'a> {
+    target: &'a str,
+    measured: f64,
+    limit: f64,
+    cmp: &'a str,
+    unit: &'a str,
+    pass: bool,
+    detail: &'a str,
 }
 
 pub fn json(
@@ -205,64 +250,151 @@ pub fn json(
     meta: &[MetaRow],
     targets: &[Target],
 ) -> String {
-    let hit: Vec<String> = hits
-        .iter()
-        .map(|r| {
-            format!(
-                "{{\"regions\":{},\"pattern\":{},\"threads\":{},\"impl\":{},\"iterations\":{},\"t_mean_ns\":{},\"t_p50_ns\":{},\"t_p99_ns\":{},\"mops\":{},\"failures\":{}}}",
-                r.regions, jstr(r.pattern.name()), r.threads, jstr(r.imp), r.iterations,
-                num(r.lat.mean), num(r.lat.p50), num(r.lat.p99), num(r.mops), r.failures
-            )
-        })
-        .collect();
-    let miss: Vec<String> = misses
-        .iter()
-        .map(|r| {
-            format!(
-                "{{\"size\":{},\"impl\":{},\"iterations\":{},\"t_mean_ns\":{},\"t_p50_ns\":{},\"t_p99_ns\":{},\"pins_per_op\":{},\"overhead_pct\":{},\"overhead_vs\":{}}}",
-                r.size, jstr(r.imp), r.iterations, num(r.lat.mean), num(r.lat.p50),
-                num(r.lat.p99), num(r.pins_per_op), num(r.overhead_pct), jstr(r.reference)
-            )
-        })
-        .collect();
-    let md: Vec<String> = meta
-        .iter()
-        .map(|r| {
-            format!(
-                "{{\"impl\":{},\"regions\":{},\"rss_bytes_per_region\":{},\"malloc_bytes_per_region\":{},\"rust_alloc_bytes_per_region\":{}}}",
-                jstr(r.imp), r.regions, num(r.per_region.rss), num(r.per_region.heap),
-                if r.imp == "ours" { num(r.per_region.alloc) } else { "null".into() }
-            )
-        })
-        .collect();
-    let tg: Vec<String> = targets
-        .iter()
-        .map(|t| {
-            format!(
-                "{{\"target\":{},\"measured\":{},\"limit\":{},\"cmp\":{},\"unit\":{},\"pass\":{},\"detail\":{}}}",
-                jstr(&t.what), num(t.measured), num(t.limit),
-                jstr(if t.cmp == Cmp::AtMost { "<=" } else { ">=" }), jstr(t.unit), t.pass(), jstr(&t.detail)
-            )
-        })
-        .collect();
-    format!(
-        "{{\"backend\":{},\"memlock\":{},\"quick\":{},\"cpus\":{},\"loadavg\":{},\"hit_batch_ops\":{},\"hit_batches\":{},\"ucx_region_struct_bytes\":{},\"ucx_base_region_bytes\":{},\n\"hit\":[\n{}\n],\n\"miss\":[\n{}\n],\n\"metadata\":[\n{}\n],\n\"targets\":[\n{}\n]}}",
-        jstr(&info.backend), jstr(&info.memlock), info.quick, info.cpus, jstr(&info.loadavg), info.batch, info.batches,
-        info.ucx_region_struct.1, info.ucx_region_struct.0,
-        hit.join(",\n"), miss.join(",\n"), md.join(",\n"), tg.join(",\n")
-    )
+    let doc = JsonDoc {
+        backend: &info.backend,
+        memlock: &info.memlock,
+        quick: info.quick,
+        cpus: info.cpus,
+        loadavg: &info.loadavg,
+        hit_batch_ops: info.batch,
+        hit_batches: info.batches,
+        ucx_region_struct_bytes: info.ucx_region_struct.1,
+        ucx_base_region_bytes: info.ucx_region_struct.0,
+        hit: hits
+            .iter()
+            .map(|r| JsonHit {
+                regions: r.regions,
+                pattern: r.pattern.name(),
+                threads: r.threads,
+                imp: r.imp,
+                iterations: r.iterations,
+                t_mean_ns: r.lat.mean,
+                t_p50_ns: r.lat.p50,
+                t_p99_ns: r.lat.p99,
+                mops: r.mops,
+                failures: r.failures,
+            })
+            .collect(),
+        miss: misses
+            .iter()
+            .map(|r| JsonMiss {
+                size: r.size,
+                imp: r.imp,
+                iterations: r.iterations,
+                t_mean_ns: r.lat.mean,
+                t_p50_ns: r.lat.p50,
+                t_p99_ns: r.lat.p99,
+                pins_per_op: r.pins_per_op,
+                overhead_pct: r.overhead_pct,
+                overhead_vs: r.reference,
+            })
+            .collect(),
+        metadata: meta
+            .iter()
+            .map(|r| JsonMeta {
+                imp: r.imp,
+                regions: r.regions,
+                rss_bytes_per_region: r.per_region.rss,
+                malloc_bytes_per_region: r.per_region.heap,
+                rust_alloc_bytes_per_region: (r.imp == "ours").then_some(r.per_region.alloc),
+            })
+            .collect(),
+        targets: targets
+            .iter()
+            .map(|t| JsonTarget {
+                target: &t.what,
+                measured: t.measured,
+                limit: t.limit,
+                cmp: t.cmp.symbol(),
+                unit: t.unit,
+                pass: t.pass(),
+                detail: &t.detail,
+            })
+            .collect(),
+    };
+    serde_json::to_string_pretty(&doc).expect("plain structs of numbers and strings serialize")
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::hit::Pattern;
+    use crate::summary::summarize;
+    use crate::targets::Cmp;
 
     #[test]
-    fn json_escapes_and_nulls() {
-        assert_eq!(jstr("a\"b\\c\n"), "\"a\\\"b\\\\c\\u000a\"");
-        assert_eq!(num(f64::NAN), "null");
-        assert_eq!(num(1.5), "1.5");
+    fn size_names() {
         assert_eq!(size_name(4096), "4KiB");
         assert_eq!(size_name(1 << 20), "1MiB");
+        assert_eq!(size_name(100), "100B");
+    }
+
+    #[test]
+    fn json_document_keys_nulls_and_escapes() {
+        let info = RunInfo {
+            backend: "mlock".into(),
+            memlock: "limit \"unlimited\"".into(),
+            quick: true,
+            cpus: 2,
+            batch: 10,
+            batches: 3,
+            ucx_region_struct: (56, 72),
+            loadavg: "0.5".into(),
+        };
+        let hit = HitRow {
+            regions: 1,
+            pattern: Pattern::Random,
+            threads: 1,
+            imp: "ours",
+            iterations: 30,
+            lat: summarize(&[15.5]),
+            mops: f64::NAN,
+            failures: 0,
+            per_op: vec![15.5],
+            round_mops: vec![],
+        };
+        let meta = [
+            MetaRow {
+                imp: "ours",
+                regions: 100,
+                per_region: crate::metadata::MetaSample {
+                    alloc: 40.0,
+                    heap: 48.0,
+                    rss: 57.5,
+                },
+            },
+            MetaRow {
+                imp: "ucx",
+                regions: 100,
+                per_region: crate::metadata::MetaSample {
+                    alloc: 0.0,
+                    heap: 100.0,
+                    rss: 122.5,
+                },
+            },
+        ];
+        let target = Target {
+            what: "t".into(),
+            measured: 0.5,
+            limit: 0.4,
+            cmp: Cmp::AtMost,
+            unit: "x",
+            detail: "a\nb".into(),
+        };
+        let text = json(&info, &[hit], &[], &meta, &[target]);
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(v["memlock"], "limit \"unlimited\"");
+        assert_eq!(v["ucx_region_struct_bytes"], 72);
+        assert_eq!(v["ucx_base_region_bytes"], 56);
+        assert_eq!(v["hit"][0]["impl"], "ours");
+        assert_eq!(v["hit"][0]["pattern"], "random");
+        assert_eq!(v["hit"][0]["t_p50_ns"], 15.5);
+        assert!(v["hit"][0]["mops"].is_null(), "NaN must be null");
+        assert_eq!(v["miss"].as_array().unwrap().len(), 0);
+        assert_eq!(v["metadata"][0]["rust_alloc_bytes_per_region"], 40.0);
+        assert!(v["metadata"][1]["rust_alloc_bytes_per_region"].is_null());
+        assert_eq!(v["targets"][0]["cmp"], "<=");
+        assert_eq!(v["targets"][0]["pass"], false);
+        assert_eq!(v["targets"][0]["detail"], "a\nb");
     }
 }

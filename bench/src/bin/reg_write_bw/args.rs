@@ -1,4 +1,8 @@
-//! Command-line options of reg_write_bw (hand-parsed, like the rest of firehose-bench).
+//! Command-line options of reg_write_bw, parsed with `lexopt` like firehose-bench's.
+
+use std::ffi::OsString;
+
+use lexopt::prelude::*;
 
 /// How the source buffers are registered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,14 +49,33 @@ usage: reg_write_bw [--size 65536] [--iters 1000] [--warmup B] [--buffers 4]
   FH_GID_INDEX picks the RoCE GID (default 1 if populated, else 0).
 ";
 
-fn num(flag: &str, v: Option<String>) -> Result<usize, String> {
-    let v = v.ok_or_else(|| format!("{flag} needs a value"))?;
-    v.parse()
-        .map_err(|_| format!("{flag}: {v:?} is not a number"))
+/// The value of a numeric option; an error names the option.
+fn num<T>(p: &mut lexopt::Parser, flag: &str) -> Result<T, lexopt::Error>
+where
+    T: std::str::FromStr,
+    T::Err: std::fmt::Display,
+{
+    let v = p.value()?.string()?;
+    v.parse().map_err(|e| format!("{flag} {v:?}: {e}").into())
 }
 
-/// Parse the arguments; `Err("")` means help was asked for.
-pub fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
+/// Parse the arguments (without the program name); `Err("")` means help was asked for.
+pub fn parse<I>(args: I) -> Result<Args, String>
+where
+    I: IntoIterator,
+    I::Item: Into<OsString>,
+{
+    parse_lexopt(args)
+        .map_err(|e| e.to_string())?
+        .ok_or_else(String::new)
+}
+
+/// `Ok(None)`: help.
+fn parse_lexopt<I>(args: I) -> Result<Option<Args>, lexopt::Error>
+where
+    I: IntoIterator,
+    I::Item: Into<OsString>,
+{
     let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
     let mut a = Args {
         size: 65536,
@@ -65,36 +88,38 @@ pub fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
         port: 1,
         clock: crate::clock::Kind::default_for_target(),
     };
-    while let Some(arg) = it.next() {
-        match arg.as_str() {
-            "--size" => a.size = num("--size", it.next())?,
-            "--iters" => a.iters = num("--iters", it.next())?,
-            "--warmup" => a.warmup = num("--warmup", it.next())?,
-            "--buffers" => a.buffers = num("--buffers", it.next())?,
-            "--port" => {
-                let p = num("--port", it.next())?;
-                a.port = u8::try_from(p).map_err(|_| format!("--port {p} out of range"))?;
-            }
-            "--device" => a.device = Some(it.next().ok_or("--device needs a value")?),
-            "--json" => a.json = true,
-            "--clock" => {
-                a.clock = match it.next().as_deref() {
-                    Some("tsc") if cfg!(target_arch = "x86_64") => crate::clock::Kind::Tsc,
-                    Some("monotonic") => crate::clock::Kind::Monotonic,
+    let mut p = lexopt::Parser::from_args(args);
+    while let Some(arg) = p.next()? {
+        match arg {
+            Long("size") => a.size = num(&mut p, "--size")?,
+            Long("iters") => a.iters = num(&mut p, "--iters")?,
+            Long("warmup") => a.warmup = num(&mut p, "--warmup")?,
+            Long("buffers") => a.buffers = num(&mut p, "--buffers")?,
+            Long("port") => a.port = num(&mut p, "--port")?,
+            Long("device") => a.device = Some(p.value()?.string()?),
+            Long("json") => a.json = true,
+            Long("clock") => {
+                a.clock = match p.value()?.string()?.as_str() {
+                    "tsc" if cfg!(target_arch = "x86_64") => crate::clock::Kind::Tsc,
+                    "monotonic" => crate::clock::Kind::Monotonic,
                     other => {
-                        return Err(format!("--clock must be tsc or monotonic, not {other:?}"))
+                        return Err(
+                            format!("--clock must be tsc or monotonic, not {other:?}").into()
+                        )
                     }
                 }
             }
-            "--mode" => {
-                a.mode = match it.next().as_deref() {
-                    Some("per-iter") => Mode::PerIter,
-                    Some("once") => Mode::Once,
-                    other => return Err(format!("--mode must be per-iter or once, not {other:?}")),
+            Long("mode") => {
+                a.mode = match p.value()?.string()?.as_str() {
+                    "per-iter" => Mode::PerIter,
+                    "once" => Mode::Once,
+                    other => {
+                        return Err(format!("--mode must be per-iter or once, not {other:?}").into())
+                    }
                 }
             }
-            "-h" | "--help" => return Err(String::new()),
-            other => return Err(format!("unknown argument {other:?}")),
+            Short('h') | Long("help") => return Ok(None),
+            _ => return Err(arg.unexpected()),
         }
     }
     if a.warmup == usize::MAX {
@@ -102,12 +127,12 @@ pub fn parse(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
     }
     // The stamp (see main.rs) takes 8 bytes; a WRITE is at most 2^31 bytes on every device.
     if a.size < 8 || a.size > (1 << 30) {
-        return Err(format!("--size {} out of range [8, 2^30]", a.size));
+        return Err(format!("--size {} out of range [8, 2^30]", a.size).into());
     }
     if a.iters == 0 || a.buffers == 0 || a.buffers > 1024 {
         return Err("--iters must be > 0 and --buffers in [1, 1024]".into());
     }
-    Ok(a)
+    Ok(Some(a))
 }
 
 #[cfg(test)]
@@ -142,6 +167,10 @@ mod tests {
         assert!(p("--size 4").is_err());
         assert!(p("--buffers 0").is_err());
         assert!(p("--iters x").is_err());
+        assert!(p("--port 256").is_err());
+        assert!(p("--size").is_err());
+        assert!(p("--bogus").is_err());
+        assert_eq!(p("--size=4096").unwrap().size, 4096);
         assert_eq!(p("--help").unwrap_err(), "");
     }
 }

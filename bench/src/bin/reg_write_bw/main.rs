@@ -33,7 +33,7 @@ const RIGHTS: Access =
 const COMPLETION_TIMEOUT: Duration = Duration::from_secs(60);
 
 fn main() {
-    let args = match args::parse(std::env::args().skip(1)) {
+    let args = match args::parse(std::env::args_os().skip(1)) {
         Ok(a) => a,
         Err(e) => {
             if !e.is_empty() {

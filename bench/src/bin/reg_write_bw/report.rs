@@ -1,8 +1,10 @@
-//! Summary of one run: a perftest-style table row or one JSON object (hand-written: the bench
-//! has no serde). Times are per timed iteration; the warm-up iterations are not in them.
+//! Summary of one run: a perftest-style table row or one JSON object (serde_json). Times are per
+//! timed iteration; the warm-up iterations are not in them.
 
 use std::fmt::Write as _;
 use std::time::Duration;
+
+use serde::Serialize;
 
 use crate::args::Args;
 use crate::shim_stats::ShimStats;
@@ -106,40 +108,68 @@ pub fn table(args: &Args, dev: &str, r: &Result) -> String {
     s
 }
 
+/// The `--json` object: flat, one line (scripts/bench-preload reads keys out of it with sed and
+/// prepends its own). Times rounded to the nanosecond, rates to 1e-6.
+#[derive(Serialize)]
+struct Json<'a> {
+    bench: &'a str,
+    device: &'a str,
+    mode: &'a str,
+    bytes: usize,
+    iterations: usize,
+    warmup: usize,
+    buffers: usize,
+    bw_mb_s: f64,
+    msg_rate_mpps: f64,
+    t_reg_us: f64,
+    t_reg_p50_us: f64,
+    t_iter_us: f64,
+    t_iter_p50_us: f64,
+    elapsed_s: f64,
+    clock: &'a str,
+    t_clock_read_us: f64,
+    t_clock_us: f64,
+    verified_bytes: usize,
+    shim_loaded: bool,
+    shim_hits: u64,
+    shim_misses: u64,
+}
+
+/// `x` rounded to `digits` decimals (what the old fixed-precision output showed).
+fn round(x: f64, digits: i32) -> f64 {
+    let k = 10f64.powi(digits);
+    (x * k).round() / k
+}
+
 pub fn json(args: &Args, dev: &str, r: &Result) -> String {
     let (loaded, hits, misses) = match r.shim_delta() {
         None => (false, 0, 0),
         Some((h, m)) => (true, h, m),
     };
-    format!(
-        concat!(
-            "{{\"bench\":\"reg_write_bw\",\"device\":\"{}\",\"mode\":\"{}\",\"bytes\":{},",
-            "\"iterations\":{},\"warmup\":{},\"buffers\":{},\"bw_mb_s\":{:.3},",
-            "\"msg_rate_mpps\":{:.6},\"t_reg_us\":{:.3},\"t_reg_p50_us\":{:.3},",
-            "\"t_iter_us\":{:.3},\"t_iter_p50_us\":{:.3},\"elapsed_s\":{:.6},",
-            "\"clock\":\"{}\",\"t_clock_read_us\":{:.3},\"t_clock_us\":{:.3},\"verified_bytes\":{},\"shim_loaded\":{},\"shim_hits\":{},\"shim_misses\":{}}}"
-        ),
-        dev.replace(['"', '\\'], "_"),
-        args.mode.name(),
-        args.size,
-        r.iters,
-        args.warmup,
-        args.buffers,
-        r.bw_mb_s(args.size),
-        r.msg_rate_mpps(),
-        r.reg_mean_us,
-        r.reg_p50_us,
-        r.iter_mean_us,
-        r.iter_p50_us,
-        r.span.as_secs_f64(),
-        args.clock.name(),
-        r.tick_read_us,
-        r.clock_us,
-        r.verified_bytes,
-        loaded,
-        hits,
-        misses
-    )
+    serde_json::to_string(&Json {
+        bench: "reg_write_bw",
+        device: dev,
+        mode: args.mode.name(),
+        bytes: args.size,
+        iterations: r.iters,
+        warmup: args.warmup,
+        buffers: args.buffers,
+        bw_mb_s: round(r.bw_mb_s(args.size), 3),
+        msg_rate_mpps: round(r.msg_rate_mpps(), 6),
+        t_reg_us: round(r.reg_mean_us, 3),
+        t_reg_p50_us: round(r.reg_p50_us, 3),
+        t_iter_us: round(r.iter_mean_us, 3),
+        t_iter_p50_us: round(r.iter_p50_us, 3),
+        elapsed_s: round(r.span.as_secs_f64(), 6),
+        clock: args.clock.name(),
+        t_clock_read_us: round(r.tick_read_us, 3),
+        t_clock_us: round(r.clock_us, 3),
+        verified_bytes: r.verified_bytes,
+        shim_loaded: loaded,
+        shim_hits: hits,
+        shim_misses: misses,
+    })
+    .expect("plain numbers and strings serialize")
 }
 
 #[cfg(test)]
@@ -165,7 +195,7 @@ mod tests {
 
     #[test]
     fn json_names_the_shim_counters() {
-        let args = crate::args::parse(std::iter::empty()).unwrap();
+        let args = crate::args::parse(std::iter::empty::<String>()).unwrap();
         let a = ShimStats::default();
         let b = ShimStats {
             hits: 5,
@@ -179,5 +209,10 @@ mod tests {
             "{j}"
         );
         assert!(j.starts_with('{') && j.contains("\"mode\":\"per-iter\""));
+        let v: serde_json::Value = serde_json::from_str(&j).unwrap();
+        assert!(!j.contains('\n'));
+        assert_eq!(v["device"], "rxe0");
+        assert_eq!(v["t_iter_us"], 0.002);
+        assert_eq!(v["elapsed_s"], 1.0);
     }
 }
