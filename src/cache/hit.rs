@@ -164,18 +164,33 @@ impl Cache {
 
     /// Unknown / already released handle -> `FH_ERR_UNKNOWN_HANDLE` and nothing changes.
     pub fn deregister(&self, handle: u64) -> FhResult<()> {
+        if self.pending() {
+            return self.deregister_pending(handle);
+        }
+        self.release(handle)
+    }
+
+    /// Invalidations are queued, or the cache is quarantined after fork (which raises `overflow`
+    /// too): out of line, so the common release checks one flag.
+    #[cold]
+    #[inline(never)]
+    fn deregister_pending(&self, handle: u64) -> FhResult<()> {
         if self.is_forked() {
             return Err(fh_status::FH_ERR_FORKED);
         }
+        self.release(handle)?;
+        self.drain_now();
+        Ok(())
+    }
+
+    #[inline(always)]
+    fn release(&self, handle: u64) -> FhResult<()> {
         let sid = my_slot();
         let r = self
             .handles
             .release(sid, handle)
             .ok_or(fh_status::FH_ERR_UNKNOWN_HANDLE)?;
         self.release_region(sid, r);
-        if self.pending() {
-            self.drain_now();
-        }
         Ok(())
     }
 }
