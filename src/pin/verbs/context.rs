@@ -9,9 +9,7 @@ use rdma_sys::{
     ibv_port_attr, ibv_port_state, ibv_query_gid,
 };
 
-use super::cq::Cq;
 use super::error::{VerbsError, VerbsResult};
-use super::pd::Pd;
 
 /// `IBV_LINK_LAYER_ETHERNET` (an anonymous enum in verbs.h, so rdma-sys does not export it).
 const LINK_LAYER_ETHERNET: u8 = 2;
@@ -79,16 +77,6 @@ impl Context {
         }
         // SAFETY: every bit pattern of the union is a valid `[u8; 16]`.
         Ok(Gid(unsafe { gid.raw }))
-    }
-
-    /// Allocate a protection domain on this context.
-    pub fn alloc_pd(self: &Arc<Self>) -> VerbsResult<Arc<Pd>> {
-        Pd::alloc(Arc::clone(self))
-    }
-
-    /// Create a completion queue with room for at least `cqe` entries.
-    pub fn create_cq(self: &Arc<Self>, cqe: i32) -> VerbsResult<Arc<Cq>> {
-        Cq::create(Arc::clone(self), cqe)
     }
 }
 

@@ -72,6 +72,14 @@ fn status_text(status: u32) -> String {
     }
 }
 
+// See pd.rs: the constructor lives with the child.
+impl Context {
+    /// Create a completion queue with room for at least `cqe` entries.
+    pub fn create_cq(self: &Arc<Self>, cqe: i32) -> VerbsResult<Arc<Cq>> {
+        Cq::create(Arc::clone(self), cqe)
+    }
+}
+
 impl Cq {
     pub(super) fn create(ctx: Arc<Context>, cqe: i32) -> VerbsResult<Arc<Self>> {
         // SAFETY: the context is open; no completion channel, no cq_context.

@@ -20,6 +20,15 @@ unsafe impl Send for Pd {}
 // SAFETY: as above.
 unsafe impl Sync for Pd {}
 
+// Children hang off their parent here, not in context.rs: the parent file knows nothing of them,
+// so the verbs files import one way only (child -> parent).
+impl Context {
+    /// Allocate a protection domain on this context.
+    pub fn alloc_pd(self: &Arc<Self>) -> VerbsResult<Arc<Pd>> {
+        Pd::alloc(Arc::clone(self))
+    }
+}
+
 impl Pd {
     pub(super) fn alloc(ctx: Arc<Context>) -> VerbsResult<Arc<Self>> {
         // SAFETY: the context is open (we hold an Arc of it).
