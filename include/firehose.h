@@ -133,6 +133,12 @@ typedef enum fh_status {
      * parent's).
      */
     FH_ERR_FORKED = 7014,
+    /**
+     * `fh_cache_new`: no more caches can be subscribed to memory events in this process
+     * (`MAX_LISTENERS`, 65536, at once; or no memory for the registry). A cache nobody
+     * invalidates would hand out stale registrations, so none is made.
+     */
+    FH_ERR_TOO_MANY_CACHES = 7015,
 } fh_status;
 
 /**
@@ -309,8 +315,13 @@ const char *fh_version(void);
  *
  * Returns `FH_ERR_NULL` (`out` NULL), `FH_ERR_BAD_CONFIG` (bad field, bad `struct_size`, bad
  * environment, `ibv_pd` with the mlock backend), `FH_ERR_NO_DEVICE` (verbs backend without a
- * device). `*out` is written only on `FH_OK`; free the cache with `fh_cache_free` or
- * `fh_cache_finalize`.
+ * device), `FH_ERR_TOO_MANY_CACHES` (65536 caches live at once in the process: every cache is
+ * subscribed to memory events, and one that cannot be is never handed out). `*out` is written
+ * only on `FH_OK`; free the cache with `fh_cache_free` or `fh_cache_finalize`.
+ *
+ * After `fork`, a cache of the parent is quarantined in the child (every call on it returns
+ * `FH_ERR_FORKED`; freeing it releases nothing of the parent's): create new caches in the
+ * child.
  *
  * # Safety
  * `cfg` is NULL or points to an `fh_config` prepared by `fh_config_init`; `cfg->ibv_pd` is NULL or

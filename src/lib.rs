@@ -7,6 +7,7 @@
 pub mod cache;
 pub mod config;
 pub mod ffi;
+mod fork;
 pub mod monitor;
 pub mod pin;
 pub mod seam;

@@ -40,6 +40,10 @@ pub enum fh_status {
     /// in the child; `fh_cache_free` of the inherited one is fine (it releases nothing of the
     /// parent's).
     FH_ERR_FORKED = 7014,
+    /// `fh_cache_new`: no more caches can be subscribed to memory events in this process
+    /// (`MAX_LISTENERS`, 65536, at once; or no memory for the registry). A cache nobody
+    /// invalidates would hand out stale registrations, so none is made.
+    FH_ERR_TOO_MANY_CACHES = 7015,
 }
 
 impl fh_status {
@@ -62,6 +66,9 @@ impl fh_status {
             FH_ERR_PANIC => c"internal panic caught at the C boundary",
             FH_ERR_UNSUPPORTED => c"operation not supported by this backend",
             FH_ERR_FORKED => c"cache inherited across fork: create a new one in the child",
+            FH_ERR_TOO_MANY_CACHES => {
+                c"too many caches: no room to subscribe one more to memory events"
+            }
         }
     }
 }

@@ -10,8 +10,14 @@
 //! cache, so a remote-read request never lands on a remote-write region.
 //!
 //! The map lock is held only to find or insert an entry, never across a registration, so a slow
-//! `ibv_reg_mr` in one domain does not stall another; `fork_lock` lets the atfork handlers hold it
-//! across `fork` so a child never inherits it locked.
+//! `ibv_reg_mr` in one domain does not stall another, and a cache is never dropped under it
+//! (dropping one takes the library's locks). `fork_lock` lets the atfork handlers hold it across
+//! `fork` so a child never inherits it locked; in the child the map is forgotten, not dropped:
+//! the caches in it are the parent's (quarantined by the library), and the child makes its own.
+//!
+//! A cache that cannot be subscribed to memory events (the library's registry is full) is never
+//! used: `for_pd` fails with `FH_ERR_TOO_MANY_CACHES` and that registration passes through
+//! uncached.
 
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -90,14 +96,36 @@ fn pds() -> MutexGuard<'static, Option<PdMap>> {
     PDS.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Lock the map for `fork` (see `fork.rs`).
-pub fn fork_lock() -> MutexGuard<'static, Option<PdMap>> {
-    pds()
+/// The map and the retired counters, locked across `fork` (see `fork.rs`).
+pub struct ForkGuard {
+    map: MutexGuard<'static, Option<PdMap>>,
+    _retired: MutexGuard<'static, Stats>,
 }
 
-/// Lock the retired counters for `fork`.
-pub fn fork_lock_retired() -> MutexGuard<'static, Stats> {
-    RETIRED.lock().unwrap_or_else(|e| e.into_inner())
+/// Lock the map, then the retired counters, for `fork`.
+pub fn fork_lock() -> ForkGuard {
+    ForkGuard {
+        map: pds(),
+        _retired: RETIRED.lock().unwrap_or_else(|e| e.into_inner()),
+    }
+}
+
+impl ForkGuard {
+    /// In the child, from the atfork handler (one thread, no allocation, no lock): forget every
+    /// cache of the parent without dropping it (dropping would unsubscribe and release what the
+    /// parent registered), and make this thread's remembered lookup stale, so that the next
+    /// registration of any domain builds a new cache.
+    pub fn forget_in_child(&mut self) {
+        if let Some(m) = self.map.take() {
+            std::mem::forget(m);
+        }
+        GENERATION.fetch_add(1, Ordering::Release);
+        let _ = LAST.try_with(|l| {
+            if let Ok(mut l) = l.try_borrow_mut() {
+                std::mem::forget(l.take());
+            }
+        });
+    }
 }
 
 /// Bumped whenever an entry leaves the map (`drop_pd`): a thread's remembered lookup from an
@@ -146,7 +174,11 @@ fn lookup_or_create(pd: *mut IbvPd, key: Key) -> FhResult<Arc<PdCache>> {
     let fresh = PdCache::new(pd)?;
     let mut g = pds();
     let map = g.get_or_insert_with(new_map);
-    Ok(map.entry(key).or_insert(fresh).clone())
+    let c = map.entry(key).or_insert_with(|| fresh.clone()).clone();
+    drop(g);
+    // `fresh` (if another thread's cache won the race) is dropped here, outside the lock.
+    drop(fresh);
+    Ok(c)
 }
 
 /// Forget the cache of `pd` and release every idle registration it keeps, so that the real
@@ -199,26 +231,30 @@ pub fn stats_sum() -> (Stats, u64) {
     (t, caches.len() as u64)
 }
 
-/// Install the monitor once, on the first registration of the process (not in the constructor:
-/// most processes that inherit LD_PRELOAD never register, and userfaultfd starts a thread).
+/// Install the monitor on the first registration of the process (not in the constructor: most
+/// processes that inherit LD_PRELOAD never register, and userfaultfd starts a thread). Not a
+/// `Once`: a child forked while another thread was inside one would wait for it forever;
+/// `monitor::install` is idempotent and fork-safe, so two first registrations may both call it.
 fn ensure_monitor() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        let m = settings::config().monitor;
-        let patch_libc = m.patch_libc
-            && (settings::monitor_explicit() || !crate::coexist::foreign_patcher_loaded());
-        monitor::install(MonitorOptions {
-            patch_libc,
-            userfaultfd: m.userfaultfd,
-        });
+    static DONE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if DONE.load(Ordering::Acquire) {
+        return;
+    }
+    let m = settings::config().monitor;
+    let patch_libc =
+        m.patch_libc && (settings::monitor_explicit() || !crate::coexist::foreign_patcher_loaded());
+    monitor::install(MonitorOptions {
+        patch_libc,
+        userfaultfd: m.userfaultfd,
     });
+    DONE.store(true, Ordering::Release);
 }
 
 impl PdCache {
     fn new(pd: *mut IbvPd) -> FhResult<Arc<PdCache>> {
         #[cfg(test)]
         if let Some(c) = Self::new_for_test(pd) {
-            return Ok(c);
+            return c;
         }
         let cfg = settings::config();
         let pinner = Arc::new(RealPinner::new(pd, real_verbs::get()));
@@ -245,16 +281,21 @@ impl PdCache {
                 None
             };
         let cache = Cache::new(Arc::new(Flagging(pinner.clone())), limits, watcher);
+        Self::subscribed(cache, Some(pinner))
+    }
+
+    /// The cache, subscribed to memory events; `FH_ERR_TOO_MANY_CACHES` when the library's
+    /// registry has no room: a cache nobody invalidates would serve stale registrations, so this
+    /// domain's registrations pass through uncached.
+    fn subscribed(cache: Arc<Cache>, pinner: Option<Arc<RealPinner>>) -> FhResult<Arc<PdCache>> {
         let events = monitor::subscribe(cache.clone());
         if !events.is_active() {
-            // Every listener slot is taken: a cache nobody invalidates would serve stale
-            // registrations, so this domain goes uncached.
-            return Err(fh_status::FH_ERR_UNSUPPORTED);
+            return Err(fh_status::FH_ERR_TOO_MANY_CACHES);
         }
         Ok(Arc::new(PdCache {
             _events: Some(events),
             cache,
-            pinner: Some(pinner),
+            pinner,
         }))
     }
 
@@ -270,7 +311,7 @@ impl PdCache {
     }
 
     #[cfg(test)]
-    fn new_for_test(pd: *mut IbvPd) -> Option<Arc<PdCache>> {
+    fn new_for_test(pd: *mut IbvPd) -> Option<FhResult<Arc<PdCache>>> {
         let pinner = TEST_PINNERS
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -282,12 +323,7 @@ impl PdCache {
             max_regions: 1024,
         };
         let cache = Cache::new(Arc::new(Flagging(pinner)), limits, None);
-        let events = monitor::subscribe(cache.clone());
-        Some(Arc::new(PdCache {
-            _events: Some(events),
-            cache,
-            pinner: None,
-        }))
+        Some(Self::subscribed(cache, None))
     }
 
     /// Register (or find) `[addr, addr + len)` with at least `access`. The flag is true for a
@@ -322,5 +358,177 @@ impl PdCache {
     /// Kernel handle of the live MR with this lkey.
     pub fn mr_handle(&self, lkey: u32) -> u32 {
         self.pinner.as_ref().map_or(0, |p| p.handle_of(lkey))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::ffi::c_void;
+
+    use firehose::pin::counting::CountingPinner;
+
+    use super::*;
+    use crate::verbs_hooks::{ibv_dereg_mr, ibv_reg_mr};
+
+    const RW: i32 = 1 | 2 | 4;
+
+    /// Issue 8, bug 1: one cache per domain, far more domains than the registry's old 32 slots.
+    /// Every domain's cache must be invalidated by `munmap` (before the fix, the caches past the
+    /// 32nd were never subscribed and served the stale registration).
+    #[test]
+    fn a_hundred_domains_are_each_invalidated() {
+        let _s = crate::dispatch_tests::serial();
+        let n = 100;
+        let mut pds: Vec<Box<IbvPd>> = (0..n)
+            .map(|i| {
+                Box::new(IbvPd {
+                    context: (0xD000 + i) as *mut c_void,
+                    handle: 9,
+                })
+            })
+            .collect();
+        let pinners: Vec<Arc<CountingPinner>> = pds
+            .iter_mut()
+            .map(|pd| {
+                let p = Arc::new(CountingPinner::new());
+                PdCache::install_for_test(&mut **pd, p.clone());
+                p
+            })
+            .collect();
+        let len = 8192;
+        let map = |at: *mut c_void, flags: i32| {
+            // SAFETY: a fresh private anonymous mapping (never over an existing one).
+            unsafe {
+                libc::mmap(
+                    at,
+                    len,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | flags,
+                    -1,
+                    0,
+                )
+            }
+        };
+        let buf = map(std::ptr::null_mut(), 0);
+        assert_ne!(buf, libc::MAP_FAILED);
+        let reg_dereg = |pds: &mut Vec<Box<IbvPd>>| {
+            for pd in pds.iter_mut() {
+                // SAFETY: a (fake) pd whose cache never calls libibverbs; `buf` is mapped.
+                unsafe {
+                    let mr = ibv_reg_mr(&mut **pd, buf, len, RW);
+                    assert!(!mr.is_null());
+                    assert_eq!(ibv_dereg_mr(mr), 0);
+                }
+            }
+        };
+        reg_dereg(&mut pds);
+        // SAFETY: our mapping, through the shim's exported munmap (tells every cache first).
+        assert_eq!(unsafe { crate::unmap_hooks::munmap(buf, len) }, 0);
+        assert_eq!(map(buf, libc::MAP_FIXED_NOREPLACE), buf, "address reused");
+        reg_dereg(&mut pds);
+        let stale: Vec<usize> = (0..n).filter(|&i| pinners[i].pins() != 2).collect();
+        for pd in pds.iter_mut() {
+            drop_pd(&mut **pd);
+        }
+        // SAFETY: our mapping.
+        unsafe { libc::munmap(buf, len) };
+        assert!(
+            stale.is_empty(),
+            "{} of {n} domains served a stale registration: {stale:?}",
+            stale.len()
+        );
+    }
+
+    /// Issue 8, bug 2, the shim's side: a child never uses a cache of its parent (they are the
+    /// parent's, quarantined by the library); its first registration in a domain builds a new
+    /// cache, in which register, munmap, register misses twice.
+    #[test]
+    fn a_child_builds_its_own_caches() {
+        let _s = crate::dispatch_tests::serial();
+        let mut pd = Box::new(IbvPd {
+            context: 0xE000 as *mut c_void,
+            handle: 9,
+        });
+        let pinner = Arc::new(CountingPinner::new());
+        PdCache::install_for_test(&mut *pd, pinner.clone());
+        let len = 8192;
+        let map = |at: *mut c_void, flags: i32| {
+            // SAFETY: a fresh private anonymous mapping (never over an existing one).
+            unsafe {
+                libc::mmap(
+                    at,
+                    len,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | flags,
+                    -1,
+                    0,
+                )
+            }
+        };
+        let buf = map(std::ptr::null_mut(), 0);
+        assert_ne!(buf, libc::MAP_FAILED);
+        // SAFETY: a (fake) pd whose cache never calls libibverbs; `buf` is mapped.
+        let mr = unsafe { ibv_reg_mr(&mut *pd, buf, len, RW) };
+        assert!(!mr.is_null());
+        // The parent's cache, remembered by this thread and in the map.
+        let parent = for_pd(&mut *pd, Access(RW as u32)).unwrap();
+        // SAFETY: the child uses the shim's own paths (allocation is fork-safe in glibc) and
+        // leaves with _exit.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            let code = (|| {
+                if !parent.cache.is_forked() {
+                    return 1; // the library did not quarantine it
+                }
+                let Ok(c) = for_pd(&mut *pd, Access(RW as u32)) else {
+                    return 2;
+                };
+                if Arc::ptr_eq(&c, &parent) {
+                    return 3; // the parent's cache handed out in the child
+                }
+                let pins0 = pinner.pins();
+                // SAFETY: as in the parent; `buf` is mapped in the child too.
+                unsafe {
+                    let a = ibv_reg_mr(&mut *pd, buf, len, RW);
+                    if a.is_null() || ibv_dereg_mr(a) != 0 {
+                        return 4;
+                    }
+                    if crate::unmap_hooks::munmap(buf, len) != 0
+                        || map(buf, libc::MAP_FIXED_NOREPLACE) != buf
+                    {
+                        return 5;
+                    }
+                    let b = ibv_reg_mr(&mut *pd, buf, len, RW);
+                    if b.is_null() || ibv_dereg_mr(b) != 0 {
+                        return 6;
+                    }
+                }
+                if pinner.pins() - pins0 != 2 {
+                    return 7; // a hit on memory unmapped in between
+                }
+                0
+            })();
+            // SAFETY: leave without running the test harness in the child.
+            unsafe { libc::_exit(code) };
+        }
+        let mut status = 0;
+        // SAFETY: our child.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert!(
+            !parent.cache.is_forked(),
+            "the parent's cache stays in service"
+        );
+        drop(parent);
+        // SAFETY: the wrapper from above.
+        assert_eq!(unsafe { ibv_dereg_mr(mr) }, 0);
+        drop_pd(&mut *pd);
+        // SAFETY: our mapping.
+        unsafe { libc::munmap(buf, len) };
+        assert!(
+            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+            "child exit code {} (1: not quarantined, 3: parent's cache reused, 7: stale hit)",
+            libc::WEXITSTATUS(status)
+        );
     }
 }

@@ -212,4 +212,43 @@ mod tests {
             assert_ne!(std::thread::spawn(my_slot).join().unwrap(), 0);
         }
     }
+
+    /// fork while another thread holds the pool's lock: the prepare handler waits for it, so the
+    /// child finds the pool unlocked, and every id but the forking thread's is free again (the
+    /// threads that held them do not exist in the child).
+    #[test]
+    fn fork_never_leaves_the_pool_locked_and_frees_the_ids_of_threads_that_are_gone() {
+        let mine = my_slot() as u32; // registers the atfork handlers
+        assert_ne!(mine, 0);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let holder = std::thread::spawn(move || {
+            let _ = my_slot();
+            let g = free_ids();
+            tx.send(()).unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            drop(g);
+        });
+        rx.recv().unwrap();
+        // SAFETY: the child only try-locks a mutex, reads it and leaves with _exit.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            let code = match FREE_IDS.try_lock() {
+                Ok(p) if p.free.len() == SLOTS - 2 && !p.free.contains(&mine) => 0,
+                Ok(_) => 2,
+                Err(_) => 1, // inherited locked
+            };
+            // SAFETY: leave without running the test harness in the child.
+            unsafe { libc::_exit(code) };
+        }
+        let mut status = 0;
+        // SAFETY: our child.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        holder.join().unwrap();
+        assert!(
+            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+            "child: {} (1 = pool inherited locked, 2 = ids of gone threads not free)",
+            libc::WEXITSTATUS(status)
+        );
+    }
 }

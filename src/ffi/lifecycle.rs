@@ -40,6 +40,11 @@ unsafe fn build(cfg: fh_config) -> FhResult<Arc<fh_cache>> {
     let cache = Cache::new(backend.pinner, limits, watcher);
     // Always subscribed, so `fh_notify_unmapped` reaches every cache even with no monitor path.
     let subscription = monitor::subscribe(cache.clone() as Arc<dyn MemoryListener>);
+    if !subscription.is_active() {
+        // No slot left: a cache that is never invalidated would serve stale registrations. It
+        // pinned nothing yet, so dropping it releases nothing.
+        return Err(fh_status::FH_ERR_TOO_MANY_CACHES);
+    }
     Ok(Arc::new(fh_cache {
         _subscription: subscription,
         cache,
@@ -52,8 +57,13 @@ unsafe fn build(cfg: fh_config) -> FhResult<Arc<fh_cache>> {
 ///
 /// Returns `FH_ERR_NULL` (`out` NULL), `FH_ERR_BAD_CONFIG` (bad field, bad `struct_size`, bad
 /// environment, `ibv_pd` with the mlock backend), `FH_ERR_NO_DEVICE` (verbs backend without a
-/// device). `*out` is written only on `FH_OK`; free the cache with `fh_cache_free` or
-/// `fh_cache_finalize`.
+/// device), `FH_ERR_TOO_MANY_CACHES` (65536 caches live at once in the process: every cache is
+/// subscribed to memory events, and one that cannot be is never handed out). `*out` is written
+/// only on `FH_OK`; free the cache with `fh_cache_free` or `fh_cache_finalize`.
+///
+/// After `fork`, a cache of the parent is quarantined in the child (every call on it returns
+/// `FH_ERR_FORKED`; freeing it releases nothing of the parent's): create new caches in the
+/// child.
 ///
 /// # Safety
 /// `cfg` is NULL or points to an `fh_config` prepared by `fh_config_init`; `cfg->ibv_pd` is NULL or

@@ -17,7 +17,10 @@
 //! free memory of a *watched* mapping (the kernel would wait for that same thread to read the
 //! event: self-deadlock), and must not block on a lock that a thread may hold while unmapping
 //! watched memory (that thread waits for the reader). `Cache::invalidate` (non-blocking, no
-//! allocation) satisfies both. Do not fork while another thread is inside `UffdWatcher::watch`.
+//! allocation) satisfies both.
+//!
+//! fork: the atfork handlers of `crate::fork` hold the monitor's process-wide locks across `fork`
+//! (their order is written there) and tell every listener [`MemoryListener::forked`] in the child.
 //!
 //! Files: `registry.rs` (listener slots), `guard.rs` (re-entrancy), `patch.rs` (code patching),
 //! `hooks.rs` (replacement functions), `ranges.rs` (what range each call invalidates),
@@ -36,10 +39,12 @@ mod registry;
 mod switches;
 mod uffd;
 
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard};
 
 pub use hooks::Hooked;
-pub use registry::{listener_count, subscribe, Subscription, MAX_LISTENERS};
+pub use registry::{
+    listener_count, set_listener_limit_for_tests, subscribe, Subscription, MAX_LISTENERS,
+};
 pub use switches::test_disable;
 pub use uffd::UffdWatcher;
 
@@ -92,7 +97,27 @@ pub struct MonitorStatus {
     pub uffd_events: u64,
 }
 
+/// Lock 1 of `crate::fork`'s order: `install` takes the userfaultfd state (2) under it.
 static INSTALL: Mutex<()> = Mutex::new(());
+
+fn lock_install() -> MutexGuard<'static, ()> {
+    INSTALL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+// For the atfork handlers (`crate::fork`, which has the order).
+pub(crate) use registry::{
+    fork_child as fork_child_listeners, fork_lock as fork_lock_registry, Writers as RegistryWriters,
+};
+
+/// Lock 1, held across `fork`.
+pub(crate) fn fork_lock_install() -> MutexGuard<'static, ()> {
+    lock_install()
+}
+
+/// Lock 2, held across `fork` (the guard's type is private to `uffd.rs`).
+pub(crate) fn fork_lock_uffd() -> Box<dyn std::any::Any> {
+    Box::new(uffd::fork_lock())
+}
 
 /// Install once per process (idempotent; later calls may enable more). Returns what is active.
 ///
@@ -100,7 +125,9 @@ static INSTALL: Mutex<()> = Mutex::new(());
 /// threads start calling munmap/mmap), e.g. at library init. A thread executing the first bytes of
 /// a patched function at the exact moment of the write could see torn instructions.
 pub fn install(opts: MonitorOptions) -> MonitorStatus {
-    let _g = INSTALL.lock().unwrap_or_else(|e| e.into_inner());
+    // Before the lock: registering the atfork handlers must not happen under one of our locks.
+    crate::fork::ensure_handlers();
+    let _g = lock_install();
     switches::load_from_env();
     if opts.patch_libc {
         patch::install_hooks();

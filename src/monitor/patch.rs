@@ -19,6 +19,11 @@
 //! the window is a few instructions wide and exists only while installing. An entry that is not
 //! 8-byte aligned, or no free page within +-2 GiB, means "not patched" (userfaultfd still applies).
 //! x86 keeps instruction caches coherent with stores.
+//!
+//! Patches are never undone, so the library they jump into must never be unmapped: it is linked
+//! with `-z nodelete` (`build.rs`), and `dlclose` leaves it loaded (`c-tests/dlclose_patch.c`).
+//! Installing runs under the monitor's install mutex, which the atfork handlers hold across `fork`
+//! (`crate::fork`), so a child never inherits an install half done.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering::SeqCst};
 

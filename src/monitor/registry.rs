@@ -1,18 +1,38 @@
-//! Listener registry: a fixed array of slots that hook context reads without locks.
+//! Listener registry: slots that hook context reads without locks, in chunks allocated on demand.
 //!
-//! Why fixed: `notify_unmapped` runs inside patched libc functions (possibly inside malloc) and on
-//! the userfaultfd reader thread, so it must not allocate or take a mutex. Each slot holds a thin
+//! Why no lock and no allocation on the read side: `notify_unmapped` runs inside patched libc
+//! functions (possibly inside malloc) and on the userfaultfd reader thread. Each slot holds a thin
 //! pointer to a boxed `Arc<dyn MemoryListener>` plus an in-flight counter; unsubscribe clears the
 //! pointer, then waits for the counter to reach zero so the listener is never called after
 //! `Subscription::drop` returns.
+//!
+//! Capacity: there is one listener per cache, and the shim makes one cache per (protection domain,
+//! rights class), so the number is the application's, not ours. Slots come in chunks of [`CHUNK`]
+//! allocated by `subscribe` the first time one of their slots is needed and never freed (a
+//! notifier may be reading one at any time), up to [`MAX_LISTENERS`]. `HIGH` is one past the
+//! highest slot in use: `subscribe` raises it after the chunk and the slot are published, and
+//! unsubscribing the top slots lowers it again, so `notify_all` reads `HIGH` slots: its cost
+//! follows the listeners in use (free slots below the top are reused lowest first), not the
+//! capacity. A subscription that finds no slot (all taken, or no memory for a chunk) is inactive,
+//! and the caller must not hand out a cache that nobody invalidates (`fh_cache_new` fails with
+//! `FH_ERR_TOO_MANY_CACHES`, the shim passes that domain's registrations through).
+//!
+//! fork: `WRITERS` is one of the process-wide locks the atfork handlers hold across `fork` (order
+//! in `crate::fork`). It is a leaf: nothing else is locked under it (a listener's last reference
+//! is dropped after it is released, since dropping a cache may reach other locks).
 
+use std::alloc::{alloc_zeroed, Layout};
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering::SeqCst};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::MemoryListener;
 
+/// Slots per chunk (a chunk is 4 KiB).
+pub const CHUNK: usize = 256;
+const MAX_CHUNKS: usize = 256;
 /// How many listeners can be subscribed at once (one per cache, plus tests).
-pub const MAX_LISTENERS: usize = 32;
+pub const MAX_LISTENERS: usize = CHUNK * MAX_CHUNKS;
 
 type Boxed = Arc<dyn MemoryListener>;
 
@@ -21,14 +41,83 @@ struct Slot {
     in_flight: AtomicUsize,
 }
 
+/// All zero bytes is a valid chunk: null pointers, zero counters (it is allocated zeroed).
+struct Chunk([Slot; CHUNK]);
+
 #[allow(clippy::declare_interior_mutable_const)]
-const EMPTY: Slot = Slot {
-    listener: AtomicPtr::new(std::ptr::null_mut()),
-    in_flight: AtomicUsize::new(0),
-};
-static SLOTS: [Slot; MAX_LISTENERS] = [EMPTY; MAX_LISTENERS];
-/// Serialises subscribe/unsubscribe (never taken on the hook path).
-static WRITERS: Mutex<()> = Mutex::new(());
+const NO_CHUNK: AtomicPtr<Chunk> = AtomicPtr::new(std::ptr::null_mut());
+/// Chunk `k` holds slots `k * CHUNK ..`; published (SeqCst) before `HIGH` covers any of them.
+static CHUNKS: [AtomicPtr<Chunk>; MAX_CHUNKS] = [NO_CHUNK; MAX_CHUNKS];
+/// One past the highest slot in use.
+static HIGH: AtomicUsize = AtomicUsize::new(0);
+
+/// Writer-side bookkeeping, under `WRITERS` (never taken on the hook path).
+pub(crate) struct Writers {
+    /// Free slots below `HIGH`.
+    free: BTreeSet<usize>,
+    /// Slots in use.
+    used: usize,
+    /// At most this many in use (`MAX_LISTENERS`; lowered by tests).
+    limit: usize,
+}
+
+static WRITERS: Mutex<Writers> = Mutex::new(Writers {
+    free: BTreeSet::new(),
+    used: 0,
+    limit: MAX_LISTENERS,
+});
+
+fn writers() -> MutexGuard<'static, Writers> {
+    WRITERS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Held by the atfork prepare handler (see `crate::fork`).
+pub(crate) fn fork_lock() -> MutexGuard<'static, Writers> {
+    writers()
+}
+
+/// The slot with index `i`, whose chunk must be published.
+fn slot(i: usize) -> &'static Slot {
+    let chunk = CHUNKS[i / CHUNK].load(SeqCst);
+    debug_assert!(!chunk.is_null());
+    // SAFETY: chunks are never freed, and `i`'s chunk was published before `i` was handed out.
+    unsafe { &(*chunk).0[i % CHUNK] }
+}
+
+/// Publish the chunk of slot `i` if it is not yet. False when out of memory.
+fn ensure_chunk(i: usize) -> bool {
+    let k = i / CHUNK;
+    if !CHUNKS[k].load(SeqCst).is_null() {
+        return true;
+    }
+    // SAFETY: non-zero-sized layout; zeroed bytes are a valid `Chunk` (see its doc).
+    let p = unsafe { alloc_zeroed(Layout::new::<Chunk>()) } as *mut Chunk;
+    if p.is_null() {
+        return false;
+    }
+    CHUNKS[k].store(p, SeqCst);
+    true
+}
+
+/// Call `f` on every slot below `high` (stopping at the first chunk not published yet).
+fn for_each_slot(high: usize, mut f: impl FnMut(&'static Slot)) {
+    let mut base = 0;
+    for c in CHUNKS.iter() {
+        if base >= high {
+            break;
+        }
+        let chunk = c.load(SeqCst);
+        if chunk.is_null() {
+            break; // past the chunks published so far (below `HIGH` every chunk is published)
+        }
+        // SAFETY: chunks are never freed.
+        let slots = unsafe { &(*chunk).0 };
+        for s in &slots[..(high - base).min(CHUNK)] {
+            f(s);
+        }
+        base += CHUNK;
+    }
+}
 
 /// Keeps a listener subscribed; dropping it unsubscribes and waits for in-flight calls to finish.
 ///
@@ -41,46 +130,69 @@ pub struct Subscription {
 }
 
 impl Subscription {
-    /// False when all [`MAX_LISTENERS`] slots were taken: the listener was not subscribed.
+    /// False when the listener could not be subscribed ([`MAX_LISTENERS`] in use, or no memory
+    /// for another chunk of slots): it will never be called.
     pub fn is_active(&self) -> bool {
         self.slot.is_some()
     }
 }
 
-/// Subscribe a listener; see [`Subscription`]. When every slot is taken the returned
+/// Subscribe a listener; see [`Subscription`]. When no slot can be had the returned
 /// subscription is inactive (check [`Subscription::is_active`]).
 pub fn subscribe(l: Arc<dyn MemoryListener>) -> Subscription {
-    let _w = WRITERS.lock().unwrap_or_else(|e| e.into_inner());
-    for (i, slot) in SLOTS.iter().enumerate() {
-        if slot.listener.load(SeqCst).is_null() {
-            let raw = Box::into_raw(Box::new(l));
-            slot.listener.store(raw, SeqCst);
-            return Subscription { slot: Some(i) };
-        }
+    // Before the lock: registering the atfork handlers must not happen under one of our locks.
+    crate::fork::ensure_handlers();
+    let mut w = writers();
+    if w.used >= w.limit {
+        return Subscription { slot: None };
     }
-    Subscription { slot: None }
+    let high = HIGH.load(SeqCst);
+    let i = match w.free.pop_first() {
+        Some(i) => i,
+        None if high < MAX_LISTENERS && ensure_chunk(high) => high,
+        None => return Subscription { slot: None },
+    };
+    let raw = Box::into_raw(Box::new(l));
+    slot(i).listener.store(raw, SeqCst);
+    if i >= high {
+        HIGH.store(i + 1, SeqCst);
+    }
+    w.used += 1;
+    Subscription { slot: Some(i) }
 }
 
 impl Drop for Subscription {
     fn drop(&mut self) {
         let Some(i) = self.slot else { return };
-        let _w = WRITERS.lock().unwrap_or_else(|e| e.into_inner());
-        let slot = &SLOTS[i];
-        let raw = slot.listener.swap(std::ptr::null_mut(), SeqCst);
-        // A notifier that loaded the pointer incremented `in_flight` before (SeqCst), so once we
-        // see zero here, nobody holds `raw` any more and nobody new can load it.
-        let mut spins = 0u32;
-        while slot.in_flight.load(SeqCst) != 0 {
-            spins += 1;
-            if spins < 100 {
-                std::hint::spin_loop();
-            } else {
-                std::thread::yield_now();
+        let raw = {
+            let mut w = writers();
+            let s = slot(i);
+            let raw = s.listener.swap(std::ptr::null_mut(), SeqCst);
+            // A notifier that loaded the pointer incremented `in_flight` before (SeqCst), so once
+            // we see zero here, nobody holds `raw` any more and nobody new can load it.
+            let mut spins = 0u32;
+            while s.in_flight.load(SeqCst) != 0 {
+                spins += 1;
+                if spins < 100 {
+                    std::hint::spin_loop();
+                } else {
+                    std::thread::yield_now();
+                }
             }
-        }
+            w.used -= 1;
+            w.free.insert(i);
+            // Lower the high-water mark past every free slot at the top.
+            let mut high = HIGH.load(SeqCst);
+            while high > 0 && w.free.remove(&(high - 1)) {
+                high -= 1;
+            }
+            HIGH.store(high, SeqCst);
+            raw
+        };
         if !raw.is_null() {
             // SAFETY: `raw` came from Box::into_raw in `subscribe`, was removed from the slot by the
-            // swap above (so it is freed exactly once), and no notifier still uses it.
+            // swap above (so it is freed exactly once), and no notifier still uses it. Dropped
+            // outside `WRITERS`: this may be the cache's last reference.
             drop(unsafe { Box::from_raw(raw) });
         }
     }
@@ -88,25 +200,52 @@ impl Drop for Subscription {
 
 /// Fan an event out to every subscribed listener. No allocation, no lock: hook-safe.
 pub fn notify_all(addr: usize, len: usize) {
-    for slot in SLOTS.iter() {
-        // Cheap pre-check so an empty registry costs 32 loads, not 64 RMWs.
-        if slot.listener.load(SeqCst).is_null() {
-            continue;
+    for_each_slot(HIGH.load(SeqCst), |s| {
+        // Cheap pre-check so a free slot costs one load, not two RMWs.
+        if s.listener.load(SeqCst).is_null() {
+            return;
         }
-        slot.in_flight.fetch_add(1, SeqCst);
-        let raw = slot.listener.load(SeqCst);
+        s.in_flight.fetch_add(1, SeqCst);
+        let raw = s.listener.load(SeqCst);
         if !raw.is_null() {
             // SAFETY: the pointer stays valid while `in_flight` > 0 (see Drop above).
             unsafe { (*raw).on_unmap(addr, len) };
         }
-        slot.in_flight.fetch_sub(1, SeqCst);
-    }
+        s.in_flight.fetch_sub(1, SeqCst);
+    });
+}
+
+/// In a child of `fork`, from the atfork child handler (one thread, `WRITERS` held by it): every
+/// subscribed listener is told [`MemoryListener::forked`]. The in-flight counts of notifications
+/// that were running on other threads of the parent are cleared, in every slot ever used (a
+/// notifier may have counted itself in on a slot above `HIGH` that it found emptied): those threads
+/// do not exist here, and unsubscribing in the child must not wait for them forever. No
+/// allocation, no lock.
+pub(crate) fn fork_child(_held: &mut Writers) {
+    for_each_slot(MAX_LISTENERS, |s| s.in_flight.store(0, SeqCst));
+    for_each_slot(HIGH.load(SeqCst), |s| {
+        let raw = s.listener.load(SeqCst);
+        if !raw.is_null() {
+            // SAFETY: the pointer stays valid until its Subscription is dropped, which takes
+            // `WRITERS`, held by this thread (the only one).
+            unsafe { (*raw).forked() };
+        }
+    });
 }
 
 /// Number of subscribed listeners (diagnostics and tests).
 pub fn listener_count() -> usize {
-    SLOTS
-        .iter()
-        .filter(|s| !s.listener.load(SeqCst).is_null())
-        .count()
+    let mut n = 0;
+    for_each_slot(HIGH.load(SeqCst), |s| {
+        n += usize::from(!s.listener.load(SeqCst).is_null());
+    });
+    n
+}
+
+/// Tests only: allow at most `limit` listeners at once (clamped to [`MAX_LISTENERS`]), to
+/// exercise what happens when no slot is left without subscribing tens of thousands. Subscriptions
+/// already made are kept.
+#[doc(hidden)]
+pub fn set_listener_limit_for_tests(limit: usize) {
+    writers().limit = limit.min(MAX_LISTENERS);
 }

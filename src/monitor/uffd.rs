@@ -389,3 +389,9 @@ fn reader(fd: c_int) {
         DISPATCHING.store(0, SeqCst);
     }
 }
+
+/// For the atfork handlers (`crate::fork`, lock 2 of its order): `STATE` held across `fork`, so a
+/// child never inherits it locked by a thread that is gone.
+pub(crate) fn fork_lock() -> impl std::any::Any {
+    STATE.lock().unwrap_or_else(|e| e.into_inner())
+}

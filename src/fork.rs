@@ -1,0 +1,144 @@
+//! `fork` and the library's process-wide locks.
+//!
+//! A child of `fork` has one thread. A lock that another thread of the parent held at that instant
+//! stays locked forever in the child, so the child's first registration would hang (seen with
+//! the monitor's install mutex: `tests/fork_threads.rs`). The prepare handler takes every
+//! process-wide lock, in the one order below; the parent and child handlers release them. Then,
+//! in the child, every subscribed listener is told [`MemoryListener::forked`]: a cache does not
+//! cross fork (its own locks may be held by threads that are gone, and its registrations are the
+//! parent's: the child shares the parent's verbs objects), so an inherited cache quarantines
+//! itself and the child builds new ones.
+//!
+//! Lock order. Every path that holds two of these takes them in this order, and `prepare` takes
+//! all of them in it:
+//!
+//! 1. `monitor::INSTALL` (`monitor/mod.rs`): `install` holds it while patching libc and opening
+//!    the userfaultfd, which takes 2;
+//! 2. the userfaultfd `STATE` (`monitor/uffd.rs`);
+//! 3. the listener registry's `WRITERS` (`monitor/registry.rs`): nothing is locked under it;
+//! 4. the reader-slot id pool `FREE_IDS` (`cache/readers.rs`): nothing is locked under it. The
+//!    cache module keeps that file private, so it hands its lock over at its first use
+//!    ([`set_ids_hooks`]).
+//!
+//! Per-cache locks (the writer mutex, the slab's spin lock, the handle tables) are not taken:
+//! only the quarantined inherited caches have them, and they never touch them again.
+//!
+//! The handlers are registered once, at the first monitor install, listener subscription or
+//! reader-slot id, and never while one of the locks above is held: `pthread_atfork` takes glibc's
+//! atfork lock, which a concurrent `fork` holds while its prepare handler waits for our locks.
+//!
+//! [`MemoryListener::forked`]: crate::seam::MemoryListener::forked
+
+use std::any::Any;
+use std::cell::UnsafeCell;
+use std::sync::atomic::{AtomicPtr, AtomicU8, Ordering::SeqCst};
+use std::sync::MutexGuard;
+
+use crate::monitor;
+
+/// A leaf lock of another module, as the handlers see it.
+pub(crate) struct LeafHooks {
+    /// Take the lock; the guard is held across `fork`.
+    pub lock: fn() -> Box<dyn Any>,
+    /// In the child, with the guard (still locked): repair what the threads that are gone left
+    /// behind. No allocation, no lock.
+    pub child: fn(&mut dyn Any),
+}
+
+/// Lock 4 (the reader-slot id pool), once `cache/readers.rs` has handed it over.
+static IDS_HOOKS: AtomicPtr<LeafHooks> = AtomicPtr::new(std::ptr::null_mut());
+
+/// Called by `cache/readers.rs` before it first takes its lock (never with a lock held).
+pub(crate) fn set_ids_hooks(h: &'static LeafHooks) {
+    IDS_HOOKS.store(h as *const LeafHooks as *mut LeafHooks, SeqCst);
+    ensure_handlers();
+}
+
+fn ids_hooks() -> Option<&'static LeafHooks> {
+    // SAFETY: null or from a `&'static` in `set_ids_hooks`.
+    unsafe { IDS_HOOKS.load(SeqCst).as_ref() }
+}
+
+/// The locks held between prepare and parent/child, in acquisition order (dropped in this order
+/// too, which does not matter for releasing).
+struct Guards {
+    _install: MutexGuard<'static, ()>,
+    /// The userfaultfd state's guard (its type is private to `uffd.rs`).
+    _uffd: Box<dyn Any>,
+    writers: MutexGuard<'static, monitor::RegistryWriters>,
+    ids: Option<Box<dyn Any>>,
+}
+
+/// Only touched by the thread that runs the handlers of one `fork` call: `prepare` fills it after
+/// taking `INSTALL`, and parent/child empty it before releasing it, so concurrent forks are
+/// serialised by that mutex (and by glibc's atfork lock).
+struct Held(UnsafeCell<Option<Guards>>);
+
+// SAFETY: see `Held`.
+unsafe impl Sync for Held {}
+
+static HELD: Held = Held(UnsafeCell::new(None));
+
+extern "C" fn prepare() {
+    let _ = std::panic::catch_unwind(|| {
+        let install = monitor::fork_lock_install();
+        let uffd = monitor::fork_lock_uffd();
+        let writers = monitor::fork_lock_registry();
+        let ids = ids_hooks().map(|h| (h.lock)());
+        // SAFETY: see `Held`.
+        unsafe {
+            *HELD.0.get() = Some(Guards {
+                _install: install,
+                _uffd: uffd,
+                writers,
+                ids,
+            })
+        };
+    });
+}
+
+extern "C" fn parent() {
+    let _ = std::panic::catch_unwind(|| {
+        // SAFETY: see `Held`; dropping the guards unlocks.
+        drop(unsafe { (*HELD.0.get()).take() });
+    });
+}
+
+extern "C" fn child() {
+    let _ = std::panic::catch_unwind(|| {
+        // SAFETY: see `Held`. This process has one thread now.
+        let Some(mut g) = (unsafe { (*HELD.0.get()).take() }) else {
+            return;
+        };
+        monitor::fork_child_listeners(&mut g.writers);
+        if let (Some(h), Some(ids)) = (ids_hooks(), g.ids.as_mut()) {
+            (h.child)(&mut **ids);
+        }
+        // Unlock this process's copies of the mutexes. (Freeing the uffd guard's box is fine:
+        // glibc's malloc is usable in a child's atfork handler.)
+        drop(g);
+    });
+}
+
+const UNREGISTERED: u8 = 0;
+const REGISTERING: u8 = 1;
+const REGISTERED: u8 = 2;
+static STATE: AtomicU8 = AtomicU8::new(UNREGISTERED);
+
+/// Register the atfork handlers, once per process. Never call with one of the locks above held.
+///
+/// Never waits: a thread that loses the race goes on while the winner registers (a `fork` in that
+/// instant is unprotected, as before the first use). A waiting `Once` would be worse: a child
+/// forked while the winner was inside would wait for it forever.
+pub(crate) fn ensure_handlers() {
+    if STATE.load(SeqCst) != UNREGISTERED
+        || STATE
+            .compare_exchange(UNREGISTERED, REGISTERING, SeqCst, SeqCst)
+            .is_err()
+    {
+        return;
+    }
+    // SAFETY: plain functions that never unwind (each catches panics).
+    unsafe { libc::pthread_atfork(Some(prepare), Some(parent), Some(child)) };
+    STATE.store(REGISTERED, SeqCst);
+}

@@ -1,0 +1,331 @@
+//! fork while other threads are inside the library (issue 8, bug 2).
+//!
+//! Eight threads register, deregister and unmap in a loop (cache misses with userfaultfd watches,
+//! hooks running on munmap), create and free private caches (monitor install, listener
+//! subscribe/unsubscribe) and start short-lived threads (reader-slot ids), while the main thread
+//! forks 50 times. Each child, forked at a random point of all that, builds a new cache and
+//! registers, frees (munmap), maps the same address again and registers again, which must miss;
+//! it does the same from a new thread; then it exits 0. A process-wide lock inherited locked from
+//! a thread that does not exist in the child hangs it: the parent kills it after a timeout and
+//! the test fails.
+//!
+//! C API (the `fh_*` exports), mlock backend, libc patching + userfaultfd.
+
+use std::ffi::c_void;
+use std::ptr;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use firehose::ffi::*;
+use firehose::status::fh_status;
+
+const LEN: usize = 64 << 10;
+const FORKS: usize = 50;
+const WORKERS: usize = 8;
+/// A child that needs longer than this is stuck (it does a few system calls and two pins).
+const CHILD_TIMEOUT: Duration = Duration::from_secs(10);
+/// Stop forking after this many failed children (each hang costs the timeout).
+const MAX_FAILURES: usize = 3;
+
+fn new_cache() -> Result<*mut fh_cache, fh_status> {
+    let mut cfg = std::mem::MaybeUninit::<fh_config>::uninit();
+    // SAFETY: valid for one fh_config write.
+    let rc = unsafe { fh_config_init(cfg.as_mut_ptr()) };
+    if rc != fh_status::FH_OK {
+        return Err(rc);
+    }
+    // SAFETY: initialised by fh_config_init (FH_OK).
+    let mut cfg = unsafe { cfg.assume_init() };
+    cfg.backend = FH_BACKEND_MLOCK;
+    cfg.ibv_pd = ptr::null_mut();
+    cfg.monitor = FH_MONITOR_PATCH_LIBC | FH_MONITOR_USERFAULTFD;
+    cfg.max_pinned = 64 << 20;
+    cfg.max_regions = 1024;
+    let mut c = ptr::null_mut();
+    // SAFETY: a valid config and out pointer.
+    match unsafe { fh_cache_new(&cfg, &mut c) } {
+        fh_status::FH_OK => Ok(c),
+        e => Err(e),
+    }
+}
+
+fn map(at: usize) -> usize {
+    let flags = libc::MAP_PRIVATE
+        | libc::MAP_ANONYMOUS
+        | if at != 0 {
+            libc::MAP_FIXED_NOREPLACE
+        } else {
+            0
+        };
+    // SAFETY: a fresh anonymous mapping (never over an existing one).
+    let p = unsafe {
+        libc::mmap(
+            at as *mut c_void,
+            LEN,
+            libc::PROT_READ | libc::PROT_WRITE,
+            flags,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED || (at != 0 && p as usize != at) {
+        return 0;
+    }
+    // SAFETY: just mapped, writable.
+    unsafe { ptr::write_bytes(p as *mut u8, 1, LEN) };
+    p as usize
+}
+
+fn unmap(p: usize) {
+    // SAFETY: a mapping of ours.
+    unsafe { libc::munmap(p as *mut c_void, LEN) };
+}
+
+fn register(c: *mut fh_cache, p: usize) -> Result<u64, fh_status> {
+    let mut mr = std::mem::MaybeUninit::<fh_mr>::uninit();
+    // SAFETY: live cache, valid out pointer.
+    match unsafe {
+        fh_register(
+            c,
+            p as *const c_void,
+            LEN,
+            FH_ACCESS_LOCAL_WRITE,
+            mr.as_mut_ptr(),
+        )
+    } {
+        // SAFETY: written on FH_OK.
+        fh_status::FH_OK => Ok(unsafe { mr.assume_init() }.handle),
+        e => Err(e),
+    }
+}
+
+fn misses(c: *mut fh_cache) -> u64 {
+    let mut s = std::mem::MaybeUninit::<fh_stats>::uninit();
+    // SAFETY: live cache, valid out pointer.
+    assert_eq!(unsafe { fh_get_stats(c, s.as_mut_ptr()) }, fh_status::FH_OK);
+    // SAFETY: written on FH_OK.
+    unsafe { s.assume_init() }.misses
+}
+
+/// register, munmap, map again at the same address, register: the second must miss. Returns an
+/// exit code (0 = fine).
+fn register_free_register(c: *mut fh_cache) -> i32 {
+    let p = map(0);
+    if p == 0 {
+        return 3;
+    }
+    let m0 = misses(c);
+    let Ok(h) = register(c, p) else { return 4 };
+    // SAFETY: live cache, handle just issued.
+    if unsafe { fh_deregister(c, h) } != fh_status::FH_OK {
+        return 5;
+    }
+    unmap(p);
+    if map(p) != p {
+        return 0; // someone else took the address: nothing to check
+    }
+    let Ok(h) = register(c, p) else { return 6 };
+    // SAFETY: as above.
+    unsafe { fh_deregister(c, h) };
+    let m = misses(c) - m0;
+    unmap(p);
+    if m != 2 {
+        eprintln!("child: {m} misses for register, free, register (a stale hit)");
+        return 7;
+    }
+    0
+}
+
+fn child() -> i32 {
+    let c = match new_cache() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("child: fh_cache_new: {e:?}");
+            return 2;
+        }
+    };
+    let rc = register_free_register(c);
+    if rc != 0 {
+        return rc;
+    }
+    // A new thread takes a reader-slot id (the id pool) and registers too.
+    let rc = in_raw_thread(|c| register_free_register(c as *mut fh_cache), c as usize);
+    if rc != 0 {
+        return 10 + rc;
+    }
+    // SAFETY: our cache, no other user.
+    unsafe { fh_cache_free(c) };
+    0
+}
+
+/// Run `f(arg)` on a new thread made with `pthread_create` and return its result (-1 if the thread
+/// could not be made). Not `std::thread`: std's thread start and exit take a process-wide mutex of
+/// its own (`std::sys::pal::unix::stack_overflow::thread_info`, Rust 1.95) that no atfork handler
+/// covers, so a child forked while a std thread was starting or ending hangs in its own next
+/// `std::thread::spawn` (seen in this test). That is std's hazard, not the library's; the
+/// library's id pool is exercised the same way by these threads.
+fn in_raw_thread(f: fn(usize) -> i32, arg: usize) -> i32 {
+    struct Job {
+        f: fn(usize) -> i32,
+        arg: usize,
+        rc: i32,
+    }
+    extern "C" fn start(p: *mut c_void) -> *mut c_void {
+        // SAFETY: `p` is the `Job` below, alive until the join.
+        let job = unsafe { &mut *(p as *mut Job) };
+        job.rc = std::panic::catch_unwind(|| (job.f)(job.arg)).unwrap_or(99);
+        ptr::null_mut()
+    }
+    let mut job = Job { f, arg, rc: -1 };
+    let mut t: libc::pthread_t = 0;
+    // SAFETY: `job` outlives the thread (joined below).
+    let rc = unsafe {
+        libc::pthread_create(
+            &mut t,
+            ptr::null(),
+            start,
+            &mut job as *mut Job as *mut c_void,
+        )
+    };
+    if rc != 0 {
+        return -1;
+    }
+    // SAFETY: a joinable thread of ours, joined once.
+    unsafe { libc::pthread_join(t, ptr::null_mut()) };
+    job.rc
+}
+
+struct Shared(*mut fh_cache);
+// SAFETY: every fh_* call on one cache may come from any thread.
+unsafe impl Send for Shared {}
+unsafe impl Sync for Shared {}
+
+fn worker(shared: Arc<Shared>, stop: Arc<AtomicBool>, seed: usize, rounds: Arc<AtomicUsize>) {
+    let mut i = seed;
+    while !stop.load(SeqCst) {
+        i = i
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        // Worker 0 only churns threads (their ids are taken and given back under the pool's lock).
+        let what = if seed == 1 { 1 } else { (i >> 33) % 8 };
+        match what {
+            // a private cache: install (idempotent, takes the install lock), subscribe,
+            // register, unsubscribe
+            0 => {
+                if let Ok(c) = new_cache() {
+                    let p = map(0);
+                    if p != 0 {
+                        if let Ok(h) = register(c, p) {
+                            // SAFETY: live cache, handle just issued.
+                            unsafe { fh_deregister(c, h) };
+                        }
+                        unmap(p);
+                    }
+                    // SAFETY: ours, no other user.
+                    unsafe { fh_cache_free(c) };
+                }
+            }
+            // a short-lived thread: takes and returns a reader-slot id
+            1 => {
+                in_raw_thread(
+                    |c| {
+                        let c = c as *mut fh_cache;
+                        let p = map(0);
+                        if p != 0 {
+                            if let Ok(h) = register(c, p) {
+                                // SAFETY: live cache, handle just issued.
+                                unsafe { fh_deregister(c, h) };
+                            }
+                            unmap(p);
+                        }
+                        0
+                    },
+                    shared.0 as usize,
+                );
+            }
+            // miss (uffd watch), release, unmap (hooks, invalidation)
+            _ => {
+                let p = map(0);
+                if p != 0 {
+                    if let Ok(h) = register(shared.0, p) {
+                        // SAFETY: live cache, handle just issued.
+                        unsafe { fh_deregister(shared.0, h) };
+                    }
+                    unmap(p);
+                }
+            }
+        }
+        rounds.fetch_add(1, SeqCst);
+    }
+}
+
+#[test]
+fn fork_while_threads_register_and_unmap() {
+    let shared = Arc::new(Shared(new_cache().expect("fh_cache_new")));
+    let stop = Arc::new(AtomicBool::new(false));
+    let rounds = Arc::new(AtomicUsize::new(0));
+    let workers: Vec<_> = (0..WORKERS)
+        .map(|k| {
+            let (s, st, r) = (shared.clone(), stop.clone(), rounds.clone());
+            std::thread::spawn(move || worker(s, st, k * 7919 + 1, r))
+        })
+        .collect();
+    while rounds.load(SeqCst) < 100 {
+        std::thread::yield_now();
+    }
+    let mut failures = Vec::new();
+    for f in 0..FORKS {
+        // Let the workers get somewhere between forks.
+        std::thread::sleep(Duration::from_millis(2 + (f % 5) as u64));
+        // SAFETY: the child only runs `child` (allocation is fork-safe in glibc) and leaves with
+        // _exit, never returning into the test harness.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork failed");
+        if pid == 0 {
+            let rc = std::panic::catch_unwind(child).unwrap_or(99);
+            // SAFETY: leave the child without running the parent's atexit or test machinery.
+            unsafe { libc::_exit(rc) };
+        }
+        let t0 = Instant::now();
+        let mut status = 0;
+        let done = loop {
+            // SAFETY: waiting for our own child.
+            let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+            if r == pid {
+                break true;
+            }
+            if t0.elapsed() > CHILD_TIMEOUT {
+                break false;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        if !done {
+            // SAFETY: our child.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+                libc::waitpid(pid, &mut status, 0);
+            }
+            failures.push(format!(
+                "fork {f}: child hung (killed after {CHILD_TIMEOUT:?})"
+            ));
+        } else if !(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0) {
+            failures.push(format!("fork {f}: child status {status:#x}"));
+        }
+        if failures.len() >= MAX_FAILURES {
+            break;
+        }
+    }
+    stop.store(true, SeqCst);
+    for w in workers {
+        w.join().unwrap();
+    }
+    // SAFETY: every worker is gone.
+    unsafe { fh_cache_free(shared.0) };
+    assert!(
+        failures.is_empty(),
+        "{} of {FORKS} children failed:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
