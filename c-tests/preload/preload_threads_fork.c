@@ -11,7 +11,10 @@
  *    child: the parent's waitpid times out and the test fails.
  *    Registering with verbs in a child is up to rdma-core and the kernel (the child shares the
  *    parent's uverbs context): if the real ibv_reg_mr fails there, that part is reported and
- *    skipped, not failed. What the child leaves registered stays in the parent's context.
+ *    skipped, not failed. What the child leaves registered (its cache keeps the last region)
+ *    stays in the parent's context until the parent closes the device, so the parent's final
+ *    ibv_dealloc_pd reports EBUSY ("warning: ibv_dealloc_pd failed"): expected here. Seen on rxe
+ *    (kernel 6.1): the children's registrations work and miss as they should.
  * At the end every wrapper is released and app calls == hits + misses + pass-throughs. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
