@@ -1,99 +1,252 @@
-//! Set of disjoint half-open address ranges: which mappings are already registered with
-//! userfaultfd (so the miss path does not re-read /proc/self/maps for them).
+//! Counted address ranges: how many live watches cover each byte. The userfaultfd watcher keeps
+//! one (under its mutex) to know which pages no live watch needs registered any more.
+//!
+//! Stored as boundaries: `key -> count` means every address from `key` up to the next key is
+//! covered `count` times. Between calls there are no two neighbouring keys with the same count and
+//! no key whose count equals the count before it (0 before the first key), so the map holds two
+//! keys per run of equally-covered addresses.
+
+use std::collections::BTreeMap;
 
 #[derive(Debug, Default, Clone)]
-pub struct IntervalSet {
-    /// Sorted, disjoint, non-adjacent (start, end).
-    v: Vec<(usize, usize)>,
+pub struct RangeCounts {
+    m: BTreeMap<usize, u32>,
 }
 
-impl IntervalSet {
-    pub fn clear(&mut self) {
-        self.v.clear();
-    }
-
+impl RangeCounts {
     #[cfg(test)]
-    pub fn len(&self) -> usize {
-        self.v.len()
+    pub fn is_empty(&self) -> bool {
+        self.m.is_empty()
     }
 
-    /// True when all of [start, end) is in the set.
-    pub fn covers(&self, start: usize, end: usize) -> bool {
-        if start >= end {
-            return true;
-        }
-        let i = self.v.partition_point(|&(_, e)| e <= start);
-        self.v.get(i).is_some_and(|&(s, e)| s <= start && end <= e)
+    /// How many times `addr` is covered.
+    pub fn count_at(&self, addr: usize) -> u32 {
+        self.m.range(..=addr).next_back().map_or(0, |(_, &c)| c)
     }
 
-    pub fn insert(&mut self, start: usize, end: usize) {
-        if start >= end {
-            return;
-        }
-        // Everything touching [start, end] merges into one entry.
-        let lo = self.v.partition_point(|&(_, e)| e < start);
-        let hi = self.v.partition_point(|&(s, _)| s <= end);
-        let (mut s, mut e) = (start, end);
-        if lo < hi {
-            s = s.min(self.v[lo].0);
-            e = e.max(self.v[hi - 1].1);
-        }
-        self.v.splice(lo..hi, [(s, e)]);
+    /// Number of stored boundaries (tests: the map does not grow with balanced add/sub).
+    #[cfg(test)]
+    pub fn boundaries(&self) -> usize {
+        self.m.len()
     }
 
-    pub fn remove(&mut self, start: usize, end: usize) {
+    /// Some address in [start, end) is covered.
+    pub fn any_in(&self, start: usize, end: usize) -> bool {
+        start < end && (self.count_at(start) > 0 || self.m.range(start..end).any(|(_, &c)| c > 0))
+    }
+
+    /// The sub-ranges of [start, end) that nothing covers (adjacent ones merged), in address
+    /// order.
+    pub fn zero_runs(&self, start: usize, end: usize) -> Vec<(usize, usize)> {
+        let mut runs: Vec<(usize, usize)> = Vec::new();
         if start >= end {
+            return runs;
+        }
+        let mut at = start;
+        let mut c = self.count_at(start);
+        let bounds = self.m.range(start + 1..end).map(|(&k, &v)| (k, v));
+        for (k, v) in bounds.chain(std::iter::once((end, u32::MAX))) {
+            if c == 0 {
+                runs.push((at, k));
+            }
+            (at, c) = (k, v);
+        }
+        runs
+    }
+
+    /// Cover [start, end) `n` times more.
+    pub fn add(&mut self, start: usize, end: usize, n: u32) {
+        if start >= end || n == 0 {
             return;
         }
-        let lo = self.v.partition_point(|&(_, e)| e <= start);
-        let hi = self.v.partition_point(|&(s, _)| s < end);
-        if lo >= hi {
-            return;
+        self.split(start);
+        self.split(end);
+        for (_, c) in self.m.range_mut(start..end) {
+            *c = c.saturating_add(n);
         }
-        let mut keep = [(0, 0); 2];
-        let mut n = 0;
-        if self.v[lo].0 < start {
-            keep[n] = (self.v[lo].0, start);
-            n += 1;
+        self.coalesce(start, end);
+    }
+
+    /// Cover [start, end) `n` times less and return the sub-ranges whose count dropped to zero
+    /// now (adjacent ones merged), in address order. Counts stop at zero, and parts already at
+    /// zero are not returned: they were not covered (an unbalanced call).
+    pub fn sub(&mut self, start: usize, end: usize, n: u32) -> Vec<(usize, usize)> {
+        let mut zeroed: Vec<(usize, usize)> = Vec::new();
+        if start >= end || n == 0 {
+            return zeroed;
         }
-        if self.v[hi - 1].1 > end {
-            keep[n] = (end, self.v[hi - 1].1);
-            n += 1;
+        self.split(start);
+        self.split(end);
+        let mut it = self.m.range_mut(start..=end).peekable();
+        while let Some((&k, c)) = it.next() {
+            let Some((&next, _)) = it.peek() else { break }; // `end` itself: no segment after it here
+            if *c == 0 {
+                continue;
+            }
+            *c = c.saturating_sub(n);
+            if *c == 0 {
+                match zeroed.last_mut() {
+                    Some(last) if last.1 == k => last.1 = next,
+                    _ => zeroed.push((k, next)),
+                }
+            }
         }
-        self.v.splice(lo..hi, keep[..n].iter().copied());
+        self.coalesce(start, end);
+        zeroed
+    }
+
+    /// Make `at` a boundary (it keeps the count of the run it falls in).
+    fn split(&mut self, at: usize) {
+        if !self.m.contains_key(&at) {
+            let c = self.count_at(at);
+            self.m.insert(at, c);
+        }
+    }
+
+    /// Drop the boundaries in [start, end] that do not change the count.
+    fn coalesce(&mut self, start: usize, end: usize) {
+        let mut prev = self.m.range(..start).next_back().map_or(0, |(_, &c)| c);
+        let mut dead: Vec<usize> = Vec::new();
+        for (&k, &c) in self.m.range(start..=end) {
+            if c == prev {
+                dead.push(k);
+            } else {
+                prev = c;
+            }
+        }
+        for k in dead {
+            self.m.remove(&k);
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::IntervalSet;
+    use super::RangeCounts;
 
     #[test]
-    fn insert_merges_and_remove_splits() {
-        let mut s = IntervalSet::default();
-        s.insert(10, 20);
-        s.insert(30, 40);
-        assert!(s.covers(12, 18) && !s.covers(15, 35) && !s.covers(20, 30));
-        s.insert(20, 30);
-        assert_eq!(s.len(), 1);
-        assert!(s.covers(10, 40));
-        s.remove(15, 25);
-        assert!(s.covers(10, 15) && s.covers(25, 40) && !s.covers(14, 16));
-        assert_eq!(s.len(), 2);
-        s.remove(0, 100);
-        assert_eq!(s.len(), 0);
-        assert!(!s.covers(10, 11));
-        assert!(s.covers(5, 5));
+    fn overlapping_adds_count_and_last_sub_zeroes() {
+        let mut r = RangeCounts::default();
+        r.add(10, 30, 1);
+        r.add(20, 40, 1);
+        assert_eq!(
+            (
+                r.count_at(9),
+                r.count_at(10),
+                r.count_at(25),
+                r.count_at(35)
+            ),
+            (0, 1, 2, 1)
+        );
+        assert_eq!(r.count_at(40), 0);
+        assert_eq!(
+            r.sub(10, 30, 1),
+            vec![(10, 20)],
+            "[20,30) is still covered by the second"
+        );
+        assert_eq!(r.count_at(25), 1);
+        assert_eq!(r.sub(20, 40, 1), vec![(20, 40)]);
+        assert!(r.is_empty(), "{r:?}");
     }
 
     #[test]
-    fn remove_inside_one_and_across_many() {
-        let mut s = IntervalSet::default();
-        for i in 0..10 {
-            s.insert(i * 100, i * 100 + 50);
+    fn zero_runs_and_any_in() {
+        let mut r = RangeCounts::default();
+        r.add(10, 20, 1);
+        r.add(30, 40, 2);
+        assert_eq!(r.zero_runs(0, 50), vec![(0, 10), (20, 30), (40, 50)]);
+        assert_eq!(r.zero_runs(12, 35), vec![(20, 30)]);
+        assert!(r.zero_runs(31, 39).is_empty());
+        assert!(r.any_in(19, 21) && r.any_in(0, 11) && !r.any_in(20, 30) && !r.any_in(40, 99));
+        assert_eq!(r.sub(30, 40, 2), vec![(30, 40)]);
+    }
+
+    #[test]
+    fn same_range_twice_needs_two_subs() {
+        let mut r = RangeCounts::default();
+        r.add(0, 100, 1);
+        r.add(0, 100, 1);
+        assert!(r.sub(0, 100, 1).is_empty());
+        assert_eq!(r.sub(0, 100, 1), vec![(0, 100)]);
+        assert!(r.is_empty());
+    }
+
+    #[test]
+    fn adjacent_zeroed_runs_are_merged_and_gaps_kept_apart() {
+        let mut r = RangeCounts::default();
+        r.add(0, 10, 1);
+        r.add(10, 20, 1);
+        r.add(30, 40, 1);
+        assert_eq!(r.boundaries(), 4, "{r:?}"); // 0:1 20:0 30:1 40:0 (the key 10 merged away)
+        r.add(0, 40, 1);
+        assert_eq!(r.count_at(25), 1);
+        assert!(r.sub(0, 20, 1).is_empty());
+        assert_eq!(r.sub(0, 40, 1), vec![(0, 30)]);
+        assert_eq!(r.sub(30, 40, 1), vec![(30, 40)]);
+        assert!(r.is_empty());
+    }
+
+    #[test]
+    fn unbalanced_sub_saturates_and_reports_nothing_uncovered() {
+        let mut r = RangeCounts::default();
+        assert!(r.sub(0, 10, 1).is_empty());
+        r.add(5, 10, 1);
+        assert_eq!(r.sub(0, 20, 1), vec![(5, 10)]);
+        assert!(r.is_empty());
+    }
+
+    /// The maximal runs of addresses in [s, e) whose model count satisfies `f`.
+    fn runs(model: &[u32], s: usize, e: usize, f: impl Fn(u32) -> bool) -> Vec<(usize, usize)> {
+        let mut out: Vec<(usize, usize)> = vec![];
+        for (a, &c) in model.iter().enumerate().take(e).skip(s) {
+            if f(c) {
+                match out.last_mut() {
+                    Some((_, end)) if *end == a => *end = a + 1,
+                    _ => out.push((a, a + 1)),
+                }
+            }
         }
-        s.remove(125, 725);
-        assert!(s.covers(100, 125) && s.covers(725, 750) && !s.covers(300, 310));
-        assert_eq!(s.len(), 5); // [0,50) [100,125) [725,750) [800,850) [900,950)
+        out
+    }
+
+    /// Random balanced add/sub against a per-address model.
+    #[test]
+    fn matches_a_simple_model() {
+        let mut r = RangeCounts::default();
+        let mut model = [0u32; 64];
+        let mut live: Vec<(usize, usize)> = Vec::new();
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut rnd = |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x % n) as usize
+        };
+        for _ in 0..5000 {
+            if live.is_empty() || rnd(2) == 0 {
+                let s = rnd(63);
+                let e = s + 1 + rnd(64 - s as u64);
+                r.add(s, e, 1);
+                model[s..e].iter_mut().for_each(|c| *c += 1);
+                live.push((s, e));
+            } else {
+                let (s, e) = live.swap_remove(rnd(live.len() as u64));
+                let before = model;
+                model[s..e].iter_mut().for_each(|c| *c -= 1);
+                assert_eq!(r.sub(s, e, 1), runs(&before, s, e, |c| c == 1));
+            }
+            for (a, &c) in model.iter().enumerate() {
+                assert_eq!(r.count_at(a), c, "at {a}");
+            }
+            let (s, e) = (rnd(64), rnd(65));
+            let want = runs(&model, s, e, |c| c == 0);
+            assert_eq!(r.zero_runs(s, e), want, "zero runs of [{s}, {e})");
+            let covered = !runs(&model, s, e, |c| c > 0).is_empty();
+            assert_eq!(r.any_in(s, e), covered);
+        }
+        for (s, e) in live {
+            r.sub(s, e, 1);
+        }
+        assert!(r.is_empty());
     }
 }

@@ -10,8 +10,9 @@
 //! - libc entry patching (`patch.rs`, `hooks.rs`, x86_64): munmap/mremap/madvise/mmap(MAP_FIXED)/
 //!   shmdt/shmat(SHM_REMAP), synchronously *before* the pages go, including glibc's internal calls
 //!   from free/realloc/malloc_trim (they jump to the same code we patch).
-//! - userfaultfd (`uffd.rs`): UNMAP/REMOVE/REMAP events for mappings a [`UffdWatcher`] registered;
-//!   catches raw syscalls and brk shrinking, but only *after* the unmap.
+//! - userfaultfd (`uffd.rs`): UNMAP/REMOVE/REMAP events for the ranges a [`UffdWatcher`] watches
+//!   (exactly the pinned ranges, registered while pinned); catches raw syscalls and brk shrinking,
+//!   but only *after* the unmap.
 //!
 //! Listener rules beyond the seam above: on the `fh-uffd` thread a listener must not munmap /
 //! free memory of a *watched* mapping (the kernel would wait for that same thread to read the
@@ -25,8 +26,8 @@
 //! Files: `registry.rs` (listener slots), `guard.rs` (re-entrancy), `patch.rs` (code patching),
 //! `hooks.rs` (replacement functions), `ranges.rs` (what range each call invalidates),
 //! `maps.rs` (allocation-free /proc/self/maps reader), `uffd.rs` (userfaultfd), `interval_set.rs`
-//! (registered VMAs), `prune_ring.rs` (reader -> miss path, lock-free), `switches.rs`
-//! (test-only disabling of single paths).
+//! (live watches per address: what stays registered), `prune_ring.rs` (reader -> watch path,
+//! lock-free: ranges that went away), `switches.rs` (test-only disabling of single paths).
 
 mod guard;
 mod hooks;
@@ -50,10 +51,24 @@ pub use uffd::UffdWatcher;
 
 pub use uffd::quiesce;
 
-/// Register the mapping(s) under a range with userfaultfd now (what [`UffdWatcher`] does);
-/// returns how many mappings were newly registered.
+/// Watch a range with userfaultfd now (what [`UffdWatcher::watch`] does: count it and register
+/// its pages); returns how many ranges were registered (1, or 0 when userfaultfd is off or refused
+/// it). Pair it with one [`uffd_unwatch`] of the same range.
 pub fn uffd_watch(addr: usize, len: usize) -> usize {
     uffd::watch(addr, len)
+}
+
+/// Undo one [`uffd_watch`] of the same range: its pages are unregistered once no watch covers
+/// them.
+pub fn uffd_unwatch(addr: usize, len: usize) {
+    uffd::unwatch(addr, len)
+}
+
+/// Test hook: the userfaultfd reader fails as if a `read` had failed, retires and closes the fd
+/// (which unregisters everything); userfaultfd stays off in this process.
+#[doc(hidden)]
+pub fn test_fail_uffd_reader() {
+    uffd::test_fail_reader()
 }
 
 pub use crate::seam::MemoryListener;
@@ -70,7 +85,7 @@ pub fn notify_unmapped(addr: usize, len: usize) {
 pub struct MonitorOptions {
     /// Patch the entry of libc's unmap-family functions (x86_64 only).
     pub patch_libc: bool,
-    /// Open a userfaultfd; [`UffdWatcher`] then registers pinned mappings with it.
+    /// Open a userfaultfd; [`UffdWatcher`] then registers pinned ranges with it while pinned.
     pub userfaultfd: bool,
 }
 
@@ -87,11 +102,13 @@ pub struct MonitorStatus {
     pub uffd: bool,
     /// `UFFD_FEATURE_*` bits enabled on the fd.
     pub uffd_features: u64,
-    /// errno of the failed userfaultfd setup step (0 = none).
+    /// errno of the failed userfaultfd setup step, or of the reader's failure (0 = none).
     pub uffd_errno: i32,
-    /// Mappings (VMAs) registered with userfaultfd so far.
+    /// Ranges registered with userfaultfd so far (one per watch, more if it spanned mappings the
+    /// kernel only took one by one).
     pub uffd_registered: u64,
-    /// Mappings that userfaultfd refused (file-backed, other uffd owner...): hooks only there.
+    /// Mappings that userfaultfd refused when watched (file-backed, other uffd owner...): hooks
+    /// only there.
     pub uffd_unsupported: u64,
     /// Events read from the userfaultfd so far.
     pub uffd_events: u64,

@@ -1,22 +1,22 @@
-//! Single-producer (uffd reader thread) / single-consumer (watch path, under its mutex) ring of
-//! ranges that stopped being registered (UNMAP, REMAP source).
+//! Single-producer (the userfaultfd reader) / single-consumer (`watch`/`unwatch`, under the
+//! watcher's mutex) ring of ranges the reader saw go away (UNMAP, REMAP source): the watches over
+//! them are stale, whatever `unwatch` calls are still to come for them.
 //!
-//! Why not a mutex: the reader must never block on anything a munmapping thread could hold, and
-//! the watch path allocates (malloc may trim a registered heap and wait for the reader).
+//! Why not a mutex: the reader must never wait for anything a thread that unmaps registered
+//! memory could hold, and the watch path allocates (malloc may trim a registered heap and wait
+//! for the reader).
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 
-const CAP: usize = 256;
+const CAP: usize = 1024;
 
 pub struct PruneRing {
     start: [AtomicUsize; CAP],
     end: [AtomicUsize; CAP],
     head: AtomicUsize, // next write (producer)
     tail: AtomicUsize, // next read (consumer)
-    /// Set when the producer found the ring full: the consumer must forget everything.
+    /// Set when the producer found the ring full and dropped a range.
     overflow: AtomicBool,
-    /// Non-zero while the producer is between reading events and publishing their ranges.
-    busy: AtomicUsize,
 }
 
 #[allow(clippy::declare_interior_mutable_const)]
@@ -30,18 +30,10 @@ impl PruneRing {
             head: AtomicUsize::new(0),
             tail: AtomicUsize::new(0),
             overflow: AtomicBool::new(false),
-            busy: AtomicUsize::new(0),
         }
     }
 
-    /// Producer: bracket "read events + push their ranges" so a consumer can wait it out.
-    pub fn begin(&self) {
-        self.busy.fetch_add(1, SeqCst);
-    }
-    pub fn end(&self) {
-        self.busy.fetch_sub(1, SeqCst);
-    }
-
+    /// Producer. Never blocks: a full ring drops the range (and says so at the next drain).
     pub fn push(&self, start: usize, end: usize) {
         let h = self.head.load(SeqCst);
         if h.wrapping_sub(self.tail.load(SeqCst)) >= CAP {
@@ -53,12 +45,9 @@ impl PruneRing {
         self.head.store(h.wrapping_add(1), SeqCst);
     }
 
-    /// Consumer: wait until the producer is not mid-batch (it never blocks there), then hand every
-    /// published range to `f`. Returns true if ranges were lost (caller forgets everything).
+    /// Consumer: hand every published range to `f`, oldest first. Returns true if ranges were
+    /// dropped since the last drain.
     pub fn drain(&self, mut f: impl FnMut(usize, usize)) -> bool {
-        while self.busy.load(SeqCst) != 0 {
-            std::thread::yield_now();
-        }
         let h = self.head.load(SeqCst);
         let mut t = self.tail.load(SeqCst);
         while t != h {
@@ -67,9 +56,17 @@ impl PruneRing {
                 self.end[t % CAP].load(SeqCst),
             );
             t = t.wrapping_add(1);
+            // Free the slot at once: a long drain must not make the producer drop ranges.
+            self.tail.store(t, SeqCst);
         }
-        self.tail.store(t, SeqCst);
         self.overflow.swap(false, SeqCst)
+    }
+
+    /// Consumer: forget everything published so far (a forked child: the ranges are the
+    /// parent's).
+    pub fn forget(&self) {
+        self.tail.store(self.head.load(SeqCst), SeqCst);
+        self.overflow.store(false, SeqCst);
     }
 }
 
@@ -92,5 +89,9 @@ mod tests {
         assert!(r.drain(|_, _| n += 1), "overflow reported");
         assert_eq!(n, CAP);
         assert!(!r.drain(|_, _| n += 1));
+        r.push(7, 8);
+        r.forget();
+        assert!(!r.drain(|_, _| n += 1));
+        assert_eq!(n, CAP);
     }
 }
