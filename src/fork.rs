@@ -18,7 +18,10 @@
 //! 3. the listener registry's `WRITERS` (`monitor/registry.rs`): nothing is locked under it;
 //! 4. the reader-slot id pool `FREE_IDS` (`cache/readers.rs`): nothing is locked under it. The
 //!    cache module keeps that file private, so it hands its lock over at its first use
-//!    ([`set_ids_hooks`]).
+//!    ([`set_ids_hooks`]);
+//! 5. the mlock pinner's count of locked pages `LOCKED` (`pin/mlock.rs`): nothing is locked under
+//!    it. The child starts with no page locked (mlock is not inherited), so it starts with no
+//!    count either.
 //!
 //! Per-cache locks (the writer mutex, the slab's spin lock, the handle tables) are not taken:
 //! only the quarantined inherited caches have them, and they never touch them again.
@@ -67,6 +70,7 @@ struct Guards {
     _uffd: Box<dyn Any>,
     writers: MutexGuard<'static, monitor::RegistryWriters>,
     ids: Option<Box<dyn Any>>,
+    mlock: MutexGuard<'static, crate::range_counts::RangeCounts>,
 }
 
 /// Only touched by the thread that runs the handlers of one `fork` call: `prepare` fills it after
@@ -85,6 +89,7 @@ extern "C" fn prepare() {
         let uffd = monitor::fork_lock_uffd();
         let writers = monitor::fork_lock_registry();
         let ids = ids_hooks().map(|h| (h.lock)());
+        let mlock = crate::pin::mlock::fork_lock();
         // SAFETY: see `Held`.
         unsafe {
             *HELD.0.get() = Some(Guards {
@@ -92,6 +97,7 @@ extern "C" fn prepare() {
                 _uffd: uffd,
                 writers,
                 ids,
+                mlock,
             })
         };
     });
@@ -114,6 +120,7 @@ extern "C" fn child() {
         if let (Some(h), Some(ids)) = (ids_hooks(), g.ids.as_mut()) {
             (h.child)(&mut **ids);
         }
+        *g.mlock = crate::range_counts::RangeCounts::new();
         // Unlock this process's copies of the mutexes. (Freeing the uffd guard's box is fine:
         // glibc's malloc is usable in a child's atfork handler.)
         drop(g);

@@ -10,5 +10,6 @@ pub mod ffi;
 mod fork;
 pub mod monitor;
 pub mod pin;
+mod range_counts;
 pub mod seam;
 pub mod status;

@@ -25,13 +25,12 @@
 //!
 //! Files: `registry.rs` (listener slots), `guard.rs` (re-entrancy), `patch.rs` (code patching),
 //! `hooks.rs` (replacement functions), `ranges.rs` (what range each call invalidates),
-//! `maps.rs` (allocation-free /proc/self/maps reader), `uffd.rs` (userfaultfd), `interval_set.rs`
-//! (live watches per address: what stays registered), `prune_ring.rs` (reader -> watch path,
+//! `maps.rs` (allocation-free /proc/self/maps reader), `uffd.rs` (userfaultfd; live watches per address
+//! are counted with `crate::range_counts`), `prune_ring.rs` (reader -> watch path,
 //! lock-free: ranges that went away), `switches.rs` (test-only disabling of single paths).
 
 mod guard;
 mod hooks;
-mod interval_set;
 mod maps;
 mod patch;
 mod prune_ring;

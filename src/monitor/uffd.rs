@@ -47,10 +47,10 @@ use std::time::Duration;
 use libc::{c_int, c_long, c_ulong};
 
 use super::guard::notify_guarded;
-use super::interval_set::RangeCounts;
 use super::maps;
 use super::prune_ring::PruneRing;
 use super::MonitorStatus;
+use crate::range_counts::RangeCounts;
 
 const UFFD_API: u64 = 0xAA;
 const UFFDIO_API: c_ulong = 0xc018_aa3f;

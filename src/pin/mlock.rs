@@ -4,23 +4,42 @@
 //! bookkeeping and tests but mean nothing to any NIC.
 //!
 //! Linux mlock is NOT reference counted: locking a page twice and unlocking it once leaves it
-//! unlocked. The cache can hold overlapping pins (a detached region still in use next to the union
-//! that replaced it), so unpinning one can unlock pages the other still covers. We accept this and
-//! keep no page refcount: with mlock, "pinned" only affects residency (the pages may be swapped
-//! out), never correctness, since no device DMAs into them. The verbs backend (ibv_reg_mr) does
-//! refcount pins per MR, so it has no such caveat.
+//! unlocked. Pins overlap (a detached region still in use next to the union that replaced it; two
+//! caches over the same memory; a stale region whose memory went away and whose addresses now
+//! hold another cache's live region), so every pinner of the process shares one count of locked
+//! pages per address, and `unpin` unlocks only what no live pin still covers. Without it, a stale
+//! unpin unlocked part of a live region: its mapping was then split by lock state, and the
+//! application's `mremap` of it failed with EFAULT (seen in `case6_stale_threads`).
 
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Mutex;
 
 use super::{Access, PinError, Pinned, Pinner};
+use crate::range_counts::RangeCounts;
 
 #[derive(Default)]
 pub struct MlockPinner {
     next_key: AtomicU32,
 }
 
+/// Live pins per address, for every `MlockPinner` of the process. The mutex also orders each
+/// mlock/munlock with its count update (a leaf lock: nothing is called out while it is held but
+/// the two system calls).
+static LOCKED: Mutex<RangeCounts> = Mutex::new(RangeCounts::new());
+
+fn locked() -> std::sync::MutexGuard<'static, RangeCounts> {
+    LOCKED.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Lock 5 of `crate::fork`'s order, held across `fork` by its handlers.
+pub(crate) fn fork_lock() -> std::sync::MutexGuard<'static, RangeCounts> {
+    locked()
+}
+
 impl MlockPinner {
     pub fn new() -> Self {
+        // A child forked while another thread held `LOCKED` would hang in its first pin.
+        crate::fork::ensure_handlers();
         Self::default()
     }
 }
@@ -31,9 +50,16 @@ fn errno() -> i32 {
 
 impl Pinner for MlockPinner {
     fn pin(&self, addr: usize, len: usize, _access: Access) -> Result<Pinned, PinError> {
+        let mut counts = locked();
+        // Always locked, counted or not: a count left by a stale pin says nothing of the memory
+        // mapped there now.
         // SAFETY: mlock only changes residency of the calling process's pages; an invalid range
         // is reported through errno (ENOMEM for unmapped), never a fault.
         let rc = unsafe { libc::mlock(addr as *const libc::c_void, len) };
+        if rc == 0 {
+            counts.add(addr, addr + len, 1);
+        }
+        drop(counts);
         if rc != 0 {
             let e = errno();
             // ENOMEM is ambiguous: RLIMIT_MEMLOCK exceeded or part of the range unmapped. An
@@ -56,8 +82,11 @@ impl Pinner for MlockPinner {
     }
 
     fn unpin(&self, _pinned: Pinned, addr: usize, len: usize) {
-        // SAFETY: munlock of an unmapped (already invalidated) range just fails with ENOMEM.
-        let _ = unsafe { libc::munlock(addr as *const libc::c_void, len) };
+        let mut counts = locked();
+        for (s, e) in counts.sub(addr, addr + len, 1) {
+            // SAFETY: munlock of an unmapped (already invalidated) range just fails with ENOMEM.
+            let _ = unsafe { libc::munlock(s as *const libc::c_void, e - s) };
+        }
     }
 
     fn name(&self) -> &'static str {
@@ -128,5 +157,59 @@ mod tests {
         unsafe { libc::munmap(a as *mut libc::c_void, 3 * 4096) };
         // munlock of the now-unmapped range must not crash.
         m.unpin(q, a, 4096);
+    }
+
+    /// Whether every page of the range is locked (VmFlags "lo" of its mapping(s) in smaps).
+    fn locked_now(addr: usize, len: usize) -> bool {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        let mut cur: Option<(usize, usize)> = None;
+        let mut covered = Vec::new();
+        for line in smaps.lines() {
+            if let Some((range, _)) = line.split_once(' ') {
+                if let Some((a, b)) = range.split_once('-') {
+                    if let (Ok(a), Ok(b)) =
+                        (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16))
+                    {
+                        cur = Some((a, b));
+                        continue;
+                    }
+                }
+            }
+            if let (Some(flags), Some((a, b))) = (line.strip_prefix("VmFlags:"), cur) {
+                if b > addr && a < addr + len && flags.split_whitespace().any(|f| f == "lo") {
+                    covered.push((a.max(addr), b.min(addr + len)));
+                }
+            }
+        }
+        covered.sort();
+        let mut at = addr;
+        for (a, b) in covered {
+            if a > at {
+                return false;
+            }
+            at = at.max(b);
+        }
+        at >= addr + len
+    }
+
+    /// Two pinners (two caches) pin overlapping ranges; unpinning one leaves the pages the other
+    /// still holds locked. (mlock itself does not count: without the shared count the second
+    /// range lost its lock here, and with it its mapping was split in two by lock state.)
+    #[test]
+    fn an_unpin_never_unlocks_what_another_pin_holds() {
+        let (m1, m2) = (MlockPinner::new(), MlockPinner::new());
+        let a = map(4 * 4096);
+        let p1 = m1.pin(a, 3 * 4096, Access(0)).unwrap();
+        let p2 = m2.pin(a + 4096, 3 * 4096, Access(0)).unwrap();
+        m1.unpin(p1, a, 3 * 4096);
+        assert!(
+            locked_now(a + 4096, 3 * 4096),
+            "m2's pages must stay locked"
+        );
+        assert!(!locked_now(a, 4096), "the page only m1 held is unlocked");
+        m2.unpin(p2, a + 4096, 3 * 4096);
+        assert!(!locked_now(a, 4 * 4096));
+        // SAFETY: unmapping our own mapping.
+        unsafe { libc::munmap(a as *mut libc::c_void, 4 * 4096) };
     }
 }

@@ -1,5 +1,8 @@
-//! Counted address ranges: how many live watches cover each byte. The userfaultfd watcher keeps
-//! one (under its mutex) to know which pages no live watch needs registered any more.
+//! Counted address ranges: how many live holders cover each byte. The kernel does not count
+//! userfaultfd registrations or mlock(2), so whoever registers/locks overlapping ranges on behalf
+//! of several holders keeps one of these (under its own mutex) to know which pages no live holder
+//! needs any more: the userfaultfd watcher (`monitor/uffd.rs`) and the mlock pinner
+//! (`pin/mlock.rs`). A neutral module: it knows nothing of either.
 //!
 //! Stored as boundaries: `key -> count` means every address from `key` up to the next key is
 //! covered `count` times. Between calls there are no two neighbouring keys with the same count and
@@ -14,6 +17,10 @@ pub struct RangeCounts {
 }
 
 impl RangeCounts {
+    pub const fn new() -> Self {
+        RangeCounts { m: BTreeMap::new() }
+    }
+
     #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.m.is_empty()
