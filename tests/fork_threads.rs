@@ -9,6 +9,9 @@
 //! a thread that does not exist in the child hangs it: the parent kills it after a timeout and
 //! the test fails.
 //!
+//! A second test forks while threads start and end std threads: each child's first registration
+//! starts the child's userfaultfd reader, which must not depend on std's thread machinery.
+//!
 //! C API (the `fh_*` exports), mlock backend, libc patching + userfaultfd.
 
 use std::ffi::c_void;
@@ -27,6 +30,9 @@ const WORKERS: usize = 8;
 const CHILD_TIMEOUT: Duration = Duration::from_secs(10);
 /// Stop forking after this many failed children (each hang costs the timeout).
 const MAX_FAILURES: usize = 3;
+/// [`fork_while_std_threads_start_and_exit`]: threads starting std threads, and forks.
+const STD_CHURNERS: usize = 8;
+const STD_FORKS: usize = 600;
 
 fn new_cache() -> Result<*mut fh_cache, fh_status> {
     let mut cfg = std::mem::MaybeUninit::<fh_config>::uninit();
@@ -196,6 +202,47 @@ fn in_raw_thread(f: fn(usize) -> i32, arg: usize) -> i32 {
     job.rc
 }
 
+/// Fork; the child runs [`child`] and exits with its code. Returns the child's pid.
+fn fork_child() -> libc::pid_t {
+    // SAFETY: the child only runs `child` (allocation is fork-safe in glibc) and leaves with
+    // _exit, never returning into the test harness.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork failed");
+    if pid == 0 {
+        let rc = std::panic::catch_unwind(child).unwrap_or(99);
+        // SAFETY: leave the child without running the parent's atexit or test machinery.
+        unsafe { libc::_exit(rc) };
+    }
+    pid
+}
+
+/// Wait for child `pid` to exit 0; kill it after [`CHILD_TIMEOUT`].
+fn wait_child(pid: libc::pid_t) -> Result<(), String> {
+    let t0 = Instant::now();
+    let mut status = 0;
+    loop {
+        // SAFETY: waiting for our own child.
+        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+        if r == pid {
+            break;
+        }
+        if t0.elapsed() > CHILD_TIMEOUT {
+            // SAFETY: our child.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+                libc::waitpid(pid, &mut status, 0);
+            }
+            return Err(format!("child hung (killed after {CHILD_TIMEOUT:?})"));
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    if libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0 {
+        Ok(())
+    } else {
+        Err(format!("child status {status:#x}"))
+    }
+}
+
 struct Shared(*mut fh_cache);
 // SAFETY: every fh_* call on one cache may come from any thread.
 unsafe impl Send for Shared {}
@@ -278,39 +325,9 @@ fn fork_while_threads_register_and_unmap() {
     for f in 0..FORKS {
         // Let the workers get somewhere between forks.
         std::thread::sleep(Duration::from_millis(2 + (f % 5) as u64));
-        // SAFETY: the child only runs `child` (allocation is fork-safe in glibc) and leaves with
-        // _exit, never returning into the test harness.
-        let pid = unsafe { libc::fork() };
-        assert!(pid >= 0, "fork failed");
-        if pid == 0 {
-            let rc = std::panic::catch_unwind(child).unwrap_or(99);
-            // SAFETY: leave the child without running the parent's atexit or test machinery.
-            unsafe { libc::_exit(rc) };
-        }
-        let t0 = Instant::now();
-        let mut status = 0;
-        let done = loop {
-            // SAFETY: waiting for our own child.
-            let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
-            if r == pid {
-                break true;
-            }
-            if t0.elapsed() > CHILD_TIMEOUT {
-                break false;
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        };
-        if !done {
-            // SAFETY: our child.
-            unsafe {
-                libc::kill(pid, libc::SIGKILL);
-                libc::waitpid(pid, &mut status, 0);
-            }
-            failures.push(format!(
-                "fork {f}: child hung (killed after {CHILD_TIMEOUT:?})"
-            ));
-        } else if !(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0) {
-            failures.push(format!("fork {f}: child status {status:#x}"));
+        let pid = fork_child();
+        if let Err(e) = wait_child(pid) {
+            failures.push(format!("fork {f}: {e}"));
         }
         if failures.len() >= MAX_FAILURES {
             break;
@@ -328,4 +345,45 @@ fn fork_while_threads_register_and_unmap() {
         failures.len(),
         failures.join("\n")
     );
+}
+
+/// The child's first registration starts the child's own `fh-uffd` reader thread. Starting or
+/// ending a std thread takes std's own process-wide mutex (`thread_info`, see [`in_raw_thread`]),
+/// which no atfork handler covers: a reader started with `std::thread` hung in a child forked
+/// while any std thread of the parent was starting or ending (its first registration waited
+/// forever for the reader). Threads start and join empty std threads without pause while the main
+/// thread forks; every child must register and exit. (With the std reader about 1 fork in 200
+/// hung here, 2 cores.)
+#[test]
+fn fork_while_std_threads_start_and_exit() {
+    // The parent's monitor (libc patching, userfaultfd) and reader are up before the first fork.
+    let c = new_cache().expect("fh_cache_new");
+    assert_eq!(register_free_register(c), 0);
+    let stop = Arc::new(AtomicBool::new(false));
+    let churners: Vec<_> = (0..STD_CHURNERS)
+        .map(|_| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                while !stop.load(SeqCst) {
+                    std::thread::spawn(|| {}).join().unwrap();
+                }
+            })
+        })
+        .collect();
+    let mut failure = None;
+    for f in 0..STD_FORKS {
+        if let Err(e) = wait_child(fork_child()) {
+            failure = Some(format!("fork {f}: {e}"));
+            break; // each hang costs the timeout
+        }
+    }
+    stop.store(true, SeqCst);
+    for t in churners {
+        t.join().unwrap();
+    }
+    // SAFETY: ours, no other user.
+    unsafe { fh_cache_free(c) };
+    if let Some(e) = failure {
+        panic!("a child failed: {e}");
+    }
 }

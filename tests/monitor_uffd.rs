@@ -723,3 +723,55 @@ fn reader_failure_leaves_nothing_registered() {
     raw_munmap(b, 4 * PAGE);
     raw_munmap(d, 4 * PAGE);
 }
+
+/// Panics for an event overlapping [`Panicky::0`] (it runs on the `fh-uffd` reader).
+struct Panicky(AtomicUsize);
+
+impl MemoryListener for Panicky {
+    fn on_unmap(&self, addr: usize, len: usize) {
+        let at = self.0.load(SeqCst);
+        if at != 0 && addr <= at && at < addr + len {
+            panic!("listener panics on the reader (test)");
+        }
+    }
+}
+
+/// A listener panics on the reader thread. The reader must take its failure path (userfaultfd off,
+/// the fd closed, nothing left registered): a reader that just died left the other watched ranges
+/// registered with nobody reading their events, and their unmap waited forever.
+#[test]
+fn listener_panic_on_the_reader_leaves_nothing_registered() {
+    if !in_child() {
+        return run_in_child(
+            "listener_panic_on_the_reader_leaves_nothing_registered",
+            &[],
+        );
+    }
+    let _e = env();
+    let p = Arc::new(Panicky(AtomicUsize::new(0)));
+    // Kept: a panic leaves the listener counted as running, so unsubscribing would wait for it.
+    std::mem::forget(monitor::subscribe(p.clone()));
+    let a = map(8 * PAGE);
+    let b = map(4 * PAGE);
+    UffdWatcher.watch(a, 8 * PAGE);
+    UffdWatcher.watch(b, 4 * PAGE);
+    assert!(registered(a) && registered(b));
+    p.0.store(b, SeqCst);
+    raw_munmap(b, 4 * PAGE); // released once the reader has read the event
+    let t = Instant::now();
+    while (monitor::status().uffd || reader_alive()) && t.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(
+        !monitor::status().uffd,
+        "userfaultfd still on after the reader panicked"
+    );
+    assert!(!reader_alive(), "the reader did not exit");
+    assert!(!registered(a), "left registered");
+    assert!(
+        returns_within(10, move || raw_munmap(a, 8 * PAGE)),
+        "munmap of a watched range hangs after the reader panicked"
+    );
+    UffdWatcher.unwatch(b, 4 * PAGE);
+    UffdWatcher.unwatch(a, 8 * PAGE);
+}

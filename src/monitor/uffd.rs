@@ -151,7 +151,7 @@ static STATE: Mutex<Option<State>> = Mutex::new(None);
 static RING: PruneRing = PruneRing::new();
 
 static ACTIVE: AtomicBool = AtomicBool::new(false);
-/// Set by the reader once its start-up (which allocates: thread name, TLS) is over.
+/// Set by the reader once its start-up (which may allocate: TLS) is over.
 static READER_READY: AtomicBool = AtomicBool::new(false);
 static FEATURES: AtomicU64 = AtomicU64::new(0);
 static ERRNO: AtomicI32 = AtomicI32::new(0);
@@ -359,13 +359,27 @@ fn ensure_reader(st: &mut State, fd: c_int) -> bool {
     if st.reader_started {
         return true;
     }
-    match std::thread::Builder::new()
-        .name("fh-uffd".into())
-        .spawn(move || reader(fd))
-    {
-        Ok(_) => st.reader_started = true,
-        Err(_) => return false,
+    // A plain pthread, not `std::thread`: std's thread start and exit take a process-wide mutex of
+    // its own (its stack-overflow bookkeeping, `thread_info`), which no atfork handler covers, so
+    // a child forked while any std thread of the parent was starting or ending hung here, in its
+    // first `watch`, waiting for a reader that never got past std's start (seen with gdb;
+    // `tests/fork_threads.rs`). Nothing here takes another lock of ours: STATE is held.
+    let mut t: libc::pthread_t = 0;
+    // SAFETY: `reader_main` takes the fd as its argument and never unwinds.
+    let rc = unsafe {
+        libc::pthread_create(
+            &mut t,
+            std::ptr::null(),
+            reader_main,
+            fd as isize as *mut libc::c_void,
+        )
+    };
+    if rc != 0 {
+        return false;
     }
+    // SAFETY: a thread of ours, detached once; it is never joined.
+    unsafe { libc::pthread_detach(t) };
+    st.reader_started = true;
     // Register nothing before the reader is in its loop: while starting, it calls malloc, and a
     // thread that trims a registered heap does so holding malloc's arena lock and then waits for
     // the reader (seen as a deadlock with MALLOC_ARENA_MAX=1 before this wait).
@@ -660,9 +674,31 @@ pub fn test_fail_reader() {
     FAIL_NEXT_READ.store(true, SeqCst);
 }
 
+/// Entry of the `fh-uffd` thread (see [`ensure_reader`]); `arg` is the fd. A panic in the reader
+/// (a listener's) takes the reader's failure path: it keeps reading and dispatching until it can
+/// [`retire`], so no unmap waits forever for an event nobody reads.
+extern "C" fn reader_main(arg: *mut libc::c_void) -> *mut libc::c_void {
+    let fd = arg as isize as c_int;
+    // SAFETY: naming this thread (at most 15 bytes and the NUL): prctl, no allocation.
+    unsafe { libc::pthread_setname_np(libc::pthread_self(), c"fh-uffd".as_ptr()) };
+    let mut dying = None;
+    loop {
+        let run = std::panic::AssertUnwindSafe(|| reader(fd, &mut dying));
+        if std::panic::catch_unwind(run).is_ok() {
+            break;
+        }
+        // The batch under way is over: nobody may wait for the rest of it (see `quiesce`).
+        let started = (BATCHES.load(SeqCst) >> 32) as u32;
+        BATCHES.store(pack(started, started), SeqCst);
+        fail(&mut dying, true, libc::EIO);
+    }
+    std::ptr::null_mut()
+}
+
 /// The `fh-uffd` thread: poll, read a batch, notify. Never waits for a lock and never allocates
-/// in the loop.
-fn reader(fd: c_int) {
+/// in the loop. `dying`: Some(fd_still_ours) once something failed (see `retire`); kept by the
+/// caller across a panic.
+fn reader(fd: c_int, dying: &mut Option<bool>) {
     const BATCH: usize = 64;
     let mut msgs = [UffdMsg::default(); BATCH];
     // Touch the thread-locals the loop uses now (a dlopen'ed library's TLS may be allocated on
@@ -674,10 +710,8 @@ fn reader(fd: c_int) {
     READER_PID.store(me, SeqCst);
     READER_READY.store(true, SeqCst);
     let mut done: u32 = BATCHES.load(SeqCst) as u32;
-    // Some(fd_still_ours) once something failed: see `retire`.
-    let mut dying: Option<bool> = None;
     loop {
-        if let Some(fd_ours) = dying {
+        if let Some(fd_ours) = *dying {
             if retire(fd, fd_ours, me) {
                 break;
             }
@@ -699,7 +733,7 @@ fn reader(fd: c_int) {
         if r < 0 {
             let e = errno();
             if e != libc::EINTR {
-                fail(&mut dying, true, e);
+                fail(dying, true, e);
             }
             continue;
         }
@@ -708,15 +742,15 @@ fn reader(fd: c_int) {
         }
         if pfd.revents & libc::POLLNVAL != 0 {
             // Someone closed our fd number: it may already name someone else's file.
-            fail(&mut dying, false, libc::EBADF);
+            fail(dying, false, libc::EBADF);
             continue;
         }
         if pfd.revents & libc::POLLERR != 0 {
-            fail(&mut dying, true, libc::EIO);
+            fail(dying, true, libc::EIO);
             continue;
         }
         if FAIL_NEXT_READ.swap(false, SeqCst) {
-            fail(&mut dying, true, libc::EIO);
+            fail(dying, true, libc::EIO);
             continue;
         }
         // Before `read`: the unmapping thread is released by the read itself (see `quiesce`).
@@ -754,7 +788,7 @@ fn reader(fd: c_int) {
         done = done.wrapping_add(1);
         BATCHES.store(pack(done, done), SeqCst);
         if n < 0 && read_errno != libc::EAGAIN && read_errno != libc::EINTR {
-            fail(&mut dying, true, read_errno);
+            fail(dying, true, read_errno);
         }
     }
     BATCHES.store(pack(done, done), SeqCst);
