@@ -386,3 +386,54 @@ fn concurrent_threads_get_their_own_wrappers() {
     // SAFETY: unmapping our own buffer.
     unsafe { libc::munmap(buf as *mut c_void, 1 << 20) };
 }
+
+/// A wrapper inherited across `fork`: its cache is the parent's, quarantined in the child
+/// (`FH_ERR_FORKED`). The child's `ibv_dereg_mr` of it succeeds and frees the child's copy of the
+/// wrapper, and leaves the registration behind it to the parent (nothing unpinned in the child;
+/// the parent's own dereg still works). Before, it returned EINVAL and kept the wrapper.
+#[test]
+fn a_child_deregisters_an_inherited_wrapper_without_touching_the_parent() {
+    let _s = serial();
+    let mut f = fake_pd(0xC7);
+    let buf = anon(8192);
+    // SAFETY: a valid (fake) pd whose cache never calls libibverbs; `buf` is mapped.
+    let mr = unsafe { ibv_reg_mr(f.ptr(), buf as *mut c_void, 8192, RW) };
+    assert!(!mr.is_null());
+    let live0 = snapshot().wrappers_live;
+    let (pins0, unpins0) = (f.pinner.pins(), f.pinner.unpins());
+    // SAFETY: the child uses the shim's own paths (allocation is fork-safe in glibc) and leaves
+    // with _exit.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0);
+    if pid == 0 {
+        let code = (|| {
+            // SAFETY: the wrapper the parent handed out, inherited.
+            let rc = unsafe { ibv_dereg_mr(mr) };
+            if rc != 0 {
+                return 10 + rc.clamp(0, 100);
+            }
+            if snapshot().wrappers_live != live0 - 1 {
+                return 2; // the wrapper was kept
+            }
+            if (f.pinner.pins(), f.pinner.unpins()) != (pins0, unpins0) {
+                return 3; // the parent's registration was released
+            }
+            0
+        })();
+        // SAFETY: leave without running the test harness in the child.
+        unsafe { libc::_exit(code) };
+    }
+    let mut status = 0;
+    // SAFETY: our child.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    // SAFETY: the parent's own wrapper, still live here.
+    assert_eq!(unsafe { ibv_dereg_mr(mr) }, 0);
+    pd_cache::drop_pd(f.ptr());
+    // SAFETY: our mapping.
+    unsafe { libc::munmap(buf as *mut c_void, 8192) };
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "child exit code {} (10+errno: dereg failed, 2: wrapper kept, 3: parent's released)",
+        libc::WEXITSTATUS(status)
+    );
+}

@@ -10,6 +10,7 @@ use std::ffi::{c_int, c_uint, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use firehose::pin::Access;
+use firehose::status::fh_status;
 
 use crate::ffi_types::*;
 use crate::guard::Outermost;
@@ -223,12 +224,17 @@ unsafe fn real_dereg(mr: *mut IbvMr) -> c_int {
 
 /// Release what stands behind a wrapper. On failure the backing is handed back.
 ///
+/// A cached wrapper inherited across `fork` is released without touching its registration: its
+/// cache is the parent's, quarantined in the child (`FH_ERR_FORKED`), and the registration behind
+/// it lives in the verbs context the child shares with the parent, where the parent still uses
+/// it (never the real `ibv_dereg_mr` here). The child only lets go of its copy of the wrapper.
+///
 /// # Safety
 /// A `Real` backing is a live MR that only this wrapper refers to.
 unsafe fn release(backing: Backing) -> Result<(), (Backing, c_int)> {
     match backing {
         Backing::Cached { cache, handle } => match cache.deregister(handle) {
-            Ok(()) => Ok(()),
+            Ok(()) | Err(fh_status::FH_ERR_FORKED) => Ok(()),
             Err(_) => Err((Backing::Cached { cache, handle }, libc::EINVAL)),
         },
         Backing::Real(mr) => {
