@@ -5,22 +5,16 @@
 //! here pass-through is observed through `register`'s closure instead.
 
 use std::ffi::c_void;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
 use firehose::pin::counting::CountingPinner;
+use firehose::pin::Access;
 
 use crate::ffi_types::*;
 use crate::pd_cache::{self, PdCache};
+use crate::serial::serial;
 use crate::stats::snapshot;
 use crate::verbs_hooks::*;
-
-/// The counters are process-wide: these tests (and the wrapper tests, which change the live
-/// wrapper count) run one at a time.
-static SERIAL: Mutex<()> = Mutex::new(());
-
-pub fn serial() -> MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 const RW: i32 = 1 | 2 | 4;
 
@@ -434,6 +428,163 @@ fn a_child_deregisters_an_inherited_wrapper_without_touching_the_parent() {
     assert!(
         libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
         "child exit code {} (10+errno: dereg failed, 2: wrapper kept, 3: parent's released)",
+        libc::WEXITSTATUS(status)
+    );
+}
+
+/// Issue 8, bug 1: one cache per domain, far more domains than the registry's old 32 slots.
+/// Every domain's cache must be invalidated by `munmap` (before the fix, the caches past the
+/// 32nd were never subscribed and served the stale registration).
+#[test]
+fn a_hundred_domains_are_each_invalidated() {
+    let _s = serial();
+    let n = 100;
+    let mut pds: Vec<Box<IbvPd>> = (0..n)
+        .map(|i| {
+            Box::new(IbvPd {
+                context: (0xD000 + i) as *mut c_void,
+                handle: 9,
+            })
+        })
+        .collect();
+    let pinners: Vec<Arc<CountingPinner>> = pds
+        .iter_mut()
+        .map(|pd| {
+            let p = Arc::new(CountingPinner::new());
+            PdCache::install_for_test(&mut **pd, p.clone());
+            p
+        })
+        .collect();
+    let len = 8192;
+    let map = |at: *mut c_void, flags: i32| {
+        // SAFETY: a fresh private anonymous mapping (never over an existing one).
+        unsafe {
+            libc::mmap(
+                at,
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | flags,
+                -1,
+                0,
+            )
+        }
+    };
+    let buf = map(std::ptr::null_mut(), 0);
+    assert_ne!(buf, libc::MAP_FAILED);
+    let reg_dereg = |pds: &mut Vec<Box<IbvPd>>| {
+        for pd in pds.iter_mut() {
+            // SAFETY: a (fake) pd whose cache never calls libibverbs; `buf` is mapped.
+            unsafe {
+                let mr = ibv_reg_mr(&mut **pd, buf, len, RW);
+                assert!(!mr.is_null());
+                assert_eq!(ibv_dereg_mr(mr), 0);
+            }
+        }
+    };
+    reg_dereg(&mut pds);
+    // SAFETY: our mapping, through the shim's exported munmap (tells every cache first).
+    assert_eq!(unsafe { crate::unmap_hooks::munmap(buf, len) }, 0);
+    assert_eq!(map(buf, libc::MAP_FIXED_NOREPLACE), buf, "address reused");
+    reg_dereg(&mut pds);
+    let stale: Vec<usize> = (0..n).filter(|&i| pinners[i].pins() != 2).collect();
+    for pd in pds.iter_mut() {
+        pd_cache::drop_pd(&mut **pd);
+    }
+    // SAFETY: our mapping.
+    unsafe { libc::munmap(buf, len) };
+    assert!(
+        stale.is_empty(),
+        "{} of {n} domains served a stale registration: {stale:?}",
+        stale.len()
+    );
+}
+
+/// Issue 8, bug 2, the shim's side: a child never uses a cache of its parent (they are the
+/// parent's, quarantined by the library); its first registration in a domain builds a new
+/// cache, in which register, munmap, register misses twice.
+#[test]
+fn a_child_builds_its_own_caches() {
+    let _s = serial();
+    let mut pd = Box::new(IbvPd {
+        context: 0xE000 as *mut c_void,
+        handle: 9,
+    });
+    let pinner = Arc::new(CountingPinner::new());
+    PdCache::install_for_test(&mut *pd, pinner.clone());
+    let len = 8192;
+    let map = |at: *mut c_void, flags: i32| {
+        // SAFETY: a fresh private anonymous mapping (never over an existing one).
+        unsafe {
+            libc::mmap(
+                at,
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | flags,
+                -1,
+                0,
+            )
+        }
+    };
+    let buf = map(std::ptr::null_mut(), 0);
+    assert_ne!(buf, libc::MAP_FAILED);
+    // SAFETY: a (fake) pd whose cache never calls libibverbs; `buf` is mapped.
+    let mr = unsafe { ibv_reg_mr(&mut *pd, buf, len, RW) };
+    assert!(!mr.is_null());
+    // The parent's cache, remembered by this thread and in the map.
+    let parent = pd_cache::for_pd(&mut *pd, Access(RW as u32)).unwrap();
+    // SAFETY: the child uses the shim's own paths (allocation is fork-safe in glibc) and
+    // leaves with _exit.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0);
+    if pid == 0 {
+        let code = (|| {
+            if !parent.is_forked() {
+                return 1; // the library did not quarantine it
+            }
+            let Ok(c) = pd_cache::for_pd(&mut *pd, Access(RW as u32)) else {
+                return 2;
+            };
+            if Arc::ptr_eq(&c, &parent) {
+                return 3; // the parent's cache handed out in the child
+            }
+            let pins0 = pinner.pins();
+            // SAFETY: as in the parent; `buf` is mapped in the child too.
+            unsafe {
+                let a = ibv_reg_mr(&mut *pd, buf, len, RW);
+                if a.is_null() || ibv_dereg_mr(a) != 0 {
+                    return 4;
+                }
+                if crate::unmap_hooks::munmap(buf, len) != 0
+                    || map(buf, libc::MAP_FIXED_NOREPLACE) != buf
+                {
+                    return 5;
+                }
+                let b = ibv_reg_mr(&mut *pd, buf, len, RW);
+                if b.is_null() || ibv_dereg_mr(b) != 0 {
+                    return 6;
+                }
+            }
+            if pinner.pins() - pins0 != 2 {
+                return 7; // a hit on memory unmapped in between
+            }
+            0
+        })();
+        // SAFETY: leave without running the test harness in the child.
+        unsafe { libc::_exit(code) };
+    }
+    let mut status = 0;
+    // SAFETY: our child.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert!(!parent.is_forked(), "the parent's cache stays in service");
+    drop(parent);
+    // SAFETY: the wrapper from above.
+    assert_eq!(unsafe { ibv_dereg_mr(mr) }, 0);
+    pd_cache::drop_pd(&mut *pd);
+    // SAFETY: our mapping.
+    unsafe { libc::munmap(buf, len) };
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "child exit code {} (1: not quarantined, 3: parent's cache reused, 7: stale hit)",
         libc::WEXITSTATUS(status)
     );
 }

@@ -57,15 +57,8 @@ extern "C" fn prepare() {
     });
 }
 
-static IN_CHILD: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-/// True in a process created by `fork` after the shim was loaded.
-pub fn in_child() -> bool {
-    IN_CHILD.load(std::sync::atomic::Ordering::Relaxed)
-}
-
 extern "C" fn child() {
-    IN_CHILD.store(true, std::sync::atomic::Ordering::Relaxed);
+    crate::process::mark_child();
     let _ = std::panic::catch_unwind(|| {
         // The counters are the parent's copy: a summary from the child would double-count them.
         crate::settings::forget_stats_fd();

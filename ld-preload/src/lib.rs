@@ -5,7 +5,8 @@
 //! `ibv_dealloc_pd` (`verbs_hooks.rs`) and the libc unmap family (`unmap_hooks.rs`).
 //! Flow: depth guard (`guard.rs`) -> dispatch -> per-pd cache (`pd_cache.rs`) whose backend calls
 //! the real functions (`real_verbs.rs`, `real_pinner.rs`) -> a wrapper MR (`wrapper.rs`).
-//! Settings in `settings.rs`, counters and `FH_STATS` in `stats.rs`, `fork` in `fork.rs`.
+//! Settings in `settings.rs`, counters in `counters.rs`, `fh_preload_stats` and `FH_STATS` in
+//! `stats.rs`, `fork` in `fork.rs` (the child flag in `process.rs`).
 //!
 //! Exports: exactly the hooks above and `fh_preload_stats` (`exports.list`); the library's own
 //! `fh_*` C ABI is linked in but not exported, and the SONAME is `libfirehose_preload.so`
@@ -13,6 +14,7 @@
 
 mod coexist;
 mod cost_model;
+mod counters;
 #[cfg(test)]
 mod dispatch_tests;
 mod fasthash;
@@ -21,9 +23,12 @@ mod fork;
 mod guard;
 mod init;
 mod pd_cache;
+mod process;
 mod real_libc;
 mod real_pinner;
 mod real_verbs;
+#[cfg(test)]
+mod serial;
 mod settings;
 mod stats;
 mod unmap_hooks;

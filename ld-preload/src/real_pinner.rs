@@ -14,10 +14,10 @@ use std::time::Instant;
 
 use firehose::pin::{Access, PinError, Pinned, Pinner};
 
+use crate::counters::{self, COUNTERS};
 use crate::fasthash::{new_map, FastMap};
 use crate::ffi_types::{IbvMr, IbvPd};
 use crate::real_verbs::RealVerbs;
-use crate::stats::{self, COUNTERS};
 
 /// Slots of the lock-free lkey -> handle table (a power of two).
 const RECENT: usize = 256;
@@ -104,8 +104,8 @@ impl Pinner for RealPinner {
         COUNTERS
             .real_reg_ns
             .fetch_add(ns, std::sync::atomic::Ordering::Relaxed);
-        stats::bump(&COUNTERS.real_regs);
-        stats::pinned_add(len as u64);
+        counters::bump(&COUNTERS.real_regs);
+        counters::pinned_add(len as u64);
         // SAFETY: libibverbs returned a valid MR.
         let m = unsafe { *mr };
         self.handles
@@ -147,8 +147,8 @@ impl Pinner for RealPinner {
         COUNTERS
             .real_dereg_ns
             .fetch_add(ns, std::sync::atomic::Ordering::Relaxed);
-        stats::bump(&COUNTERS.real_deregs);
-        stats::pinned_sub(len as u64);
+        counters::bump(&COUNTERS.real_deregs);
+        counters::pinned_sub(len as u64);
     }
 
     fn name(&self) -> &'static str {
@@ -207,7 +207,7 @@ mod tests {
 
     #[test]
     fn handle_of_follows_registrations_through_collisions_and_key_reuse() {
-        let _s = crate::dispatch_tests::serial();
+        let _s = crate::serial::serial();
         let p = RealPinner::new(std::ptr::null_mut(), &FAKE);
         // More live MRs than table slots: collisions must fall back to the map.
         let n = RECENT * 3;

@@ -1,60 +1,12 @@
-//! Shim counters, the `fh_preload_stats` query and the `FH_STATS` exit summary.
+//! The `fh_preload_stats` query and the `FH_STATS` exit summary, over the shim's counters
+//! (`counters.rs`) and the caches' own.
 
 use std::ffi::c_int;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use firehose::cache::Stats;
 
-/// Process-wide counters (relaxed atomics: they are statistics, not synchronisation).
-pub struct Counters {
-    /// Outermost application calls to any `ibv_reg_mr*` hook.
-    pub app_reg_calls: AtomicU64,
-    /// Calls that found this thread already inside a hook and went straight through.
-    pub nested_calls: AtomicU64,
-    /// Application registrations handed to libibverbs uncached (flags, iova, disabled, errors).
-    pub passthrough_reg: AtomicU64,
-    /// `ibv_dereg_mr` / `ibv_rereg_mr` of MRs the shim did not create.
-    pub passthrough_dereg: AtomicU64,
-    /// Real registrations the caches made (misses), their total time, and the same for unpins.
-    pub real_regs: AtomicU64,
-    pub real_reg_ns: AtomicU64,
-    pub real_deregs: AtomicU64,
-    pub real_dereg_ns: AtomicU64,
-    /// Bytes the caches hold pinned now, and the high mark (across every protection domain).
-    pub pinned_now: AtomicU64,
-    pub pinned_peak: AtomicU64,
-    /// Bytes of application registrations served without a real registration.
-    pub hit_bytes: AtomicU64,
-}
-
-pub static COUNTERS: Counters = Counters {
-    app_reg_calls: AtomicU64::new(0),
-    nested_calls: AtomicU64::new(0),
-    passthrough_reg: AtomicU64::new(0),
-    passthrough_dereg: AtomicU64::new(0),
-    real_regs: AtomicU64::new(0),
-    real_reg_ns: AtomicU64::new(0),
-    real_deregs: AtomicU64::new(0),
-    real_dereg_ns: AtomicU64::new(0),
-    pinned_now: AtomicU64::new(0),
-    pinned_peak: AtomicU64::new(0),
-    hit_bytes: AtomicU64::new(0),
-};
-
-#[inline]
-pub fn bump(c: &AtomicU64) {
-    c.fetch_add(1, Ordering::Relaxed);
-}
-
-/// Account `len` newly pinned bytes and keep the high mark.
-pub fn pinned_add(len: u64) {
-    let now = COUNTERS.pinned_now.fetch_add(len, Ordering::Relaxed) + len;
-    COUNTERS.pinned_peak.fetch_max(now, Ordering::Relaxed);
-}
-
-pub fn pinned_sub(len: u64) {
-    COUNTERS.pinned_now.fetch_sub(len, Ordering::Relaxed);
-}
+use crate::counters::COUNTERS;
 
 /// What `fh_preload_stats` reports. Append-only: fields are never reordered; `struct_size` says
 /// how much the shim filled in.

@@ -12,9 +12,9 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use firehose::pin::Access;
 use firehose::status::fh_status;
 
+use crate::counters::{bump, COUNTERS};
 use crate::ffi_types::*;
 use crate::guard::Outermost;
-use crate::stats::{bump, COUNTERS};
 use crate::wrapper::{self, Backing, WrapperMr};
 use crate::{pd_cache, real_verbs, settings};
 

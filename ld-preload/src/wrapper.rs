@@ -267,7 +267,7 @@ mod tests {
 
     #[test]
     fn published_wrappers_are_recognised_by_address_and_taken_once() {
-        let _s = crate::dispatch_tests::serial();
+        let _s = crate::serial::serial();
         let p = publish_new(dummy(0x1000)).ok().unwrap();
         assert!(is_wrapper(p));
         // SAFETY: `p` points at the published wrapper's MR, alive while published.
@@ -287,7 +287,7 @@ mod tests {
 
     #[test]
     fn many_live_wrappers_grow_chunks_and_keep_their_own_slots() {
-        let _s = crate::dispatch_tests::serial();
+        let _s = crate::serial::serial();
         let held: Vec<*mut IbvMr> = (0..1000)
             .map(|i| {
                 let mut w = dummy(i);
