@@ -15,7 +15,6 @@ use crate::status::{fh_status, FhResult};
 /// A PENDING region between its insert and its publish. Dropped with the region still inside
 /// only while unwinding from a panic: then the region leaves the index and is freed.
 pub(super) struct PendingGuard<'a, 'w> {
-    cache: &'a Cache,
     w: &'a Writer<'w>,
     region: Option<RegionPtr>,
 }
@@ -23,7 +22,7 @@ pub(super) struct PendingGuard<'a, 'w> {
 impl Drop for PendingGuard<'_, '_> {
     fn drop(&mut self) {
         if let Some(p) = self.region.take() {
-            self.cache.drop_pending(self.w, Some(p));
+            self.w.cache.drop_pending(self.w, Some(p));
         }
     }
 }
@@ -141,11 +140,7 @@ impl Cache {
         // From here until `publish`, a panic (in the backend, say) must not leave the PENDING
         // region indexed: a later miss would find it under the mutex and hand out its placeholder
         // keys (lkey 0) as a hit. The guard takes it out again while unwinding.
-        let mut pending = PendingGuard {
-            cache: self,
-            w,
-            region: pending,
-        };
+        let mut pending = PendingGuard { w, region: pending };
         // Evicted regions go before the new pin (the backend may be at its limit).
         self.unpin_drain(unpins);
 
