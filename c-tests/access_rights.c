@@ -29,7 +29,8 @@ int main(void) {
     CHECK_EQ_U64(s.misses, 4);
     CHECK_EQ_U64(s.hits, 0);
     CHECK_OK(fh_deregister(c, rw2.handle));
-    /* Fewer local rights, same remote rights: a hit. */
+    /* More local rights than the cached region has: a miss. A request with fewer local rights
+     * and the same remote rights than that new region then hits it. */
     CHECK_OK(fh_register(c, buf, 8 * page, FH_ACCESS_REMOTE_WRITE | FH_ACCESS_LOCAL_WRITE, &rw2));
     CHECK_EQ_U64(fh_test_stats(c).misses, 5);
     CHECK_OK(fh_deregister(c, rw2.handle));
