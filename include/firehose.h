@@ -139,6 +139,31 @@ typedef enum fh_status {
      * invalidates would hand out stale registrations, so none is made.
      */
     FH_ERR_TOO_MANY_CACHES = 7015,
+    /**
+     * The connection to the peer is gone (it exited, or its queue pair went to the error state,
+     * or it finalized): operations that needed it fail, other peers keep working.
+     */
+    FH_ERR_PEER_LOST = 7016,
+    /**
+     * The bootstrap (PMIx, the host's allgather callback) failed or gave inconsistent answers.
+     */
+    FH_ERR_BOOTSTRAP = 7017,
+    /**
+     * A rank outside `0..fh_size()`.
+     */
+    FH_ERR_BAD_RANK = 7018,
+    /**
+     * A blocking call waited longer than its timeout (`FH_AM_TIMEOUT_MS`).
+     */
+    FH_ERR_TIMEOUT = 7019,
+    /**
+     * The context was finalized: no more communication through it.
+     */
+    FH_ERR_FINALIZED = 7020,
+    /**
+     * A message is longer than the largest one the transport carries (`FH_AM_MAX_SIZE`).
+     */
+    FH_ERR_MSG_TOO_LONG = 7021,
 } fh_status;
 
 /**

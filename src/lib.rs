@@ -9,6 +9,7 @@ pub mod config;
 pub mod ffi;
 mod fork;
 pub mod monitor;
+pub mod net;
 pub mod pin;
 mod range_counts;
 pub mod seam;

@@ -44,6 +44,19 @@ pub enum fh_status {
     /// (`MAX_LISTENERS`, 65536, at once; or no memory for the registry). A cache nobody
     /// invalidates would hand out stale registrations, so none is made.
     FH_ERR_TOO_MANY_CACHES = 7015,
+    /// The connection to the peer is gone (it exited, or its queue pair went to the error state,
+    /// or it finalized): operations that needed it fail, other peers keep working.
+    FH_ERR_PEER_LOST = 7016,
+    /// The bootstrap (PMIx, the host's allgather callback) failed or gave inconsistent answers.
+    FH_ERR_BOOTSTRAP = 7017,
+    /// A rank outside `0..fh_size()`.
+    FH_ERR_BAD_RANK = 7018,
+    /// A blocking call waited longer than its timeout (`FH_AM_TIMEOUT_MS`).
+    FH_ERR_TIMEOUT = 7019,
+    /// The context was finalized: no more communication through it.
+    FH_ERR_FINALIZED = 7020,
+    /// A message is longer than the largest one the transport carries (`FH_AM_MAX_SIZE`).
+    FH_ERR_MSG_TOO_LONG = 7021,
 }
 
 impl fh_status {
@@ -69,6 +82,12 @@ impl fh_status {
             FH_ERR_TOO_MANY_CACHES => {
                 c"too many caches: no room to subscribe one more to memory events"
             }
+            FH_ERR_PEER_LOST => c"the connection to the peer is gone",
+            FH_ERR_BOOTSTRAP => c"bootstrap (PMIx or the host's allgather) failed",
+            FH_ERR_BAD_RANK => c"rank out of range",
+            FH_ERR_TIMEOUT => c"timed out",
+            FH_ERR_FINALIZED => c"the context was finalized",
+            FH_ERR_MSG_TOO_LONG => c"message longer than the transport carries",
         }
     }
 }

@@ -237,7 +237,7 @@ pub extern "C" fn fh_status_str(status: c_int) -> *const c_char {
 /// Maps an integer from C to a status without ever building an invalid enum value.
 fn status_from_int(v: c_int) -> Option<fh_status> {
     use fh_status::*;
-    const ALL: [fh_status; 16] = [
+    const ALL: [fh_status; 22] = [
         FH_OK,
         FH_ERR_NULL,
         FH_ERR_ZERO_LENGTH,
@@ -254,6 +254,12 @@ fn status_from_int(v: c_int) -> Option<fh_status> {
         FH_ERR_UNSUPPORTED,
         FH_ERR_FORKED,
         FH_ERR_TOO_MANY_CACHES,
+        FH_ERR_PEER_LOST,
+        FH_ERR_BOOTSTRAP,
+        FH_ERR_BAD_RANK,
+        FH_ERR_TIMEOUT,
+        FH_ERR_FINALIZED,
+        FH_ERR_MSG_TOO_LONG,
     ];
     ALL.into_iter().find(|s| *s as c_int == v)
 }

@@ -1,0 +1,12 @@
+//! Peers: who they are (`bootstrap`), how messages reach them (`link`: verbs RC or the simulator),
+//! and the active-message layer on top (`am`: handlers by id, request/reply, credits, progress).
+//!
+//! Owns: endpoints, queue pairs, receive buffers, credits, the progress thread.
+//! May call: `pin::verbs` (context, protection domain, memory regions), `config`, `status`.
+//! Never calls: `cache`, `monitor` (a message buffer is registered once, never through the cache).
+//! Only `net/verbs` touches libibverbs here; everything else is tested with `sim` and no device.
+
+pub mod bootstrap;
+pub mod link;
+
+pub use link::{Link, LinkError, LinkEvent, Rank};
