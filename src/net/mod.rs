@@ -9,4 +9,5 @@
 pub mod bootstrap;
 pub mod link;
 
+pub use bootstrap::{Bootstrap, BootstrapError};
 pub use link::{Link, LinkError, LinkEvent, Rank};

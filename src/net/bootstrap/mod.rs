@@ -6,6 +6,8 @@
 //! Owns: the job's rank and size, collective exchange before the links are up.
 //! May call: libc, the PMIx library (loaded at run time), the host's callbacks. Nothing else.
 
+pub mod local;
+
 use super::Rank;
 use std::fmt;
 
