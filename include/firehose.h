@@ -275,6 +275,34 @@ typedef struct fh_mr {
     uint32_t rkey;
 } fh_mr;
 
+/**
+ * Host allgather: every rank sends `len` bytes from `send`; `recv` receives `size * len` bytes in
+ * rank order. Returns 0 on success, anything else is a failure (`FH_ERR_BOOTSTRAP`).
+ */
+typedef int (*fh_allgather_fn)(void *ctx, const void *send, size_t len, void *recv);
+
+/**
+ * Host barrier: returns 0 once every rank has called it.
+ */
+typedef int (*fh_barrier_fn)(void *ctx);
+
+/**
+ * The host's job and collectives. `size` must be > 0, `rank` < `size`, `allgather` non-NULL
+ * (otherwise `FH_ERR_BAD_CONFIG`); `barrier` may be NULL (then a barrier is an allgather of one
+ * byte). The callbacks are called with `ctx`, one at a time, from the thread that calls into
+ * firehose's collective setup, every rank in the same order; each allgather of `n` bytes is two
+ * calls (the lengths as 8 bytes, then the data, skipped when `n` is 0), so unequal lengths are
+ * detected by every rank before any data moves. They must stay callable until firehose is
+ * finalized.
+ */
+typedef struct fh_bootstrap_ops {
+    uint32_t rank;
+    uint32_t size;
+    void *ctx;
+    fh_allgather_fn allgather;
+    fh_barrier_fn barrier;
+} fh_bootstrap_ops;
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus

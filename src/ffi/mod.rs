@@ -12,6 +12,7 @@
 #![allow(non_camel_case_types)]
 
 pub mod backend;
+pub mod bootstrap_ops;
 pub mod cache_object;
 pub mod config;
 pub mod guard;
@@ -22,6 +23,7 @@ pub mod notify;
 pub mod ops;
 pub mod types;
 
+pub use bootstrap_ops::{fh_allgather_fn, fh_barrier_fn, fh_bootstrap_ops};
 pub use cache_object::fh_cache;
 pub use config::fh_config_init;
 pub use info::{fh_get_stats, fh_info, fh_print_info, fh_status_str, fh_version};
