@@ -417,3 +417,52 @@ fn finalize_then_traffic_is_rejected() {
     a.finalize().unwrap();
     assert_eq!(net.overruns(), 0);
 }
+
+/// Every rank at once: 8 ranks, 3 threads each issuing requests to random ranks and progressing
+/// their own endpoint through their waits (so several threads poll one link concurrently and
+/// handlers run on all of them), half the ranks with a progress thread as well.
+#[test]
+fn all_to_all_with_threads_on_every_rank() {
+    let cfg = SimConfig {
+        slots: 5,
+        ..SimConfig::new(8, 11, Delivery::Auto)
+    };
+    let net = SimNet::new(cfg);
+    let ams: Vec<Arc<Am>> = (0..8)
+        .map(|r| {
+            let s = NetSettings {
+                progress_thread: r % 2 == 1,
+                ..NetSettings::default()
+            };
+            let am = Am::new(net.link(r), s).unwrap();
+            am.register_request(ECHO, move |_, p, rep| rep.reply(&echo_of(r, p)).unwrap());
+            Arc::new(am)
+        })
+        .collect();
+    let finished = Arc::new(AtomicU64::new(0));
+    let threads: Vec<_> = (0..24u64)
+        .map(|t| {
+            let am = ams[(t % 8) as usize].clone();
+            let finished = finished.clone();
+            std::thread::spawn(move || {
+                let mut rng = Rng(t);
+                for i in 0..100u64 {
+                    let peer = rng.below(8) as Rank;
+                    let p = (t << 32 | i).to_le_bytes();
+                    assert_eq!(am.call(peer, ECHO, &p).unwrap(), echo_of(peer, &p));
+                }
+                // A rank without a progress thread answers only while someone progresses it.
+                finished.fetch_add(1, Ordering::SeqCst);
+                while finished.load(Ordering::SeqCst) < 24 {
+                    am.progress().unwrap();
+                    std::thread::yield_now();
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    ams.iter().for_each(|a| no_rejects(a));
+    assert_eq!(net.overruns(), 0);
+}
