@@ -6,8 +6,17 @@
 //! Never calls: `cache`, `monitor` (a message buffer is registered once, never through the cache).
 //! Only `net/verbs` touches libibverbs here; everything else is tested with `sim` and no device.
 
+pub mod am;
 pub mod bootstrap;
+pub mod credits;
 pub mod link;
+pub mod settings;
+pub mod sim;
+pub mod stats;
+pub mod wire;
 
+pub use am::{Am, Replier, Ticket};
 pub use bootstrap::{Bootstrap, BootstrapError};
 pub use link::{Link, LinkError, LinkEvent, Rank};
+pub use settings::NetSettings;
+pub use stats::StatsSnapshot;

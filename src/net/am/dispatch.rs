@@ -1,0 +1,197 @@
+//! The receive side: `progress` polls the link, checks every message (it is untrusted), runs
+//! handlers with no lock held, and settles credits once a message's slot is free again.
+//! Also loopback delivery and finalize.
+
+use super::endpoint::{map_link_err, Inner, Replier};
+use super::handlers::Handler;
+use crate::net::wire::{Header, Kind, Reject, HEADER_LEN};
+use crate::net::{LinkError, LinkEvent, Rank};
+use crate::status::{fh_status, FhResult};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+/// What a handled message does to credits, applied only after the link reposted its slot
+/// (applying earlier would let us, or the peer, count a slot that is still occupied; the bound in
+/// `credits` relies on this order).
+struct Settle {
+    peer: Rank,
+    credits: u16,
+    held_credit: bool,
+}
+
+impl Inner {
+    pub fn progress(&self) -> FhResult<usize> {
+        let mut n = self.run_loopback();
+        let mut done: Option<Settle> = None;
+        let polled = self.link.poll(&mut |ev| {
+            // The previous event's callback returned: its slot is posted again.
+            if let Some(s) = done.take() {
+                self.settle(s);
+            }
+            match ev {
+                LinkEvent::Recv { peer, data } => done = self.on_message(peer, data),
+                LinkEvent::PeerLost { peer, .. } => self.lose(peer),
+            }
+        });
+        if let Some(s) = done.take() {
+            self.settle(s);
+        }
+        n += polled.map_err(|e| map_link_err(&e))?;
+        Ok(n)
+    }
+
+    /// Delivers the messages to the own rank that were queued when this call began (not those
+    /// its handlers queue: a handler that requests itself cannot make progress loop forever).
+    fn run_loopback(&self) -> usize {
+        let lock = || self.loopback.lock().unwrap_or_else(|e| e.into_inner());
+        let queued = lock().len();
+        for _ in 0..queued {
+            let Some(m) = lock().pop_front() else {
+                return queued;
+            };
+            match self.deliver(self.rank, m.header, &m.payload) {
+                Ok(()) => self
+                    .stats
+                    .received(m.header.kind, HEADER_LEN + m.payload.len()),
+                Err(r) => self.stats.rejected(r),
+            }
+        }
+        queued
+    }
+
+    /// Checks and handles one message from the link; returns its credit effects, if any.
+    fn on_message(&self, from: Rank, data: &[u8]) -> Option<Settle> {
+        let (h, payload) = match Header::decode(data) {
+            Ok(x) => x,
+            Err(r) => {
+                // Garbage: its credit field cannot be trusted, so nothing is settled.
+                self.stats.rejected(r);
+                return None;
+            }
+        };
+        let (lost, got_bye) = {
+            let p = self.peer(from);
+            (p.lost, p.got_bye)
+        };
+        if lost {
+            return None; // nothing arrives after PeerLost; a link that says otherwise is ignored
+        }
+        let finalized = self.finalized.load(Ordering::Acquire);
+        if got_bye || (finalized && h.kind.uses_credit()) {
+            self.stats.rejected(Reject::AfterFinalize);
+            return None;
+        }
+        let settle = Settle {
+            peer: from,
+            credits: h.credits,
+            held_credit: h.kind.uses_credit(),
+        };
+        match h.kind {
+            Kind::CreditOnly => {}
+            Kind::Bye => {
+                self.stats.received(h.kind, data.len());
+                self.on_bye(from);
+                return None;
+            }
+            _ => {
+                if let Err(r) = self.deliver(from, h, payload) {
+                    // A well-formed message the sender paid a credit for: still settled, or a
+                    // peer that raced its handler registration would lose credits for good.
+                    self.stats.rejected(r);
+                    return Some(settle);
+                }
+            }
+        }
+        self.stats.received(h.kind, data.len());
+        Some(settle)
+    }
+
+    /// Runs the handler of a request or one-way message, or completes the ticket of a reply.
+    fn deliver(&self, from: Rank, h: Header, payload: &[u8]) -> Result<(), Reject> {
+        match h.kind {
+            Kind::Request => match self.handlers.get(h.handler) {
+                Some(Handler::Request(f)) => {
+                    let r = Replier {
+                        inner: self.me.clone(),
+                        peer: from,
+                        token: h.token,
+                    };
+                    f(from, payload, r);
+                    Ok(())
+                }
+                _ => Err(Reject::UnknownHandler),
+            },
+            Kind::OneWay => match self.handlers.get(h.handler) {
+                Some(Handler::OneWay(f)) => {
+                    f(from, payload);
+                    Ok(())
+                }
+                _ => Err(Reject::UnknownHandler),
+            },
+            Kind::Reply => {
+                if self.tickets.complete(h.token, from, payload) {
+                    Ok(())
+                } else {
+                    Err(Reject::UnknownToken)
+                }
+            }
+            Kind::CreditOnly | Kind::Bye => Ok(()),
+        }
+    }
+
+    fn settle(&self, s: Settle) {
+        let mut p = self.peer(s.peer);
+        if p.lost {
+            return;
+        }
+        let r = p.settle(&self.out(s.peer), s.credits, s.held_credit);
+        drop(p);
+        if let Err(LinkError::PeerLost(_)) = r {
+            self.lose(s.peer);
+        }
+    }
+
+    /// The peer finalized: nothing more to or from it; its outstanding requests fail.
+    fn on_bye(&self, from: Rank) {
+        let mut p = self.peer(from);
+        p.got_bye = true;
+        p.flow.drain_pending().for_each(drop);
+        drop(p);
+        self.tickets
+            .fail_peer(Some(from), fh_status::FH_ERR_PEER_LOST);
+    }
+
+    pub fn finalize(&self) -> FhResult<()> {
+        if self.finalized.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        // Give queued messages a chance to leave (bounded: a peer that never returns credits
+        // must not hang finalize).
+        let until = Instant::now() + self.settings.probe.min(Duration::from_secs(1));
+        while self.any_pending() && Instant::now() < until {
+            self.progress()?;
+            std::thread::yield_now();
+        }
+        if self.finalized.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        for r in (0..self.size).filter(|&r| r != self.rank) {
+            let mut p = self.peer(r);
+            p.flow.drain_pending().for_each(drop);
+            if !p.closed() {
+                // Best effort: a peer we cannot reach does not need to hear it.
+                let _ = p.send_control(&self.out(r), Kind::Bye);
+            }
+            p.said_bye = true;
+        }
+        self.tickets.fail_peer(None, fh_status::FH_ERR_FINALIZED);
+        Ok(())
+    }
+
+    fn any_pending(&self) -> bool {
+        (0..self.size).filter(|&r| r != self.rank).any(|r| {
+            let p = self.peer(r);
+            !p.closed() && p.flow.pending_len() > 0
+        })
+    }
+}

@@ -1,0 +1,129 @@
+//! Send state toward one peer, kept under that peer's lock: its credits and pending queue, a
+//! reusable send buffer (no allocation per message unless it has to wait for a credit), and
+//! whether the connection is gone or either side said bye.
+
+use crate::net::credits::PeerFlow;
+use crate::net::stats::Stats;
+use crate::net::wire::{Header, Kind, HEADER_LEN};
+use crate::net::{Link, LinkError, Rank};
+
+pub struct Peer {
+    pub flow: PeerFlow<Vec<u8>>,
+    scratch: Vec<u8>,
+    /// The link reported the connection gone (or a send found it so).
+    pub lost: bool,
+    /// The peer finalized: anything more from it is rejected, nothing more goes to it.
+    pub got_bye: bool,
+    /// We finalized toward it: nothing more goes to it.
+    pub said_bye: bool,
+}
+
+/// Where a message goes out: the link, and the counters.
+pub struct Out<'a> {
+    pub link: &'a dyn Link,
+    pub stats: &'a Stats,
+    pub to: Rank,
+}
+
+impl Out<'_> {
+    fn send(&self, kind: Kind, msg: &[u8]) -> Result<(), LinkError> {
+        self.link.send(self.to, msg)?;
+        self.stats.sent(kind, msg.len());
+        Ok(())
+    }
+}
+
+impl Peer {
+    pub fn new(flow: PeerFlow<Vec<u8>>, max_size: usize) -> Peer {
+        Peer {
+            flow,
+            scratch: Vec::with_capacity(max_size),
+            lost: false,
+            got_bye: false,
+            said_bye: false,
+        }
+    }
+
+    /// Nothing may be sent to this peer any more.
+    pub fn closed(&self) -> bool {
+        self.lost || self.got_bye || self.said_bye
+    }
+
+    /// Sends a request, reply or one-way now if a credit is free, else queues it (a stall, counted
+    /// by the caller from the return value `Ok(false)`).
+    pub fn send_data(
+        &mut self,
+        out: &Out,
+        mut h: Header,
+        payload: &[u8],
+    ) -> Result<bool, LinkError> {
+        debug_assert!(h.kind.uses_credit());
+        h.len = payload.len() as u32;
+        if !self.flow.try_take() {
+            let mut m = vec![0; HEADER_LEN + payload.len()];
+            h.encode(&mut m);
+            m[HEADER_LEN..].copy_from_slice(payload);
+            self.flow.queue(m);
+            return Ok(false);
+        }
+        h.credits = self.flow.take_owed();
+        self.scratch.clear();
+        self.scratch.resize(HEADER_LEN, 0);
+        h.encode(&mut self.scratch);
+        self.scratch.extend_from_slice(payload);
+        if let Err(e) = out.send(h.kind, &self.scratch) {
+            // Never reached the wire: the credit and what we owed are still ours.
+            self.flow.unsend();
+            self.flow.give_back_owed(h.credits);
+            return Err(e);
+        }
+        Ok(true)
+    }
+
+    /// A message from this peer is done with (its slot is free again): apply the credits it gave
+    /// back, owe one for it if it held a credit, then send what that made possible: queued
+    /// messages, and a credit-only message if we owe at least half the peer's data slots.
+    pub fn settle(&mut self, out: &Out, credits: u16, held_credit: bool) -> Result<(), LinkError> {
+        if !self.flow.returned(credits as u32) {
+            out.stats.excess_credits();
+        }
+        if held_credit {
+            self.flow.handled_data();
+        }
+        self.flush(out)
+    }
+
+    /// Sends queued messages while credits last, then a credit-only message if one is due.
+    pub fn flush(&mut self, out: &Out) -> Result<(), LinkError> {
+        if self.closed() {
+            return Ok(());
+        }
+        while let Some(mut m) = self.flow.pop_sendable() {
+            let owed = self.flow.take_owed();
+            Header::patch_credits(&mut m, owed);
+            let kind = Header::decode(&m)
+                .map(|(h, _)| h.kind)
+                .unwrap_or(Kind::OneWay);
+            out.send(kind, &m)?;
+        }
+        if self.flow.wants_credit_only() {
+            self.send_control(out, Kind::CreditOnly)?;
+        }
+        Ok(())
+    }
+
+    /// Sends a credit-only or bye message (no credit needed: reserved slots) with all we owe.
+    pub fn send_control(&mut self, out: &Out, kind: Kind) -> Result<(), LinkError> {
+        let mut m = [0u8; HEADER_LEN];
+        let h = Header {
+            kind,
+            handler: 0,
+            credits: self.flow.take_owed(),
+            token: 0,
+            len: 0,
+        };
+        h.encode(&mut m);
+        out.send(kind, &m)
+            .inspect_err(|_| self.flow.give_back_owed(h.credits))
+    }
+}

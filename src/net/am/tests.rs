@@ -1,0 +1,118 @@
+//! Unit tests of the endpoint on the simulated link (the storms are in `tests/net_sim.rs`).
+
+use super::*;
+use crate::net::settings::NetSettings;
+use crate::net::sim::{Delivery, SimConfig, SimNet};
+use crate::net::wire::{Kind, Reject};
+use crate::status::fh_status;
+use std::sync::Arc;
+use std::time::Duration;
+
+fn pair(delivery: Delivery) -> (SimNet, Am, Am) {
+    let net = SimNet::new(SimConfig::new(2, 1, delivery));
+    let s = NetSettings::default();
+    let a = Am::new(net.link(0), s).unwrap();
+    let b = Am::new(net.link(1), s).unwrap();
+    for am in [&a, &b] {
+        am.register_request(1, |_, p, r| r.reply(p).unwrap());
+    }
+    (net, a, b)
+}
+
+#[test]
+fn request_reply_round_trip() {
+    let (_net, a, b) = pair(Delivery::Auto);
+    let t = a.request(1, 1, b"ping").unwrap();
+    assert_eq!(a.test(&t).unwrap(), None);
+    b.progress().unwrap();
+    assert_eq!(a.wait(t, None).unwrap(), b"ping");
+    assert_eq!(a.stats().sent(Kind::Request), 1);
+    assert_eq!(b.stats().received(Kind::Request), 1);
+}
+
+#[test]
+fn loopback_to_own_rank() {
+    let (net, a, _b) = pair(Delivery::Auto);
+    assert_eq!(a.call(0, 1, b"me").unwrap(), b"me");
+    assert_eq!(net.delivered(), 0, "never through the link");
+}
+
+#[test]
+fn argument_errors() {
+    let (_net, a, _b) = pair(Delivery::Auto);
+    assert_eq!(
+        a.request(2, 1, b"").unwrap_err(),
+        fh_status::FH_ERR_BAD_RANK
+    );
+    let big = vec![0; a.max_payload() + 1];
+    assert_eq!(
+        a.send_oneway(1, 1, &big).unwrap_err(),
+        fh_status::FH_ERR_MSG_TOO_LONG
+    );
+    a.send_oneway(1, 1, &big[1..]).unwrap();
+}
+
+#[test]
+fn reply_after_the_handler_returned() {
+    let (_net, a, b) = pair(Delivery::Auto);
+    let kept = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let k = kept.clone();
+    b.register_request(2, move |_, _, r| k.lock().unwrap().push(r));
+    let t = a.request(1, 2, b"").unwrap();
+    b.progress().unwrap();
+    assert_eq!(a.test(&t).unwrap(), None);
+    kept.lock().unwrap().pop().unwrap().reply(b"later").unwrap();
+    assert_eq!(a.wait(t, None).unwrap(), b"later");
+}
+
+#[test]
+fn spent_ticket_and_stale_reply() {
+    let (_net, a, b) = pair(Delivery::Auto);
+    let t = a.request(1, 1, b"x").unwrap();
+    let token = t.token;
+    a.cancel(t);
+    b.progress().unwrap();
+    a.progress().unwrap();
+    assert_eq!(a.stats().rejected(Reject::UnknownToken), 1);
+    let spent = Ticket { token, peer: 1 };
+    assert_eq!(
+        a.test(&spent).unwrap_err(),
+        fh_status::FH_ERR_UNKNOWN_HANDLE
+    );
+}
+
+#[test]
+fn timeout_when_the_peer_never_progresses() {
+    let (_net, a, _b) = pair(Delivery::Auto);
+    let t = a.request(1, 1, b"x").unwrap();
+    let e = a.wait(t, Some(Duration::from_millis(30))).unwrap_err();
+    assert_eq!(e, fh_status::FH_ERR_TIMEOUT);
+    assert_eq!(a.outstanding(), 0);
+}
+
+#[test]
+fn needs_a_data_slot() {
+    let net = SimNet::new(SimConfig {
+        slots: 3,
+        ..SimConfig::new(2, 1, Delivery::Auto)
+    });
+    let e = Am::new(net.link(0), NetSettings::default()).err();
+    assert_eq!(e, Some(fh_status::FH_ERR_BAD_CONFIG));
+}
+
+#[test]
+fn progress_thread_stops_on_drop_and_finalize() {
+    let net = SimNet::new(SimConfig::new(2, 1, Delivery::Auto));
+    let s = NetSettings {
+        progress_thread: true,
+        ..NetSettings::default()
+    };
+    for _ in 0..20 {
+        let a = Am::new(net.link(0), s).unwrap();
+        assert!(a.has_progress_thread());
+        drop(a);
+    }
+    let a = Am::new(net.link(0), s).unwrap();
+    a.finalize().unwrap();
+    assert!(!a.has_progress_thread());
+}

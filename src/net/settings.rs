@@ -1,0 +1,184 @@
+//! Settings of the peer layer: defaults plus the `FH_AM_*` / `FH_PROGRESS_THREAD` variables.
+//!
+//! | variable             | values                               | default | why                   |
+//! |----------------------|--------------------------------------|---------|-----------------------|
+//! | `FH_AM_MAX_SIZE`     | bytes (suffix `k`/`m`), header incl. | `4k`    | one page: a Firehose move with put-in-move fits, and 32 peers x 32 slots x 4 KiB = 4 MiB of receive buffers stays cheap |
+//! | `FH_AM_RECV_DEPTH`   | receive slots per peer, 4..=65535    | `32`    | 3 reserved (credits, bye) + 29 data: enough outstanding requests per peer for pipelining without pinning much |
+//! | `FH_AM_TIMEOUT_MS`   | ms, or `inf`                         | `60000` | a wait that long is a dead or hung peer, reported as `FH_ERR_TIMEOUT`, never a hang |
+//! | `FH_AM_PROBE_MS`     | ms (> 0)                             | `1000`  | a wait longer than this checks the peer (`Link::probe`): a peer that died silently is `FH_ERR_PEER_LOST` within about a second |
+//! | `FH_PROGRESS_THREAD` | `0`/`1` (also `no`/`yes`, `off`/`on`) | `0`     | off: the application progresses when it calls in; on: a thread answers peers while the application computes |
+//!
+//! A bad value is `FH_ERR_BAD_CONFIG` with the variable named (on stderr from `from_env`).
+//! The verbs link reads `recv_depth` from here too, so both agree on the credits.
+
+use crate::config::{parse_size, ConfigError};
+use crate::net::credits::RESERVED;
+use crate::net::wire::HEADER_LEN;
+use crate::status::{fh_status, FhResult};
+use std::time::Duration;
+
+/// The peer layer's settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NetSettings {
+    /// Largest message (header included) the active-message layer sends.
+    pub max_size: usize,
+    /// Receive slots each rank posts for each peer.
+    pub recv_depth: u32,
+    /// Longest a `wait` blocks; `None` = forever.
+    pub timeout: Option<Duration>,
+    /// A wait longer than this probes the peer (and again every interval).
+    pub probe: Duration,
+    /// Start a progress thread with the endpoint.
+    pub progress_thread: bool,
+}
+
+pub const DEFAULT_MAX_SIZE: usize = 4096;
+pub const DEFAULT_RECV_DEPTH: u32 = 32;
+pub const DEFAULT_TIMEOUT_MS: u64 = 60_000;
+pub const DEFAULT_PROBE_MS: u64 = 1000;
+
+impl Default for NetSettings {
+    fn default() -> Self {
+        NetSettings {
+            max_size: DEFAULT_MAX_SIZE,
+            recv_depth: DEFAULT_RECV_DEPTH,
+            timeout: Some(Duration::from_millis(DEFAULT_TIMEOUT_MS)),
+            probe: Duration::from_millis(DEFAULT_PROBE_MS),
+            progress_thread: false,
+        }
+    }
+}
+
+impl NetSettings {
+    /// Defaults overridden by the process environment. Prints the reason to stderr on error.
+    pub fn from_env() -> FhResult<NetSettings> {
+        Self::from_lookup(|k| std::env::var(k).ok()).map_err(|e| {
+            eprintln!("{e}");
+            fh_status::FH_ERR_BAD_CONFIG
+        })
+    }
+
+    /// Defaults overridden by whatever `get` returns for each name (testable core).
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<NetSettings, ConfigError> {
+        let mut s = NetSettings::default();
+        let bad = |var: &'static str, v: &str, want: &str| ConfigError {
+            var,
+            msg: format!("{v:?} is not {want}"),
+        };
+        if let Some(v) = get("FH_AM_MAX_SIZE") {
+            s.max_size = parse_size(&v)
+                .filter(|&n| n > HEADER_LEN && n <= u32::MAX as usize)
+                .ok_or_else(|| {
+                    bad(
+                        "FH_AM_MAX_SIZE",
+                        &v,
+                        "a byte count above 16 (the header), e.g. 4k",
+                    )
+                })?;
+        }
+        if let Some(v) = get("FH_AM_RECV_DEPTH") {
+            s.recv_depth = parse_u64(&v)
+                .filter(|&n| n > RESERVED as u64 && n <= u16::MAX as u64)
+                .ok_or_else(|| bad("FH_AM_RECV_DEPTH", &v, "a slot count in 4..=65535"))?
+                as u32;
+        }
+        if let Some(v) = get("FH_AM_TIMEOUT_MS") {
+            let t = v.trim().to_ascii_lowercase();
+            s.timeout = if t == "inf" || t == "unlimited" {
+                None
+            } else {
+                Some(Duration::from_millis(
+                    parse_u64(&v).filter(|&n| n > 0).ok_or_else(|| {
+                        bad(
+                            "FH_AM_TIMEOUT_MS",
+                            &v,
+                            "a positive number of milliseconds or inf",
+                        )
+                    })?,
+                ))
+            };
+        }
+        if let Some(v) = get("FH_AM_PROBE_MS") {
+            s.probe =
+                Duration::from_millis(parse_u64(&v).filter(|&n| n > 0).ok_or_else(|| {
+                    bad("FH_AM_PROBE_MS", &v, "a positive number of milliseconds")
+                })?);
+        }
+        if let Some(v) = get("FH_PROGRESS_THREAD") {
+            s.progress_thread = match v.trim().to_ascii_lowercase().as_str() {
+                "1" | "yes" | "on" | "true" => true,
+                "0" | "no" | "off" | "false" => false,
+                _ => return Err(bad("FH_PROGRESS_THREAD", &v, "0 or 1")),
+            };
+        }
+        Ok(s)
+    }
+}
+
+fn parse_u64(v: &str) -> Option<u64> {
+    let v = v.trim();
+    if v.is_empty() || !v.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    v.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn with(vars: &[(&str, &str)]) -> Result<NetSettings, ConfigError> {
+        let m: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        NetSettings::from_lookup(|k| m.get(k).cloned())
+    }
+
+    #[test]
+    fn defaults_and_overrides() {
+        assert_eq!(with(&[]).unwrap(), NetSettings::default());
+        let s = with(&[
+            ("FH_AM_MAX_SIZE", "8k"),
+            ("FH_AM_RECV_DEPTH", "4"),
+            ("FH_AM_TIMEOUT_MS", "inf"),
+            ("FH_AM_PROBE_MS", "20"),
+            ("FH_PROGRESS_THREAD", "1"),
+        ])
+        .unwrap();
+        assert_eq!(
+            s,
+            NetSettings {
+                max_size: 8192,
+                recv_depth: 4,
+                timeout: None,
+                probe: Duration::from_millis(20),
+                progress_thread: true,
+            }
+        );
+        assert_eq!(
+            with(&[("FH_AM_TIMEOUT_MS", "250")]).unwrap().timeout,
+            Some(Duration::from_millis(250))
+        );
+    }
+
+    #[test]
+    fn errors_name_the_variable() {
+        for (var, val) in [
+            ("FH_AM_MAX_SIZE", "16"),
+            ("FH_AM_MAX_SIZE", "big"),
+            ("FH_AM_RECV_DEPTH", "3"),
+            ("FH_AM_RECV_DEPTH", "65536"),
+            ("FH_AM_RECV_DEPTH", "-1"),
+            ("FH_AM_TIMEOUT_MS", "0"),
+            ("FH_AM_TIMEOUT_MS", "1s"),
+            ("FH_AM_PROBE_MS", ""),
+            ("FH_PROGRESS_THREAD", "2"),
+        ] {
+            let e = with(&[(var, val)]).unwrap_err();
+            assert_eq!(e.var, var, "{val:?}");
+            assert!(e.to_string().contains(var));
+        }
+    }
+}

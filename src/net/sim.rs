@@ -1,0 +1,493 @@
+//! A simulated `Link`: N ranks in one process, for tests of everything above the link.
+//!
+//! - Per-pair FIFO (as an RC queue pair); across pairs the order is whatever the seeded RNG picks,
+//!   so a message can overtake one sent earlier to another rank.
+//! - Two ways to move messages: `Manual` (nothing arrives until the test calls `step`, which
+//!   delivers one in-flight message of a pair chosen by the RNG: a run is a function of the seed)
+//!   or `Auto` (a rank's `poll` first delivers everything in flight to it, senders interleaved by
+//!   the RNG: for tests with real threads and the progress thread; `wait` sleeps on a condvar).
+//! - Faults: `drop_connection` (both ends get `PeerLost`, in-flight messages vanish, later sends
+//!   fail), `silence` (a rank dies with no event: only a `probe` of it reveals the loss), `inject`
+//!   (raw bytes from any rank, for garbage).
+//! - The flow-control invariant: a message arriving when its receiver already has `slots`
+//!   messages of that sender occupying slots (arrived, or being handled by a `poll` callback) is
+//!   an overrun; `overruns()` counts them, and tests assert 0.
+
+use crate::net::{Link, LinkError, LinkEvent, Rank};
+use std::collections::VecDeque;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// How in-flight messages arrive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Delivery {
+    /// Only `SimNet::step` delivers (deterministic from the seed).
+    Manual,
+    /// A rank's `poll` delivers what is in flight to it (real threads).
+    Auto,
+}
+
+/// Shape of a simulated job.
+#[derive(Debug, Clone, Copy)]
+pub struct SimConfig {
+    pub size: u32,
+    /// Receive slots per peer (`Link::recv_slots`).
+    pub slots: u32,
+    pub max_msg: usize,
+    pub seed: u64,
+    pub delivery: Delivery,
+}
+
+impl SimConfig {
+    pub fn new(size: u32, seed: u64, delivery: Delivery) -> Self {
+        SimConfig {
+            size,
+            slots: 8,
+            max_msg: 4096,
+            seed,
+            delivery,
+        }
+    }
+}
+
+enum Arrival {
+    Msg { from: Rank, data: Vec<u8> },
+    Lost { peer: Rank },
+}
+
+struct State {
+    rng: u64,
+    /// In flight, by pair `from * size + to`.
+    flights: Vec<VecDeque<Vec<u8>>>,
+    /// Pairs with something in flight (for an O(1) random pick), and each pair's place in it.
+    active: Vec<usize>,
+    active_pos: Vec<Option<usize>>,
+    in_flight_to: Vec<usize>,
+    /// Arrived, not yet handed to `poll`, per receiver.
+    inbox: Vec<VecDeque<Arrival>>,
+    /// Slots in use, by `to * size + from`.
+    occupied: Vec<u32>,
+    /// Connection gone, by pair (both directions set together).
+    lost: Vec<bool>,
+    silent: Vec<bool>,
+    overruns: u64,
+    delivered: u64,
+}
+
+struct Shared {
+    cfg: SimConfig,
+    state: Mutex<State>,
+    arrived: Condvar,
+}
+
+/// The simulated network; hands out one `SimLink` per rank.
+#[derive(Clone)]
+pub struct SimNet {
+    sh: Arc<Shared>,
+}
+
+/// One rank's view of a `SimNet`.
+pub struct SimLink {
+    sh: Arc<Shared>,
+    rank: Rank,
+}
+
+fn splitmix(s: &mut u64) -> u64 {
+    *s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *s;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+impl State {
+    fn push_flight(&mut self, pair: usize, to: Rank, data: Vec<u8>) {
+        if self.active_pos[pair].is_none() {
+            self.active_pos[pair] = Some(self.active.len());
+            self.active.push(pair);
+        }
+        self.flights[pair].push_back(data);
+        self.in_flight_to[to as usize] += 1;
+    }
+
+    /// Takes the oldest message of `pair` off the wire.
+    fn pop_flight(&mut self, pair: usize, to: Rank) -> Option<Vec<u8>> {
+        let data = self.flights[pair].pop_front()?;
+        self.in_flight_to[to as usize] -= 1;
+        if self.flights[pair].is_empty() {
+            let pos = self.active_pos[pair].take().unwrap();
+            self.active.swap_remove(pos);
+            if let Some(&moved) = self.active.get(pos) {
+                self.active_pos[moved] = Some(pos);
+            }
+        }
+        Some(data)
+    }
+
+    fn clear_pair(&mut self, pair: usize, to: Rank) {
+        while self.pop_flight(pair, to).is_some() {}
+    }
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A test thread that panicked while holding the lock must not hide its own panic behind
+        // poison errors everywhere else.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Puts the oldest message of `pair` into its receiver's slots, counting an overrun if the
+    /// sender had no free slot there.
+    fn arrive(&self, st: &mut State, pair: usize) {
+        let n = self.cfg.size as usize;
+        let (from, to) = ((pair / n) as Rank, (pair % n) as Rank);
+        let Some(data) = st.pop_flight(pair, to) else {
+            return;
+        };
+        let occ = &mut st.occupied[to as usize * n + from as usize];
+        if *occ >= self.cfg.slots {
+            st.overruns += 1;
+        }
+        *occ += 1;
+        st.delivered += 1;
+        st.inbox[to as usize].push_back(Arrival::Msg { from, data });
+        self.arrived.notify_all();
+    }
+
+    /// Marks the pair lost and tells each still-living end once.
+    fn lose(&self, st: &mut State, a: Rank, b: Rank, tell_a: bool, tell_b: bool) {
+        let n = self.cfg.size as usize;
+        let (ab, ba) = (a as usize * n + b as usize, b as usize * n + a as usize);
+        if st.lost[ab] {
+            return;
+        }
+        st.lost[ab] = true;
+        st.lost[ba] = true;
+        st.clear_pair(ab, b);
+        st.clear_pair(ba, a);
+        if tell_a {
+            st.inbox[a as usize].push_back(Arrival::Lost { peer: b });
+        }
+        if tell_b && a != b {
+            st.inbox[b as usize].push_back(Arrival::Lost { peer: a });
+        }
+        self.arrived.notify_all();
+    }
+}
+
+impl SimNet {
+    pub fn new(cfg: SimConfig) -> SimNet {
+        assert!(cfg.size > 0 && cfg.slots > 0);
+        let n = cfg.size as usize;
+        let st = State {
+            rng: cfg.seed,
+            flights: (0..n * n).map(|_| VecDeque::new()).collect(),
+            active: Vec::new(),
+            active_pos: vec![None; n * n],
+            in_flight_to: vec![0; n],
+            inbox: (0..n).map(|_| VecDeque::new()).collect(),
+            occupied: vec![0; n * n],
+            lost: vec![false; n * n],
+            silent: vec![false; n],
+            overruns: 0,
+            delivered: 0,
+        };
+        SimNet {
+            sh: Arc::new(Shared {
+                cfg,
+                state: Mutex::new(st),
+                arrived: Condvar::new(),
+            }),
+        }
+    }
+
+    pub fn size(&self) -> u32 {
+        self.sh.cfg.size
+    }
+
+    /// The link of `rank`.
+    pub fn link(&self, rank: Rank) -> Arc<SimLink> {
+        assert!(rank < self.sh.cfg.size);
+        Arc::new(SimLink {
+            sh: self.sh.clone(),
+            rank,
+        })
+    }
+
+    /// Delivers one in-flight message, of a pair the RNG picks. False if nothing is in flight.
+    pub fn step(&self) -> bool {
+        let mut st = self.sh.lock();
+        if st.active.is_empty() {
+            return false;
+        }
+        let pick = (splitmix(&mut st.rng) % st.active.len() as u64) as usize;
+        let pair = st.active[pick];
+        self.sh.arrive(&mut st, pair);
+        true
+    }
+
+    /// Up to `max` steps; returns how many delivered something.
+    pub fn steps(&self, max: usize) -> usize {
+        (0..max).take_while(|_| self.step()).count()
+    }
+
+    /// Messages on the wire (sent, not yet arrived).
+    pub fn in_flight(&self) -> usize {
+        self.sh.lock().in_flight_to.iter().sum()
+    }
+
+    /// Messages that arrived with no free slot for their sender: a flow-control bug above.
+    pub fn overruns(&self) -> u64 {
+        self.sh.lock().overruns
+    }
+
+    /// Messages delivered into receive slots so far.
+    pub fn delivered(&self) -> u64 {
+        self.sh.lock().delivered
+    }
+
+    /// The connection between `a` and `b` breaks: both get `PeerLost`, in-flight messages
+    /// between them vanish, later sends either way fail.
+    pub fn drop_connection(&self, a: Rank, b: Rank) {
+        let mut st = self.sh.lock();
+        self.sh.lose(&mut st, a, b, true, true);
+    }
+
+    /// `r` dies without anyone being told: what it had in flight vanishes, what is sent to it is
+    /// swallowed, it sends nothing. A `probe` of it reports the loss to the prober.
+    pub fn silence(&self, r: Rank) {
+        let mut st = self.sh.lock();
+        st.silent[r as usize] = true;
+        let n = self.sh.cfg.size;
+        for p in 0..n {
+            st.clear_pair((r * n + p) as usize, p);
+            st.clear_pair((p * n + r) as usize, r);
+        }
+    }
+
+    /// Puts raw bytes on the wire from `from` to `to`, as if `from`'s link had sent them (they
+    /// take a slot like any message).
+    pub fn inject(&self, from: Rank, to: Rank, bytes: &[u8]) {
+        let n = self.sh.cfg.size;
+        let mut st = self.sh.lock();
+        st.push_flight((from * n + to) as usize, to, bytes.to_vec());
+        self.sh.arrived.notify_all();
+    }
+}
+
+impl Link for SimLink {
+    fn rank(&self) -> Rank {
+        self.rank
+    }
+    fn size(&self) -> u32 {
+        self.sh.cfg.size
+    }
+    fn max_msg(&self) -> usize {
+        self.sh.cfg.max_msg
+    }
+    fn recv_slots(&self) -> u32 {
+        self.sh.cfg.slots
+    }
+
+    fn send(&self, peer: Rank, msg: &[u8]) -> Result<(), LinkError> {
+        let n = self.sh.cfg.size;
+        if peer >= n || peer == self.rank {
+            return Err(LinkError::BadRank(peer));
+        }
+        if msg.len() > self.sh.cfg.max_msg {
+            return Err(LinkError::TooLong {
+                len: msg.len(),
+                max: self.sh.cfg.max_msg,
+            });
+        }
+        let mut st = self.sh.lock();
+        let pair = (self.rank * n + peer) as usize;
+        if st.lost[pair] {
+            return Err(LinkError::PeerLost(peer));
+        }
+        if st.silent[self.rank as usize] || st.silent[peer as usize] {
+            return Ok(()); // swallowed: nobody notices until a probe
+        }
+        st.push_flight(pair, peer, msg.to_vec());
+        self.sh.arrived.notify_all();
+        Ok(())
+    }
+
+    fn poll(&self, on_event: &mut dyn FnMut(LinkEvent<'_>)) -> Result<usize, LinkError> {
+        let n = self.sh.cfg.size as usize;
+        let me = self.rank as usize;
+        let mut st = self.sh.lock();
+        if st.silent[me] {
+            return Ok(0);
+        }
+        if self.sh.cfg.delivery == Delivery::Auto {
+            // Everything in flight to us arrives, senders interleaved at random.
+            while st.in_flight_to[me] > 0 {
+                let senders = (0..n)
+                    .filter(|&f| !st.flights[f * n + me].is_empty())
+                    .count();
+                let mut k = (splitmix(&mut st.rng) % senders as u64) as usize;
+                let from = (0..n)
+                    .filter(|&f| !st.flights[f * n + me].is_empty())
+                    .find(|_| {
+                        k = k.wrapping_sub(1);
+                        k == usize::MAX
+                    })
+                    .unwrap();
+                self.sh.arrive(&mut st, from * n + me);
+            }
+        }
+        // Hand out what arrived (bounded, so one poll cannot starve its caller), with the lock
+        // released around each callback: a handler may send.
+        let mut count = 0;
+        while count < 64 {
+            let Some(a) = st.inbox[me].pop_front() else {
+                break;
+            };
+            drop(st);
+            match &a {
+                Arrival::Msg { from, data } => on_event(LinkEvent::Recv { peer: *from, data }),
+                Arrival::Lost { peer } => on_event(LinkEvent::PeerLost {
+                    peer: *peer,
+                    reason: LinkError::PeerLost(*peer),
+                }),
+            }
+            st = self.sh.lock();
+            if let Arrival::Msg { from, .. } = a {
+                // The slot is posted again only now that the callback returned.
+                st.occupied[me * n + from as usize] -= 1;
+            }
+            count += 1;
+        }
+        Ok(count)
+    }
+
+    fn wait(&self, timeout: Duration) -> Result<(), LinkError> {
+        let me = self.rank as usize;
+        let deadline = Instant::now() + timeout;
+        let auto = self.sh.cfg.delivery == Delivery::Auto;
+        let mut st = self.sh.lock();
+        loop {
+            if !st.inbox[me].is_empty() || (auto && st.in_flight_to[me] > 0) {
+                return Ok(());
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Ok(());
+            }
+            st = self
+                .sh
+                .arrived
+                .wait_timeout(st, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
+    fn probe(&self, peer: Rank) -> Result<(), LinkError> {
+        if peer >= self.sh.cfg.size || peer == self.rank {
+            return Err(LinkError::BadRank(peer));
+        }
+        let mut st = self.sh.lock();
+        if st.silent[peer as usize] {
+            // The one-sided write times out: only the prober learns of it.
+            self.sh.lose(&mut st, self.rank, peer, true, false);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn drain(l: &SimLink) -> Vec<(Rank, Vec<u8>)> {
+        let mut out = Vec::new();
+        l.poll(&mut |e| match e {
+            LinkEvent::Recv { peer, data } => out.push((peer, data.to_vec())),
+            LinkEvent::PeerLost { peer, .. } => out.push((peer, b"LOST".to_vec())),
+        })
+        .unwrap();
+        out
+    }
+
+    #[test]
+    fn per_pair_fifo_random_across_pairs_and_deterministic() {
+        let run = |seed| {
+            let net = SimNet::new(SimConfig {
+                slots: 100,
+                ..SimConfig::new(3, seed, Delivery::Manual)
+            });
+            let (l0, l1, l2) = (net.link(0), net.link(1), net.link(2));
+            for i in 0..20u8 {
+                l0.send(2, &[0, i]).unwrap();
+                l1.send(2, &[1, i]).unwrap();
+            }
+            assert!(drain(&l2).is_empty(), "manual: nothing arrives before step");
+            assert_eq!(net.steps(1000), 40);
+            let got = drain(&l2);
+            for from in [0u8, 1] {
+                let seq: Vec<u8> = got
+                    .iter()
+                    .filter(|m| m.1[0] == from)
+                    .map(|m| m.1[1])
+                    .collect();
+                assert_eq!(seq, (0..20).collect::<Vec<_>>());
+            }
+            got
+        };
+        assert_eq!(run(7), run(7));
+        assert_ne!(run(7), run(8), "another seed interleaves differently");
+    }
+
+    #[test]
+    fn counts_overruns_and_frees_slots_after_the_callback() {
+        let net = SimNet::new(SimConfig {
+            slots: 2,
+            ..SimConfig::new(2, 1, Delivery::Auto)
+        });
+        let (l0, l1) = (net.link(0), net.link(1));
+        l0.send(1, b"a").unwrap();
+        l0.send(1, b"b").unwrap();
+        assert_eq!(drain(&l1).len(), 2);
+        assert_eq!(net.overruns(), 0);
+        for _ in 0..3 {
+            l0.send(1, b"c").unwrap();
+        }
+        l1.poll(&mut |_| {}).unwrap();
+        assert_eq!(net.overruns(), 1);
+    }
+
+    #[test]
+    fn drop_and_silence() {
+        let net = SimNet::new(SimConfig::new(3, 1, Delivery::Auto));
+        let (l0, l1, l2) = (net.link(0), net.link(1), net.link(2));
+        net.drop_connection(0, 1);
+        assert_eq!(drain(&l0), vec![(1, b"LOST".to_vec())]);
+        assert_eq!(drain(&l1), vec![(0, b"LOST".to_vec())]);
+        assert_eq!(l0.send(1, b"x"), Err(LinkError::PeerLost(1)));
+        l0.send(2, b"ok").unwrap();
+        assert_eq!(drain(&l2), vec![(0, b"ok".to_vec())]);
+        net.silence(2);
+        l0.send(2, b"gone").unwrap();
+        assert!(drain(&l0).is_empty());
+        l0.probe(2).unwrap();
+        assert_eq!(drain(&l0), vec![(2, b"LOST".to_vec())]);
+        l0.probe(2).unwrap();
+        assert!(drain(&l0).is_empty(), "reported once");
+    }
+
+    #[test]
+    fn wait_wakes_on_send() {
+        let net = SimNet::new(SimConfig::new(2, 1, Delivery::Auto));
+        let (l0, l1) = (net.link(0), net.link(1));
+        let t = std::thread::spawn(move || {
+            let t0 = Instant::now();
+            l1.wait(Duration::from_secs(10)).unwrap();
+            t0.elapsed()
+        });
+        std::thread::sleep(Duration::from_millis(20));
+        l0.send(1, b"x").unwrap();
+        assert!(t.join().unwrap() < Duration::from_secs(5));
+    }
+}
