@@ -8,6 +8,7 @@
 
 pub mod bootstrap;
 pub mod link;
+pub mod verbs;
 
 pub use bootstrap::{Bootstrap, BootstrapError};
 pub use link::{Link, LinkError, LinkEvent, Rank};
