@@ -13,6 +13,12 @@ timeout 400 "$bin"
 rc=$?
 [ "$rc" = 0 ] || { echo "net-link exited $rc"; exit "$rc"; }
 
+# Tiny slots: every message fits inline (max_msg 128 < the QP's inline limit), 4 slots per peer
+# (test window 2, a signaled send every work request, the send queue wraps constantly).
+FH_AM_RECV_DEPTH=4 FH_AM_MAX_SIZE=128 FH_TEST_MSGS=100 timeout 400 "$bin"
+rc=$?
+[ "$rc" = 0 ] || { echo "net-link (4 slots of 128 bytes) exited $rc"; exit "$rc"; }
+
 out=$(FH_TEST_BREAK=1 FH_TEST_MSGS=10 timeout 300 "$bin" 2>&1)
 brc=$?
 echo "$out"

@@ -173,6 +173,14 @@ fn rank_main(ctx: &Arc<Context>, mut b: LocalBootstrap, opts: &Options) -> Resul
     notes += &format!("; storm {n} msgs received in {:.2?}", t.elapsed());
     barrier(&mut b)?;
 
+    // Numbers for the record (not checked: TCG timing means little): 8-byte ping-pong and a
+    // one-way 8-byte stream between ranks 0 and 1, busy-polling.
+    if rank < 2 {
+        notes += &pingpong(&link, 1 - rank, 500)?;
+        notes += &stream(&link, 1 - rank, 2000)?;
+    }
+    barrier(&mut b)?;
+
     // 3. wait: a timeout with nothing coming, then a wake-up by a message.
     if rank == 0 {
         notes += &wait_times_out(&link)?;
@@ -382,6 +390,95 @@ fn check(
         }
         _ => Err(format!("malformed {}-byte message from {peer}", data.len())),
     }
+}
+
+/// Busy-poll until one message arrives from `peer`; returns its first byte.
+fn recv_one(link: &VerbsLink, peer: Rank) -> Result<u8, String> {
+    let deadline = Instant::now() + PHASE_TIMEOUT;
+    let mut got = None;
+    while got.is_none() {
+        link.poll(&mut |ev| match ev {
+            LinkEvent::Recv { peer: p, data } if p == peer && data.len() == 8 => {
+                got = Some(data[0])
+            }
+            other => println!("unexpected event: {other:?}"),
+        })
+        .map_err(|e| format!("poll: {e}"))?;
+        if Instant::now() > deadline {
+            return Err("ping-pong timed out".into());
+        }
+    }
+    Ok(got.unwrap_or(0))
+}
+
+/// `iters` 8-byte round trips; rank 0 starts. Reports half the average round trip.
+fn pingpong(link: &VerbsLink, peer: Rank, iters: u32) -> Result<String, String> {
+    let me = link.rank();
+    let t = Instant::now();
+    for i in 0..iters {
+        let msg = [(i % 251) as u8; 8];
+        if me == 0 {
+            link.send(peer, &msg).map_err(|e| format!("ping: {e}"))?;
+        }
+        let b = recv_one(link, peer)?;
+        if b != msg[0] {
+            return Err(format!("ping-pong {i}: got byte {b}, want {}", msg[0]));
+        }
+        if me != 0 {
+            link.send(peer, &msg).map_err(|e| format!("pong: {e}"))?;
+        }
+    }
+    let half = t.elapsed() / (2 * iters);
+    Ok(format!(
+        "; ping-pong 8 B: {half:.2?} one way ({iters} round trips)"
+    ))
+}
+
+/// Rank 0 streams `count` 8-byte messages to rank 1, at most recv_slots/2 unacknowledged
+/// (rank 1 acks every quarter window). Reports messages per second at the sender.
+fn stream(link: &VerbsLink, peer: Rank, count: u32) -> Result<String, String> {
+    let window = (link.recv_slots() / 2).max(1);
+    let ack_every = (window / 2).max(1);
+    let t = Instant::now();
+    let deadline = t + PHASE_TIMEOUT;
+    let (mut sent, mut acked, mut got, mut since) = (0u32, 0u32, 0u32, 0u32);
+    let me = link.rank();
+    while (me == 0 && acked < count) || (me == 1 && got < count) {
+        if me == 0 {
+            while sent < count && sent - acked < window {
+                link.send(peer, &sent.to_le_bytes().repeat(2))
+                    .map_err(|e| format!("stream: {e}"))?;
+                sent += 1;
+            }
+        }
+        link.poll(&mut |ev| {
+            if let LinkEvent::Recv { data, .. } = ev {
+                let n = u32::from_le_bytes(data[..4].try_into().unwrap());
+                if me == 0 {
+                    acked = acked.max(n);
+                } else {
+                    got += u32::from(n == got);
+                    since += 1;
+                }
+            }
+        })
+        .map_err(|e| format!("poll: {e}"))?;
+        if me == 1 && (since >= ack_every || (since > 0 && got == count)) {
+            link.send(peer, &got.to_le_bytes().repeat(2))
+                .map_err(|e| format!("ack: {e}"))?;
+            since = 0;
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "stream timed out: sent {sent} acked {acked} got {got}"
+            ));
+        }
+    }
+    if me == 1 && got != count {
+        return Err(format!("stream: {got} of {count} in order"));
+    }
+    let rate = f64::from(count) / t.elapsed().as_secs_f64();
+    Ok(format!("; stream 8 B: {rate:.0} msg/s"))
 }
 
 /// With nothing in flight, `wait` must sleep its timeout (not spin) and `poll` find nothing.
