@@ -80,7 +80,8 @@ fn try_lock<T>(m: &Mutex<T>) -> Option<MutexGuard<'_, T>> {
 }
 
 impl VerbsLink {
-    /// Messages longer than this are inlined by no one: the limit the QPs actually got.
+    /// Messages up to this many bytes are sent inline (the limit the QPs actually got, capped at
+    /// `max_msg`); longer ones are copied into the send ring.
     pub fn max_inline(&self) -> usize {
         self.max_inline
     }
