@@ -14,6 +14,7 @@ pub mod settings;
 pub mod sim;
 pub mod stats;
 pub mod wire;
+pub mod verbs;
 
 pub use am::{Am, Replier, Ticket};
 pub use bootstrap::{Bootstrap, BootstrapError};

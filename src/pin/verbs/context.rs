@@ -129,7 +129,8 @@ impl Gid {
         self.0.iter().all(|&b| b == 0)
     }
 
-    pub(super) fn to_raw(self) -> ibv_gid {
+    /// The verbs union, for address vectors (`net::verbs` builds them).
+    pub(crate) fn to_raw(self) -> ibv_gid {
         ibv_gid { raw: self.0 }
     }
 }

@@ -18,8 +18,8 @@ mod shim_stats;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use firehose::pin::verbs::{gid_index_from_env, Cq, DeviceList, Mr, Path, Pd, Qp, QpCaps, Sge};
-use firehose::pin::verbs::{Completion, VerbsError};
+use firehose::net::verbs::{gid_index_from_env, Completion, Cq, Path, Qp, QpCaps, Sge};
+use firehose::pin::verbs::{DeviceList, Mr, Pd, VerbsError};
 use firehose::pin::Access;
 use rdma_sys::{ibv_dereg_mr, ibv_mr, ibv_reg_mr};
 

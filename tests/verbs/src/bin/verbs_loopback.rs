@@ -13,10 +13,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use firehose::pin::verbs::{
-    gid_index_from_env, qp_state, wc_opcode, Completion, Context, Cq, DeviceList, Path, Qp, QpCaps,
-    Sge, VerbsError, VerbsPinner,
+use firehose::net::verbs::{
+    gid_index_from_env, qp_state, wc_opcode, Completion, Cq, Path, Qp, QpCaps, Sge,
 };
+use firehose::pin::verbs::{Context, DeviceList, VerbsError, VerbsPinner};
 use firehose::pin::{Access, Pinned, Pinner};
 use firehose_verbs_tests::buffer::PageBuf;
 use firehose_verbs_tests::pattern::{compare, pattern};

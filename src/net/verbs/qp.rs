@@ -11,18 +11,23 @@ use rdma_sys::{
 };
 
 use super::cq::Cq;
-use super::error::{VerbsError, VerbsResult};
 use super::path::{Endpoint, Path};
-use super::pd::Pd;
+use crate::pin::verbs::{Pd, VerbsError, VerbsResult};
 use crate::pin::Access;
 
-/// Queue sizes asked for at creation.
+/// Queue sizes asked for at creation (and, from `Qp::caps`, what the device actually granted:
+/// providers round up, and `max_inline_data` may come back larger or be refused outright).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QpCaps {
     pub max_send_wr: u32,
     pub max_recv_wr: u32,
     pub max_send_sge: u32,
     pub max_recv_sge: u32,
+    /// Largest send whose payload the QP copies at post time (`IBV_SEND_INLINE`).
+    pub max_inline_data: u32,
+    /// Every send work request completes with a CQ entry (`sq_sig_all`); when false, only those
+    /// posted with `SendFlags::signaled` do.
+    pub signal_all: bool,
 }
 
 impl Default for QpCaps {
@@ -32,6 +37,44 @@ impl Default for QpCaps {
             max_recv_wr: 64,
             max_send_sge: 1,
             max_recv_sge: 1,
+            max_inline_data: 0,
+            signal_all: true,
+        }
+    }
+}
+
+/// Per-post send flags (only meaningful with `QpCaps::signal_all == false` for `signaled`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SendFlags {
+    /// Generate a completion for this work request.
+    pub signaled: bool,
+    /// Copy the payload into the work request at post time: no lkey needed, and the buffer may be
+    /// reused as soon as the post returns. Only up to `Qp::caps().max_inline_data` bytes.
+    pub inline: bool,
+}
+
+/// RC transport timing (see IB spec 9.7.6): how long to wait for an ACK before retransmitting,
+/// how often to retransmit before failing the QP, and the receiver-not-ready policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpTiming {
+    /// Local ACK timeout exponent: 4.096 us * 2^timeout per attempt (0 = wait forever).
+    pub ack_timeout: u8,
+    /// Retransmissions after a timeout before the send completes with RETRY_EXC_ERR (0..=7).
+    pub retry_cnt: u8,
+    /// Retries after an RNR NAK (0..=6; 7 = retry forever).
+    pub rnr_retry: u8,
+    /// RNR NAK delay this QP asks senders to wait (IB encoding: 12 = 0.64 ms, 18 = 5.12 ms).
+    pub min_rnr_timer: u8,
+}
+
+impl Default for QpTiming {
+    /// Generous values for tests and benchmarks: Soft-RoCE under TCG is slow.
+    fn default() -> Self {
+        QpTiming {
+            ack_timeout: ACK_TIMEOUT,
+            retry_cnt: RETRY_CNT,
+            rnr_retry: RNR_RETRY,
+            min_rnr_timer: MIN_RNR_TIMER,
         }
     }
 }
@@ -52,9 +95,16 @@ const MIN_RNR_TIMER: u8 = 12; // 0.64 ms
 const RD_ATOMIC: u8 = 1; // outstanding RDMA READs; rxe and every HCA support at least 1
 const HOP_LIMIT: u8 = 64;
 
+/// The flags of the plain `post_*` calls: one completion each.
+const SIGNALED: SendFlags = SendFlags {
+    signaled: true,
+    inline: false,
+};
+
 /// An owned RC `ibv_qp`. Holds its PD and both CQs, which therefore outlive it.
 pub struct Qp {
     raw: NonNull<ibv_qp>,
+    caps: QpCaps,
     _pd: Arc<Pd>,
     _send_cq: Arc<Cq>,
     _recv_cq: Arc<Cq>,
@@ -67,7 +117,7 @@ unsafe impl Send for Qp {}
 unsafe impl Sync for Qp {}
 
 impl Qp {
-    /// Create an RC QP on `pd`. Every send work request is signalled (one completion each).
+    /// Create an RC QP on `pd` with `caps` (by default every send work request is signalled).
     pub fn create_rc(
         pd: &Arc<Pd>,
         send_cq: &Arc<Cq>,
@@ -84,16 +134,26 @@ impl Qp {
                 max_recv_wr: caps.max_recv_wr,
                 max_send_sge: caps.max_send_sge,
                 max_recv_sge: caps.max_recv_sge,
-                max_inline_data: 0,
+                max_inline_data: caps.max_inline_data,
             },
             qp_type: ibv_qp_type::IBV_QPT_RC,
-            sq_sig_all: 1,
+            sq_sig_all: i32::from(caps.signal_all),
         };
         // SAFETY: PD and CQs are alive (Arcs held); `init` is a valid, fully initialised struct.
         let raw = unsafe { ibv_create_qp(pd.as_raw(), &mut init) };
         let raw = NonNull::new(raw).ok_or_else(|| VerbsError::last("ibv_create_qp"))?;
+        // ibv_create_qp writes back the capacities it actually granted.
+        let got = QpCaps {
+            max_send_wr: init.cap.max_send_wr,
+            max_recv_wr: init.cap.max_recv_wr,
+            max_send_sge: init.cap.max_send_sge,
+            max_recv_sge: init.cap.max_recv_sge,
+            max_inline_data: init.cap.max_inline_data,
+            signal_all: caps.signal_all,
+        };
         Ok(Qp {
             raw,
+            caps: got,
             _pd: Arc::clone(pd),
             _send_cq: Arc::clone(send_cq),
             _recv_cq: Arc::clone(recv_cq),
@@ -102,6 +162,11 @@ impl Qp {
 
     pub fn as_raw(&self) -> *mut ibv_qp {
         self.raw.as_ptr()
+    }
+
+    /// What the device granted at creation (at least what was asked).
+    pub fn caps(&self) -> QpCaps {
+        self.caps
     }
 
     /// QP number.
@@ -164,6 +229,11 @@ impl Qp {
 
     /// INIT -> RTR: bind to the remote QP (address vector, remote QPN and starting PSN).
     pub fn to_rtr(&self, path: &Path, remote: &Endpoint) -> VerbsResult<()> {
+        self.to_rtr_with(path, remote, QpTiming::default())
+    }
+
+    /// INIT -> RTR with `timing.min_rnr_timer` (the only timing field the responder side uses).
+    pub fn to_rtr_with(&self, path: &Path, remote: &Endpoint, timing: QpTiming) -> VerbsResult<()> {
         // SAFETY: plain-data struct; all-zero is valid and means "unset".
         let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
         a.qp_state = ibv_qp_state::IBV_QPS_RTR;
@@ -171,7 +241,7 @@ impl Qp {
         a.dest_qp_num = remote.qpn;
         a.rq_psn = remote.psn;
         a.max_dest_rd_atomic = RD_ATOMIC;
-        a.min_rnr_timer = MIN_RNR_TIMER;
+        a.min_rnr_timer = timing.min_rnr_timer;
         a.ah_attr.dlid = remote.lid;
         a.ah_attr.sl = 0;
         a.ah_attr.src_path_bits = 0;
@@ -194,14 +264,19 @@ impl Qp {
         self.modify(&mut a, m, "ibv_modify_qp(RTR)")
     }
 
-    /// RTR -> RTS: start sending from `psn`.
+    /// RTR -> RTS: start sending from `psn`, with the default timing.
     pub fn to_rts(&self, psn: u32) -> VerbsResult<()> {
+        self.to_rts_with(psn, QpTiming::default())
+    }
+
+    /// RTR -> RTS: start sending from `psn` with `timing`.
+    pub fn to_rts_with(&self, psn: u32, timing: QpTiming) -> VerbsResult<()> {
         // SAFETY: plain-data struct; all-zero is valid and means "unset".
         let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
         a.qp_state = ibv_qp_state::IBV_QPS_RTS;
-        a.timeout = ACK_TIMEOUT;
-        a.retry_cnt = RETRY_CNT;
-        a.rnr_retry = RNR_RETRY;
+        a.timeout = timing.ack_timeout;
+        a.retry_cnt = timing.retry_cnt;
+        a.rnr_retry = timing.rnr_retry;
         a.sq_psn = psn & 0xff_ffff;
         a.max_rd_atomic = RD_ATOMIC;
         let m = mask::IBV_QP_STATE
@@ -221,21 +296,35 @@ impl Qp {
         remote_access: Access,
         remote: &Endpoint,
     ) -> VerbsResult<()> {
-        self.to_init(path.port, remote_access)?;
-        self.to_rtr(path, remote)?;
-        self.to_rts(local_psn)
+        self.connect_with(path, local_psn, remote_access, remote, QpTiming::default())
     }
 
-    /// Post one signalled send-queue work request with a single SGE.
+    /// `connect` with explicit transport timing.
+    pub fn connect_with(
+        &self,
+        path: &Path,
+        local_psn: u32,
+        remote_access: Access,
+        remote: &Endpoint,
+        timing: QpTiming,
+    ) -> VerbsResult<()> {
+        self.to_init(path.port, remote_access)?;
+        self.to_rtr_with(path, remote, timing)?;
+        self.to_rts_with(local_psn, timing)
+    }
+
+    /// Post one send-queue work request with a single SGE.
     ///
     /// # Safety
     /// See the `post_*` wrappers.
+    #[inline]
     unsafe fn post_send_wr(
         &self,
         wr_id: u64,
         opcode: u32,
         local: Sge,
         remote: Option<(u64, u32)>,
+        flags: SendFlags,
     ) -> VerbsResult<()> {
         let mut sge = ibv_sge {
             addr: local.addr,
@@ -249,14 +338,22 @@ impl Qp {
         wr.sg_list = &mut sge;
         wr.num_sge = 1;
         wr.opcode = opcode;
-        wr.send_flags = ibv_send_flags::IBV_SEND_SIGNALED.0;
+        let mut f = 0;
+        if flags.signaled {
+            f |= ibv_send_flags::IBV_SEND_SIGNALED.0;
+        }
+        if flags.inline {
+            f |= ibv_send_flags::IBV_SEND_INLINE.0;
+        }
+        wr.send_flags = f;
         if let Some((remote_addr, rkey)) = remote {
             wr.wr.rdma.remote_addr = remote_addr;
             wr.wr.rdma.rkey = rkey;
         }
         let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
         // SAFETY: the QP is alive; `wr` and `sge` live across the call (the provider copies them
-        // into the send queue before returning); buffer validity is the caller's contract.
+        // into the send queue before returning, and with INLINE copies the payload too); buffer
+        // validity is the caller's contract.
         let ret = unsafe { ibv_post_send(self.as_raw(), &mut wr, &mut bad) };
         if ret != 0 {
             return Err(VerbsError::from_ret("ibv_post_send", ret));
@@ -284,6 +381,7 @@ impl Qp {
                 ibv_wr_opcode::IBV_WR_RDMA_WRITE,
                 local,
                 Some((remote_addr, rkey)),
+                SIGNALED,
             )
         }
     }
@@ -308,6 +406,7 @@ impl Qp {
                 ibv_wr_opcode::IBV_WR_RDMA_READ,
                 local,
                 Some((remote_addr, rkey)),
+                SIGNALED,
             )
         }
     }
@@ -318,7 +417,49 @@ impl Qp {
     /// `local` must be registered memory that stays valid and unmodified until the completion.
     pub unsafe fn post_send(&self, wr_id: u64, local: Sge) -> VerbsResult<()> {
         // SAFETY: forwarded contract.
-        unsafe { self.post_send_wr(wr_id, ibv_wr_opcode::IBV_WR_SEND, local, None) }
+        unsafe { self.post_send_wr(wr_id, ibv_wr_opcode::IBV_WR_SEND, local, None, SIGNALED) }
+    }
+
+    /// SEND `local` to the peer's next posted receive, with `flags`.
+    ///
+    /// # Safety
+    /// Without `flags.inline`: `local` must be registered memory that stays valid and unmodified
+    /// until this or a later signalled work request of this QP completes. With `flags.inline`:
+    /// `local.len <= caps().max_inline_data` and `local` readable for the call (lkey unused).
+    #[inline]
+    pub unsafe fn post_send_with(
+        &self,
+        wr_id: u64,
+        local: Sge,
+        flags: SendFlags,
+    ) -> VerbsResult<()> {
+        // SAFETY: forwarded contract.
+        unsafe { self.post_send_wr(wr_id, ibv_wr_opcode::IBV_WR_SEND, local, None, flags) }
+    }
+
+    /// RDMA WRITE `local` to `remote_addr` (covered by `rkey`), with `flags`.
+    ///
+    /// # Safety
+    /// As `post_send_with` for `local`, plus: `[remote_addr, +len)` must be memory the peer allows
+    /// us to write and does not otherwise rely on.
+    pub unsafe fn post_rdma_write_with(
+        &self,
+        wr_id: u64,
+        local: Sge,
+        remote_addr: u64,
+        rkey: u32,
+        flags: SendFlags,
+    ) -> VerbsResult<()> {
+        // SAFETY: forwarded contract.
+        unsafe {
+            self.post_send_wr(
+                wr_id,
+                ibv_wr_opcode::IBV_WR_RDMA_WRITE,
+                local,
+                Some((remote_addr, rkey)),
+                flags,
+            )
+        }
     }
 
     /// Post a receive buffer.
@@ -326,6 +467,7 @@ impl Qp {
     /// # Safety
     /// `local` must be registered memory that stays valid and is not accessed by anyone else
     /// until the receive completion is polled (the device writes it).
+    #[inline]
     pub unsafe fn post_recv(&self, wr_id: u64, local: Sge) -> VerbsResult<()> {
         let mut sge = ibv_sge {
             addr: local.addr,

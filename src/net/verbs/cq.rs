@@ -1,4 +1,5 @@
-//! Completion queue: polling with a deadline, so a lost completion is an error, never a hang.
+//! Completion queue: batched non-blocking polls, polling with a deadline (so a lost completion is
+//! an error, never a hang), and arming for a completion channel.
 
 use std::mem::MaybeUninit;
 use std::ptr::NonNull;
@@ -6,15 +7,21 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rdma_sys::{
-    ibv_cq, ibv_create_cq, ibv_destroy_cq, ibv_poll_cq, ibv_wc, ibv_wc_status, ibv_wc_status_str,
+    ibv_cq, ibv_create_cq, ibv_destroy_cq, ibv_poll_cq, ibv_req_notify_cq, ibv_wc, ibv_wc_status,
+    ibv_wc_status_str,
 };
 
-use super::context::Context;
-use super::error::{VerbsError, VerbsResult};
+use super::comp_channel::CompChannel;
+use crate::pin::verbs::{Context, VerbsError, VerbsResult};
 
-/// An owned `ibv_cq`. QPs that use it hold an `Arc` of it.
+/// How many work completions one `ibv_poll_cq` call asks for.
+pub const POLL_BATCH: usize = 16;
+
+/// An owned `ibv_cq`. QPs that use it hold an `Arc` of it; it holds its completion channel (if
+/// any), which is therefore destroyed after it.
 pub struct Cq {
     raw: NonNull<ibv_cq>,
+    _channel: Option<Arc<CompChannel>>,
     _ctx: Arc<Context>,
 }
 
@@ -25,7 +32,7 @@ unsafe impl Send for Cq {}
 unsafe impl Sync for Cq {}
 
 /// The fields of `struct ibv_wc` callers look at.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Completion {
     pub wr_id: u64,
     /// `ibv_wc_status` value (0 = success).
@@ -76,24 +83,67 @@ fn status_text(status: u32) -> String {
 impl Context {
     /// Create a completion queue with room for at least `cqe` entries.
     pub fn create_cq(self: &Arc<Self>, cqe: i32) -> VerbsResult<Arc<Cq>> {
-        Cq::create(Arc::clone(self), cqe)
+        Cq::create(self, cqe, None)
     }
 }
 
 impl Cq {
-    pub(super) fn create(ctx: Arc<Context>, cqe: i32) -> VerbsResult<Arc<Self>> {
-        // SAFETY: the context is open; no completion channel, no cq_context.
-        let raw = unsafe {
-            ibv_create_cq(
-                ctx.as_raw(),
-                cqe,
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-                0,
-            )
-        };
+    /// Create a CQ on `ctx`; with `channel`, `req_notify` makes it report to that channel.
+    pub fn create(
+        ctx: &Arc<Context>,
+        cqe: i32,
+        channel: Option<&Arc<CompChannel>>,
+    ) -> VerbsResult<Arc<Self>> {
+        let ch = channel.map_or(std::ptr::null_mut(), |c| c.as_raw());
+        // SAFETY: the context is open; `ch` is null or a live channel of the same context (the
+        // CQ keeps an Arc of it); no cq_context, completion vector 0.
+        let raw = unsafe { ibv_create_cq(ctx.as_raw(), cqe, std::ptr::null_mut(), ch, 0) };
         let raw = NonNull::new(raw).ok_or_else(|| VerbsError::last("ibv_create_cq"))?;
-        Ok(Arc::new(Cq { raw, _ctx: ctx }))
+        Ok(Arc::new(Cq {
+            raw,
+            _channel: channel.cloned(),
+            _ctx: Arc::clone(ctx),
+        }))
+    }
+
+    /// Ask for one event on the CQ's channel at the next completion (any completion, not only
+    /// solicited ones). Completions already queued do not trigger it: re-poll after arming.
+    pub fn req_notify(&self) -> VerbsResult<()> {
+        // SAFETY: the CQ is alive; `ibv_req_notify_cq` is a verbs.h inline that calls the
+        // provider's op (rdma-sys reimplements it the same way).
+        let ret = unsafe { ibv_req_notify_cq(self.as_raw(), 0) };
+        if ret != 0 {
+            return Err(VerbsError::from_ret("ibv_req_notify_cq", ret));
+        }
+        Ok(())
+    }
+
+    /// Poll once into `out` (at most `out.len()`, and at most `POLL_BATCH`, entries); returns how
+    /// many were written. No allocation: this is on the message path.
+    #[inline]
+    pub fn poll_batch(&self, out: &mut [Completion]) -> VerbsResult<usize> {
+        let mut wcs: [MaybeUninit<ibv_wc>; POLL_BATCH] =
+            [const { MaybeUninit::uninit() }; POLL_BATCH];
+        let want = out.len().min(POLL_BATCH) as i32;
+        // SAFETY: the CQ is alive; `wcs` has room for `want` entries which the provider writes.
+        // (`ibv_poll_cq` is a verbs.h inline; rdma-sys calls the context's ops table the same way.)
+        let n = unsafe { ibv_poll_cq(self.as_raw(), want, wcs.as_mut_ptr().cast()) };
+        if n < 0 {
+            return Err(VerbsError::from_ret("ibv_poll_cq", -n));
+        }
+        for (wc, slot) in wcs[..n as usize].iter().zip(out.iter_mut()) {
+            // SAFETY: the provider initialised the first `n` entries.
+            let wc = unsafe { wc.assume_init_ref() };
+            *slot = Completion {
+                wr_id: wc.wr_id,
+                status: wc.status,
+                opcode: wc.opcode,
+                byte_len: wc.byte_len,
+                qp_num: wc.qp_num,
+                vendor_err: wc.vendor_err,
+            };
+        }
+        Ok(n as usize)
     }
 
     pub fn as_raw(&self) -> *mut ibv_cq {
@@ -102,28 +152,10 @@ impl Cq {
 
     /// Poll once, appending at most `max` completions to `out`; returns how many were appended.
     pub fn poll(&self, max: usize, out: &mut Vec<Completion>) -> VerbsResult<usize> {
-        const BATCH: usize = 16;
-        let mut wcs: [MaybeUninit<ibv_wc>; BATCH] = [const { MaybeUninit::uninit() }; BATCH];
-        let want = max.min(BATCH) as i32;
-        // SAFETY: the CQ is alive; `wcs` has room for `want` entries which the provider writes.
-        // (`ibv_poll_cq` is a verbs.h inline; rdma-sys calls the context's ops table the same way.)
-        let n = unsafe { ibv_poll_cq(self.as_raw(), want, wcs.as_mut_ptr().cast()) };
-        if n < 0 {
-            return Err(VerbsError::from_ret("ibv_poll_cq", -n));
-        }
-        for wc in &wcs[..n as usize] {
-            // SAFETY: the provider initialised the first `n` entries.
-            let wc = unsafe { wc.assume_init_ref() };
-            out.push(Completion {
-                wr_id: wc.wr_id,
-                status: wc.status,
-                opcode: wc.opcode,
-                byte_len: wc.byte_len,
-                qp_num: wc.qp_num,
-                vendor_err: wc.vendor_err,
-            });
-        }
-        Ok(n as usize)
+        let mut batch = [Completion::default(); POLL_BATCH];
+        let n = self.poll_batch(&mut batch[..max.min(POLL_BATCH)])?;
+        out.extend_from_slice(&batch[..n]);
+        Ok(n)
     }
 
     /// Poll until `count` completions arrived or `timeout` passed. Completions with an error
@@ -150,6 +182,8 @@ impl Cq {
 impl Drop for Cq {
     fn drop(&mut self) {
         // SAFETY: every QP using this CQ holds an Arc of it, so none is alive; destroyed once.
+        // Events from its channel are acknowledged as soon as they are read (comp_channel.rs), so
+        // this does not wait forever for an acknowledgement.
         unsafe { ibv_destroy_cq(self.raw.as_ptr()) };
     }
 }

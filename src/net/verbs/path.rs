@@ -1,8 +1,7 @@
 //! Addressing for an RC connection: which port/GID we send from (`Path`) and what the other side
 //! must know about us (`Endpoint`). Exchanged out of band (or just copied, for loopback).
 
-use super::context::{Context, Gid};
-use super::error::{VerbsError, VerbsResult};
+use crate::pin::verbs::{Context, Gid, VerbsError, VerbsResult};
 
 /// Environment variable naming the GID table index to use on RoCE ports.
 pub const GID_INDEX_ENV: &str = "FH_GID_INDEX";

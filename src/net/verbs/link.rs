@@ -1,0 +1,412 @@
+//! `VerbsLink`: the `net::Link` over verbs RC. One RC QP per peer, one send CQ and one receive CQ
+//! sharing one completion channel, receive slots registered once and pre-posted, sends copied
+//! into a registered ring (or inlined), mostly unsignaled.
+//!
+//! Two CQs rather than one: `send` must sometimes reap send completions itself (when a peer's
+//! send queue is full) and it cannot deliver receive completions it would pull out of a shared
+//! CQ. With separate CQs it only ever touches send completions, and `poll` drains receives.
+//!
+//! The message path (`send`, `poll`) allocates nothing and makes no syscall of its own: one lock
+//! per send, one `ibv_post_send` (inline up to `max_inline`), CQ polls in batches of 16, one
+//! `ibv_post_recv` per delivered message. `wait` is the only place that sleeps.
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
+use std::time::{Duration, Instant};
+
+use super::comp_channel::CompChannel;
+use super::cq::{Completion, Cq, POLL_BATCH};
+use super::peer::Peer;
+use super::qp::{SendFlags, Sge};
+use super::reg_buf::RegBuf;
+use super::wr_id::{self, WrKind};
+use crate::net::{Link, LinkError, LinkEvent, Rank};
+use crate::pin::verbs::{Pd, VerbsError};
+use rdma_sys::ibv_wc_status;
+
+/// How long `send`/`probe` wait for room in a full send queue before giving up. A dead peer is
+/// detected by the QP retry timer within about a second; this only catches a wedged device.
+const SEND_QUEUE_STUCK: Duration = Duration::from_secs(30);
+/// At most this many CQ batches per `poll`, so one call cannot run forever under a storm.
+const MAX_BATCHES_PER_POLL: usize = 8;
+
+/// The verbs RC link. Build it with `VerbsLink::new` (connect.rs).
+pub struct VerbsLink {
+    // Field order is drop order: the QPs (in `peers`) go first, so no work request can still
+    // point into the buffers below when they are unmapped. CQs and the channel are freed after
+    // the QPs whatever the order (each QP holds `Arc`s of its CQs, each CQ of its channel).
+    pub(super) peers: Vec<Option<Peer>>,
+    pub(super) send_cq: Arc<Cq>,
+    pub(super) recv_cq: Arc<Cq>,
+    pub(super) channel: Arc<CompChannel>,
+    /// `size * recv_slots` slots of `max_msg` bytes, slot (peer, i) at `(peer * recv_slots + i)`.
+    pub(super) recv_buf: RegBuf,
+    /// `size * sq_depth` slots of `max_msg` bytes for copied sends, slot (peer, seq % sq_depth).
+    pub(super) send_buf: RegBuf,
+    /// `size` words peers write their probes into, then one word our probes are sent from.
+    pub(super) probe_buf: RegBuf,
+    pub(super) _pd: Arc<Pd>,
+    pub(super) rank: Rank,
+    pub(super) size: u32,
+    pub(super) max_msg: usize,
+    pub(super) recv_slots: u32,
+    /// Send-queue work requests per peer (messages and probes) not yet known complete.
+    pub(super) sq_depth: u32,
+    /// Every `signal_every`-th work request is signaled (<= sq_depth, so a full queue always
+    /// holds a signaled request whose completion frees room).
+    pub(super) signal_every: u64,
+    /// Inline limit the QPs actually got (0: every send is copied).
+    pub(super) max_inline: usize,
+    /// Serialises send-CQ polls (the completed counters are written under it).
+    pub(super) send_reap: Mutex<()>,
+    /// Receive completions `wait` pulled out of the CQ while checking for work; `poll` delivers
+    /// them first. Capacity `POLL_BATCH`, never grows. The lock also serialises receive polls.
+    pub(super) recv_stash: Mutex<Vec<Completion>>,
+    pub(super) lost_unreported: AtomicU32,
+    pub(super) len_errors: AtomicU64,
+}
+
+fn dev(e: VerbsError) -> LinkError {
+    LinkError::Device(e.to_string())
+}
+
+/// `try_lock` that treats a poisoned lock as free (a panicking callback must not wedge the link).
+fn try_lock<T>(m: &Mutex<T>) -> Option<MutexGuard<'_, T>> {
+    match m.try_lock() {
+        Ok(g) => Some(g),
+        Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
+        Err(TryLockError::WouldBlock) => None,
+    }
+}
+
+impl VerbsLink {
+    /// Messages up to this many bytes are sent inline (the limit the QPs actually got, capped at
+    /// `max_msg`); longer ones are copied into the send ring.
+    pub fn max_inline(&self) -> usize {
+        self.max_inline
+    }
+
+    /// Receives that completed with a length error or a length above `max_msg` (each one also
+    /// lost its peer). Always 0 between two `VerbsLink`s of the same settings.
+    pub fn len_errors(&self) -> u64 {
+        self.len_errors.load(Ordering::Relaxed)
+    }
+
+    /// Whether `peer` is still connected (as far as completions have shown so far).
+    pub fn is_alive(&self, peer: Rank) -> bool {
+        self.peer(peer).is_ok_and(Peer::is_alive)
+    }
+
+    #[inline]
+    fn peer(&self, peer: Rank) -> Result<&Peer, LinkError> {
+        match self.peers.get(peer as usize) {
+            Some(Some(p)) => Ok(p),
+            _ => Err(LinkError::BadRank(peer)),
+        }
+    }
+
+    fn lose(&self, peer: Rank, reason: LinkError) {
+        if let Ok(p) = self.peer(peer) {
+            if p.mark_lost(reason) {
+                self.lost_unreported.fetch_add(1, Ordering::AcqRel);
+            }
+        }
+    }
+
+    /// Drain the send CQ: advance completed counters, turn error completions into lost peers.
+    /// Skips (returns at once) when another thread is already doing it.
+    fn reap_send(&self) -> Result<(), LinkError> {
+        let Some(_g) = try_lock(&self.send_reap) else {
+            return Ok(());
+        };
+        let mut batch = [Completion::default(); POLL_BATCH];
+        loop {
+            let n = self.send_cq.poll_batch(&mut batch).map_err(dev)?;
+            for c in &batch[..n] {
+                let Some((kind, peer, low)) = wr_id::decode(c.wr_id) else {
+                    continue;
+                };
+                let Ok(p) = self.peer(peer) else { continue };
+                if c.is_success() {
+                    p.complete_through(wr_id::full_seq(p.completed.load(Ordering::Acquire), low));
+                } else {
+                    // RETRY_EXC_ERR (peer gone), then WR_FLUSH_ERR for everything behind it.
+                    let what = if kind == WrKind::Probe {
+                        "probe"
+                    } else {
+                        "send"
+                    };
+                    self.lose(
+                        peer,
+                        LinkError::Device(format!("{what} to rank {peer}: {}", c.status_text())),
+                    );
+                }
+            }
+            if n < POLL_BATCH {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Wait (reaping send completions) until `p` has room for one more send-queue work request.
+    fn wait_for_room(&self, peer: Rank, p: &Peer, posted: u64) -> Result<(), LinkError> {
+        let start = Instant::now();
+        loop {
+            self.reap_send()?;
+            if posted - p.completed.load(Ordering::Acquire) < u64::from(self.sq_depth) {
+                return Ok(());
+            }
+            if !p.is_alive() {
+                return Err(LinkError::PeerLost(peer));
+            }
+            if start.elapsed() > SEND_QUEUE_STUCK {
+                return Err(LinkError::Device(format!(
+                    "send queue to rank {peer} made no progress for {SEND_QUEUE_STUCK:?}"
+                )));
+            }
+            // Soft-RoCE completes from kernel work; let it run on small machines.
+            std::thread::yield_now();
+        }
+    }
+
+    /// Post one send-queue work request to `peer` under its lock, once there is room: `post` gets
+    /// the peer, the sequence number and whether to signal, and posts.
+    fn post(
+        &self,
+        peer: Rank,
+        signaled: bool,
+        post: impl FnOnce(&Peer, u64, bool) -> Result<(), VerbsError>,
+    ) -> Result<(), LinkError> {
+        let p = self.peer(peer)?;
+        if !p.is_alive() {
+            return Err(LinkError::PeerLost(peer));
+        }
+        let mut posted = p.posted.lock().unwrap_or_else(|e| e.into_inner());
+        if *posted - p.completed.load(Ordering::Acquire) >= u64::from(self.sq_depth) {
+            self.wait_for_room(peer, p, *posted)?;
+        }
+        let seq = *posted;
+        let signaled = signaled || seq % self.signal_every == self.signal_every - 1;
+        match post(p, seq, signaled) {
+            Ok(()) => {
+                *posted = seq + 1;
+                Ok(())
+            }
+            Err(_) if !p.is_alive() => Err(LinkError::PeerLost(peer)),
+            Err(e) => Err(dev(e)),
+        }
+    }
+
+    /// Deliver one receive completion (and post its slot again).
+    fn deliver(&self, c: &Completion, on_event: &mut dyn FnMut(LinkEvent<'_>)) -> usize {
+        let Some((WrKind::Recv, peer, slot)) = wr_id::decode(c.wr_id) else {
+            return 0;
+        };
+        let Ok(p) = self.peer(peer) else { return 0 };
+        if slot >= self.recv_slots {
+            return 0;
+        }
+        if !c.is_success() {
+            if c.status == ibv_wc_status::IBV_WC_LOC_LEN_ERR {
+                self.len_errors.fetch_add(1, Ordering::Relaxed);
+            }
+            // WR_FLUSH_ERR after the QP went to error, or LOC_LEN_ERR (a message longer than a
+            // slot: impossible between links of the same settings). Either way the QP is dead.
+            self.lose(
+                peer,
+                LinkError::Device(format!("receive from rank {peer}: {}", c.status_text())),
+            );
+            return 0;
+        }
+        if p.is_reported() {
+            return 0; // already reported lost: nothing more is delivered from it
+        }
+        let len = c.byte_len as usize;
+        if len > self.max_msg {
+            self.len_errors.fetch_add(1, Ordering::Relaxed);
+            self.lose(
+                peer,
+                LinkError::Device(format!(
+                    "rank {peer} sent {len} bytes > slot {}",
+                    self.max_msg
+                )),
+            );
+            return 0;
+        }
+        let off = (peer as usize * self.recv_slots as usize + slot as usize) * self.max_msg;
+        // SAFETY: the slot lies inside `recv_buf` (peer < size, slot < recv_slots, len <=
+        // max_msg); its receive completed, so the device no longer writes it, and it is not
+        // posted again until the callback has returned and the slice is gone.
+        let data = unsafe { std::slice::from_raw_parts(self.recv_buf.ptr().add(off), len) };
+        on_event(LinkEvent::Recv { peer, data });
+        let sge = Sge {
+            addr: self.recv_buf.addr() + off as u64,
+            len: self.max_msg as u32,
+            lkey: self.recv_buf.lkey(),
+        };
+        // SAFETY: the slot is registered memory owned by the link, outlives the QP (field order),
+        // and nothing reads or writes it until its next receive completion.
+        if let Err(e) = unsafe { p.qp.post_recv(c.wr_id, sge) } {
+            // A peer whose slots cannot be refilled would run out of them: treat it as lost.
+            self.lose(
+                peer,
+                LinkError::Device(format!("re-posting a receive slot: {e}")),
+            );
+        }
+        1
+    }
+
+    fn report_lost(&self, on_event: &mut dyn FnMut(LinkEvent<'_>)) -> usize {
+        if self.lost_unreported.load(Ordering::Acquire) == 0 {
+            return 0;
+        }
+        let mut n = 0;
+        for (r, p) in self.peers.iter().enumerate() {
+            if let Some(reason) = p.as_ref().and_then(Peer::take_report) {
+                self.lost_unreported.fetch_sub(1, Ordering::AcqRel);
+                on_event(LinkEvent::PeerLost {
+                    peer: r as Rank,
+                    reason,
+                });
+                n += 1;
+            }
+        }
+        n
+    }
+}
+
+impl Link for VerbsLink {
+    fn rank(&self) -> Rank {
+        self.rank
+    }
+
+    fn size(&self) -> u32 {
+        self.size
+    }
+
+    fn max_msg(&self) -> usize {
+        self.max_msg
+    }
+
+    fn recv_slots(&self) -> u32 {
+        self.recv_slots
+    }
+
+    fn send(&self, peer: Rank, msg: &[u8]) -> Result<(), LinkError> {
+        if msg.len() > self.max_msg {
+            return Err(LinkError::TooLong {
+                len: msg.len(),
+                max: self.max_msg,
+            });
+        }
+        let inline = msg.len() <= self.max_inline;
+        self.post(peer, false, |p, seq, signaled| {
+            let id = wr_id::encode(WrKind::Send, peer, seq as u32);
+            let flags = SendFlags { signaled, inline };
+            if inline {
+                let sge = Sge {
+                    addr: msg.as_ptr() as u64,
+                    len: msg.len() as u32,
+                    lkey: 0,
+                };
+                // SAFETY: inline: the provider copies `msg` (<= max_inline bytes, readable for
+                // the call) into the work request before returning.
+                return unsafe { p.qp.post_send_with(id, sge, flags) };
+            }
+            let slot =
+                peer as usize * self.sq_depth as usize + (seq % u64::from(self.sq_depth)) as usize;
+            let off = slot * self.max_msg;
+            // SAFETY: the ring slot lies inside `send_buf`; it is free: the work request that
+            // used it last (seq - sq_depth) has completed (we hold room for `seq`), and only this
+            // thread, holding the peer's lock, writes it now. `msg` cannot overlap it (the
+            // ring is private to the link).
+            unsafe {
+                std::ptr::copy_nonoverlapping(msg.as_ptr(), self.send_buf.ptr().add(off), msg.len())
+            };
+            let sge = Sge {
+                addr: self.send_buf.addr() + off as u64,
+                len: msg.len() as u32,
+                lkey: self.send_buf.lkey(),
+            };
+            // SAFETY: registered ring memory that stays untouched until this work request
+            // completes (the slot is reused only after `completed` passes `seq`).
+            unsafe { p.qp.post_send_with(id, sge, flags) }
+        })
+    }
+
+    fn poll(&self, on_event: &mut dyn FnMut(LinkEvent<'_>)) -> Result<usize, LinkError> {
+        self.reap_send()?;
+        let mut n = 0;
+        // The stash lock also serialises receive polls: slots are delivered and re-posted by one
+        // thread at a time (a nested `poll` from a callback finds it taken and skips receives).
+        if let Some(mut stash) = try_lock(&self.recv_stash) {
+            for i in 0..stash.len() {
+                let c = stash[i];
+                n += self.deliver(&c, on_event);
+            }
+            stash.clear();
+            let mut batch = [Completion::default(); POLL_BATCH];
+            for _ in 0..MAX_BATCHES_PER_POLL {
+                let k = self.recv_cq.poll_batch(&mut batch).map_err(dev)?;
+                for c in &batch[..k] {
+                    n += self.deliver(c, on_event);
+                }
+                if k < POLL_BATCH {
+                    break;
+                }
+            }
+        }
+        n += self.report_lost(on_event);
+        Ok(n)
+    }
+
+    fn wait(&self, timeout: Duration) -> Result<(), LinkError> {
+        // Arm first, then look: a completion that lands after arming raises a channel event; one
+        // that landed before is found by the checks below. Checking first and arming after would
+        // lose a completion arriving in between and sleep the whole timeout.
+        self.send_cq.req_notify().map_err(dev)?;
+        self.recv_cq.req_notify().map_err(dev)?;
+        self.reap_send()?;
+        if self.lost_unreported.load(Ordering::Acquire) > 0 {
+            return Ok(());
+        }
+        match try_lock(&self.recv_stash) {
+            // Another thread is polling receives: it delivers; the caller polls again anyway.
+            None => return Ok(()),
+            Some(mut stash) => {
+                if !stash.is_empty() {
+                    return Ok(());
+                }
+                let mut batch = [Completion::default(); POLL_BATCH];
+                let k = self.recv_cq.poll_batch(&mut batch).map_err(dev)?;
+                if k > 0 {
+                    stash.extend_from_slice(&batch[..k]);
+                    return Ok(());
+                }
+            }
+        }
+        if self.channel.wait_readable(timeout).map_err(dev)? {
+            self.channel.drain_events().map_err(dev)?;
+        }
+        Ok(())
+    }
+
+    fn probe(&self, peer: Rank) -> Result<(), LinkError> {
+        let src = Sge {
+            addr: self.probe_buf.addr() + 8 * u64::from(self.size),
+            len: 8, // never zero-length (rxe mishandles zero-length RDMA)
+            lkey: self.probe_buf.lkey(),
+        };
+        let inline = self.max_inline >= 8;
+        let rank = self.rank;
+        self.post(peer, true, |p, seq, signaled| {
+            let id = wr_id::encode(WrKind::Probe, peer, seq as u32);
+            let flags = SendFlags { signaled, inline };
+            let dst = p.probe_addr + 8 * u64::from(rank);
+            // SAFETY: the source word is registered, owned by the link and never written after
+            // setup; the destination is the word the peer registered (remote write) for our
+            // probes and never reads as data.
+            unsafe { p.qp.post_rdma_write_with(id, src, dst, p.probe_rkey, flags) }
+        })
+    }
+}
