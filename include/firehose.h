@@ -174,6 +174,12 @@ typedef enum fh_status {
 typedef struct fh_cache fh_cache;
 
 /**
+ * A job's peers (and, later, Firehose over them). Opaque: create with `fh_init`, free with
+ * `fh_finalize`. Every call may come from any thread concurrently, except `fh_finalize`.
+ */
+typedef struct fh_ctx fh_ctx;
+
+/**
  * How to build a cache. Always start from `fh_config_init`, then change fields.
  *
  * ABI evolution: `struct_size` is set to `sizeof(fh_config)` by `fh_config_init`. Fields are only
@@ -218,6 +224,88 @@ typedef struct fh_config {
      */
     uint32_t reserved;
 } fh_config;
+
+/**
+ * Host allgather: every rank sends `len` bytes from `send`; `recv` receives `size * len` bytes in
+ * rank order. Returns 0 on success, anything else is a failure (`FH_ERR_BOOTSTRAP`).
+ */
+typedef int (*fh_allgather_fn)(void *ctx, const void *send, size_t len, void *recv);
+
+/**
+ * Host barrier: returns 0 once every rank has called it.
+ */
+typedef int (*fh_barrier_fn)(void *ctx);
+
+/**
+ * The host's job and collectives. `size` must be > 0, `rank` < `size`, `allgather` non-NULL
+ * (otherwise `FH_ERR_BAD_CONFIG`); `barrier` may be NULL (then a barrier is an allgather of one
+ * byte). The callbacks are called with `ctx`, one at a time, from the thread that calls into
+ * firehose's collective setup, every rank in the same order; each allgather of `n` bytes is two
+ * calls (the lengths as 8 bytes, then the data, skipped when `n` is 0), so unequal lengths are
+ * detected by every rank before any data moves. They must stay callable until firehose is
+ * finalized.
+ */
+typedef struct fh_bootstrap_ops {
+    uint32_t rank;
+    uint32_t size;
+    void *ctx;
+    fh_allgather_fn allgather;
+    fh_barrier_fn barrier;
+} fh_bootstrap_ops;
+
+/**
+ * How `fh_init` bootstraps. Zero-initialise it, then set what you need; passing NULL to
+ * `fh_init` is the same as all zeros.
+ */
+typedef struct fh_init_config {
+    /**
+     * NULL: from the environment (`FH_BOOTSTRAP`; PMIx when started by `mpirun`, else a job of
+     * one process). Non-NULL: the host runtime's own collectives (read during `fh_init`; the
+     * callbacks must stay callable until `fh_finalize`).
+     */
+    const struct fh_bootstrap_ops *bootstrap;
+    /**
+     * RDMA device name, NULL: `FH_RDMA_DEV`, else the first device. Unused for a job of one.
+     */
+    const char *device;
+    /**
+     * HCA port, 0: `FH_IB_PORT`, else 1.
+     */
+    uint8_t port;
+} fh_init_config;
+
+/**
+ * Active-message counters of a context since `fh_init`.
+ */
+typedef struct fh_net_stats {
+    /**
+     * Messages sent / received (requests, replies, one-way, credit-only and bye together).
+     */
+    uint64_t msgs_sent;
+    uint64_t msgs_received;
+    uint64_t bytes_sent;
+    uint64_t bytes_received;
+    /**
+     * Sends queued because the peer had no free receive slot for us (no credit).
+     */
+    uint64_t credit_stalls;
+    /**
+     * Credit-only messages sent (credits returned without a payload to ride on).
+     */
+    uint64_t credit_messages;
+    /**
+     * Times the progress thread woke up.
+     */
+    uint64_t progress_wakeups;
+    /**
+     * Messages from peers rejected as malformed, unknown, stale or after finalize.
+     */
+    uint64_t rejected;
+    /**
+     * Peers whose connection was lost.
+     */
+    uint64_t peers_lost;
+} fh_net_stats;
 
 /**
  * Counters of one cache since it was created. `pinned_bytes`, `regions`, `in_use` are "now";
@@ -275,34 +363,6 @@ typedef struct fh_mr {
     uint32_t rkey;
 } fh_mr;
 
-/**
- * Host allgather: every rank sends `len` bytes from `send`; `recv` receives `size * len` bytes in
- * rank order. Returns 0 on success, anything else is a failure (`FH_ERR_BOOTSTRAP`).
- */
-typedef int (*fh_allgather_fn)(void *ctx, const void *send, size_t len, void *recv);
-
-/**
- * Host barrier: returns 0 once every rank has called it.
- */
-typedef int (*fh_barrier_fn)(void *ctx);
-
-/**
- * The host's job and collectives. `size` must be > 0, `rank` < `size`, `allgather` non-NULL
- * (otherwise `FH_ERR_BAD_CONFIG`); `barrier` may be NULL (then a barrier is an allgather of one
- * byte). The callbacks are called with `ctx`, one at a time, from the thread that calls into
- * firehose's collective setup, every rank in the same order; each allgather of `n` bytes is two
- * calls (the lengths as 8 bytes, then the data, skipped when `n` is 0), so unequal lengths are
- * detected by every rank before any data moves. They must stay callable until firehose is
- * finalized.
- */
-typedef struct fh_bootstrap_ops {
-    uint32_t rank;
-    uint32_t size;
-    void *ctx;
-    fh_allgather_fn allgather;
-    fh_barrier_fn barrier;
-} fh_bootstrap_ops;
-
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
@@ -318,6 +378,72 @@ extern "C" {
  * `cfg` is NULL or valid for writing one `fh_config`.
  */
 enum fh_status fh_config_init(struct fh_config *cfg);
+
+/**
+ * Joins the job: bootstraps (PMIx under `mpirun`, the host's collectives from `cfg`, or a job of
+ * one), connects to every peer and returns the context in `*out`. Collective: every rank calls
+ * it. `cfg` may be NULL. Errors: `FH_ERR_NULL` (`out`), `FH_ERR_BAD_CONFIG`,
+ * `FH_ERR_BOOTSTRAP`, `FH_ERR_NO_DEVICE` (some rank could not open its device: every rank gets
+ * it); `*out` is written only on success.
+ *
+ * # Safety
+ * `cfg` is NULL or points to a readable `fh_init_config`; `out` is NULL or writable.
+ */
+enum fh_status fh_init(const struct fh_init_config *cfg, struct fh_ctx **out);
+
+/**
+ * This process's rank, `0..fh_size(ctx)`; `UINT32_MAX` for a NULL context.
+ *
+ * # Safety
+ * `ctx` is NULL or a live context from `fh_init`.
+ */
+uint32_t fh_rank(const struct fh_ctx *ctx);
+
+/**
+ * Number of ranks in the job; 0 for a NULL context.
+ *
+ * # Safety
+ * `ctx` is NULL or a live context from `fh_init`.
+ */
+uint32_t fh_size(const struct fh_ctx *ctx);
+
+/**
+ * Returns once every rank has entered the barrier; answers peers' requests while waiting.
+ * `FH_ERR_PEER_LOST` if a rank died, `FH_ERR_TIMEOUT` after `FH_AM_TIMEOUT_MS`,
+ * `FH_ERR_FINALIZED` after `fh_finalize` began.
+ *
+ * # Safety
+ * `ctx` is NULL or a live context from `fh_init`.
+ */
+enum fh_status fh_barrier(struct fh_ctx *ctx);
+
+/**
+ * Runs the handlers of whatever arrived and sends what credits allow. Never blocks. Call it
+ * from compute loops when `FH_PROGRESS_THREAD` is off.
+ *
+ * # Safety
+ * `ctx` is NULL or a live context from `fh_init`.
+ */
+enum fh_status fh_progress(struct fh_ctx *ctx);
+
+/**
+ * Copies the context's message counters into `*out` (written only on success).
+ *
+ * # Safety
+ * `ctx` is NULL or a live context; `out` is NULL or writable.
+ */
+enum fh_status fh_get_net_stats(const struct fh_ctx *ctx, struct fh_net_stats *out);
+
+/**
+ * Leaves the job: says goodbye to every peer (best effort, bounded by `FH_AM_PROBE_MS`), stops
+ * the progress thread, disconnects and frees the context. Not collective: a rank may leave
+ * while others still run (they see `FH_ERR_PEER_LOST` for it). NULL is fine (nothing happens).
+ * The context must not be used by any thread after this call.
+ *
+ * # Safety
+ * `ctx` is NULL or a live context from `fh_init`, not used after this call.
+ */
+enum fh_status fh_finalize(struct fh_ctx *ctx);
 
 /**
  * Copies the cache's counters into `*out`. Invalidations reported so far (by the monitor or

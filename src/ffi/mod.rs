@@ -15,6 +15,7 @@ pub mod backend;
 pub mod bootstrap_ops;
 pub mod cache_object;
 pub mod config;
+pub mod ctx;
 pub mod guard;
 pub mod handle;
 pub mod info;
@@ -26,6 +27,10 @@ pub mod types;
 pub use bootstrap_ops::{fh_allgather_fn, fh_barrier_fn, fh_bootstrap_ops};
 pub use cache_object::fh_cache;
 pub use config::fh_config_init;
+pub use ctx::{
+    fh_barrier, fh_ctx, fh_finalize, fh_get_net_stats, fh_init, fh_init_config, fh_net_stats,
+    fh_progress, fh_rank, fh_size,
+};
 pub use info::{fh_get_stats, fh_info, fh_print_info, fh_status_str, fh_version};
 pub use lifecycle::{fh_cache_finalize, fh_cache_free, fh_cache_new};
 pub use notify::fh_notify_unmapped;

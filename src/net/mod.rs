@@ -7,17 +7,21 @@
 //! Only `net/verbs` touches libibverbs here; everything else is tested with `sim` and no device.
 
 pub mod am;
+pub mod barrier;
 pub mod bootstrap;
 pub mod credits;
 pub mod link;
+pub mod peers;
 pub mod settings;
 pub mod sim;
+pub mod solo;
 pub mod stats;
-pub mod wire;
 pub mod verbs;
+pub mod wire;
 
 pub use am::{Am, Replier, Ticket};
 pub use bootstrap::{Bootstrap, BootstrapError};
 pub use link::{Link, LinkError, LinkEvent, Rank};
+pub use peers::{Peers, PeersConfig};
 pub use settings::NetSettings;
 pub use stats::StatsSnapshot;

@@ -11,7 +11,7 @@ pub mod callback;
 pub(crate) mod layout_check;
 pub mod local;
 pub mod pmix;
-mod select;
+pub mod select;
 
 pub use callback::{BadOps, CallbackBootstrap, HostOps};
 pub use local::{LocalBootstrap, LocalGroup, Single};

@@ -1,0 +1,217 @@
+//! The peers context: `fh_init`, `fh_rank`, `fh_size`, `fh_barrier`, `fh_progress`,
+//! `fh_finalize`, `fh_get_net_stats`. Thin: everything happens in `net::Peers`.
+
+use std::ffi::{c_char, CStr};
+use std::sync::Arc;
+
+use crate::net::bootstrap::CallbackBootstrap;
+use crate::net::{Peers, PeersConfig};
+use crate::status::fh_status;
+
+use super::bootstrap_ops::fh_bootstrap_ops;
+use super::guard::{ffi_guard, status_of};
+use super::handle::{borrow, into_raw, take_back, write_out};
+
+/// A job's peers (and, later, Firehose over them). Opaque: create with `fh_init`, free with
+/// `fh_finalize`. Every call may come from any thread concurrently, except `fh_finalize`.
+pub struct fh_ctx {
+    pub(crate) peers: Peers,
+}
+
+/// How `fh_init` bootstraps. Zero-initialise it, then set what you need; passing NULL to
+/// `fh_init` is the same as all zeros.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct fh_init_config {
+    /// NULL: from the environment (`FH_BOOTSTRAP`; PMIx when started by `mpirun`, else a job of
+    /// one process). Non-NULL: the host runtime's own collectives (read during `fh_init`; the
+    /// callbacks must stay callable until `fh_finalize`).
+    pub bootstrap: *const fh_bootstrap_ops,
+    /// RDMA device name, NULL: `FH_RDMA_DEV`, else the first device. Unused for a job of one.
+    pub device: *const c_char,
+    /// HCA port, 0: `FH_IB_PORT`, else 1.
+    pub port: u8,
+}
+
+/// Active-message counters of a context since `fh_init`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct fh_net_stats {
+    /// Messages sent / received (requests, replies, one-way, credit-only and bye together).
+    pub msgs_sent: u64,
+    pub msgs_received: u64,
+    pub bytes_sent: u64,
+    pub bytes_received: u64,
+    /// Sends queued because the peer had no free receive slot for us (no credit).
+    pub credit_stalls: u64,
+    /// Credit-only messages sent (credits returned without a payload to ride on).
+    pub credit_messages: u64,
+    /// Times the progress thread woke up.
+    pub progress_wakeups: u64,
+    /// Messages from peers rejected as malformed, unknown, stale or after finalize.
+    pub rejected: u64,
+    /// Peers whose connection was lost.
+    pub peers_lost: u64,
+}
+
+/// Builds the context.
+///
+/// # Safety
+/// `cfg` is NULL or readable; its pointers are NULL or valid as documented on `fh_init_config`.
+unsafe fn build(cfg: Option<&fh_init_config>) -> Result<fh_ctx, fh_status> {
+    let mut pc = PeersConfig::from_env()?;
+    if let Some(cfg) = cfg {
+        // SAFETY: per the contract, `bootstrap` is NULL or points to a readable ops struct.
+        if let Some(ops) = unsafe { cfg.bootstrap.as_ref() } {
+            // SAFETY: the callbacks and ctx are valid until fh_finalize (documented contract).
+            let b = unsafe { CallbackBootstrap::new((*ops).into()) }.map_err(|e| e.status())?;
+            pc.bootstrap = Some(Box::new(b));
+        }
+        if !cfg.device.is_null() {
+            // SAFETY: non-NULL, a NUL-terminated string per the contract.
+            let name = unsafe { CStr::from_ptr(cfg.device) };
+            let name = name.to_str().map_err(|_| fh_status::FH_ERR_BAD_CONFIG)?;
+            pc.device = Some(name.to_owned());
+        }
+        if cfg.port != 0 {
+            pc.port = cfg.port;
+        }
+    }
+    Ok(fh_ctx {
+        peers: Peers::new(pc)?,
+    })
+}
+
+/// Joins the job: bootstraps (PMIx under `mpirun`, the host's collectives from `cfg`, or a job of
+/// one), connects to every peer and returns the context in `*out`. Collective: every rank calls
+/// it. `cfg` may be NULL. Errors: `FH_ERR_NULL` (`out`), `FH_ERR_BAD_CONFIG`,
+/// `FH_ERR_BOOTSTRAP`, `FH_ERR_NO_DEVICE` (some rank could not open its device: every rank gets
+/// it); `*out` is written only on success.
+///
+/// # Safety
+/// `cfg` is NULL or points to a readable `fh_init_config`; `out` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn fh_init(cfg: *const fh_init_config, out: *mut *mut fh_ctx) -> fh_status {
+    ffi_guard! {{
+        if out.is_null() {
+            return fh_status::FH_ERR_NULL;
+        }
+        // SAFETY: NULL or readable, per the contract.
+        match unsafe { build(cfg.as_ref()) } {
+            Ok(ctx) => {
+                // SAFETY: non-NULL checked above; writable per the contract.
+                unsafe { write_out(out, into_raw(Arc::new(ctx))) };
+                fh_status::FH_OK
+            }
+            Err(e) => e,
+        }
+    }}
+}
+
+/// This process's rank, `0..fh_size(ctx)`; `UINT32_MAX` for a NULL context.
+///
+/// # Safety
+/// `ctx` is NULL or a live context from `fh_init`.
+#[no_mangle]
+pub unsafe extern "C" fn fh_rank(ctx: *const fh_ctx) -> u32 {
+    ffi_guard!(fallback = u32::MAX; {
+        // SAFETY: per the contract.
+        unsafe { borrow(ctx) }.map_or(u32::MAX, |c| c.peers.rank())
+    })
+}
+
+/// Number of ranks in the job; 0 for a NULL context.
+///
+/// # Safety
+/// `ctx` is NULL or a live context from `fh_init`.
+#[no_mangle]
+pub unsafe extern "C" fn fh_size(ctx: *const fh_ctx) -> u32 {
+    ffi_guard!(fallback = 0; {
+        // SAFETY: per the contract.
+        unsafe { borrow(ctx) }.map_or(0, |c| c.peers.size())
+    })
+}
+
+/// Returns once every rank has entered the barrier; answers peers' requests while waiting.
+/// `FH_ERR_PEER_LOST` if a rank died, `FH_ERR_TIMEOUT` after `FH_AM_TIMEOUT_MS`,
+/// `FH_ERR_FINALIZED` after `fh_finalize` began.
+///
+/// # Safety
+/// `ctx` is NULL or a live context from `fh_init`.
+#[no_mangle]
+pub unsafe extern "C" fn fh_barrier(ctx: *mut fh_ctx) -> fh_status {
+    ffi_guard! {{
+        // SAFETY: per the contract.
+        match unsafe { borrow(ctx) } {
+            None => fh_status::FH_ERR_NULL,
+            Some(c) => status_of(c.peers.barrier()),
+        }
+    }}
+}
+
+/// Runs the handlers of whatever arrived and sends what credits allow. Never blocks. Call it
+/// from compute loops when `FH_PROGRESS_THREAD` is off.
+///
+/// # Safety
+/// `ctx` is NULL or a live context from `fh_init`.
+#[no_mangle]
+pub unsafe extern "C" fn fh_progress(ctx: *mut fh_ctx) -> fh_status {
+    ffi_guard! {{
+        // SAFETY: per the contract.
+        match unsafe { borrow(ctx) } {
+            None => fh_status::FH_ERR_NULL,
+            Some(c) => status_of(c.peers.progress().map(drop)),
+        }
+    }}
+}
+
+/// Copies the context's message counters into `*out` (written only on success).
+///
+/// # Safety
+/// `ctx` is NULL or a live context; `out` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn fh_get_net_stats(ctx: *const fh_ctx, out: *mut fh_net_stats) -> fh_status {
+    ffi_guard! {{
+        // SAFETY: per the contract.
+        let Some(c) = (unsafe { borrow(ctx) }) else { return fh_status::FH_ERR_NULL };
+        if out.is_null() {
+            return fh_status::FH_ERR_NULL;
+        }
+        let s = c.peers.am().stats();
+        let v = fh_net_stats {
+            msgs_sent: s.sent_msgs.iter().sum(),
+            msgs_received: s.recv_msgs.iter().sum(),
+            bytes_sent: s.sent_bytes.iter().sum(),
+            bytes_received: s.recv_bytes.iter().sum(),
+            credit_stalls: s.credit_stalls,
+            credit_messages: s.credit_only_sent(),
+            progress_wakeups: s.progress_wakeups,
+            rejected: s.rejected_total(),
+            peers_lost: s.peers_lost,
+        };
+        // SAFETY: non-NULL checked; writable per the contract.
+        unsafe { write_out(out, v) };
+        fh_status::FH_OK
+    }}
+}
+
+/// Leaves the job: says goodbye to every peer (best effort, bounded by `FH_AM_PROBE_MS`), stops
+/// the progress thread, disconnects and frees the context. Not collective: a rank may leave
+/// while others still run (they see `FH_ERR_PEER_LOST` for it). NULL is fine (nothing happens).
+/// The context must not be used by any thread after this call.
+///
+/// # Safety
+/// `ctx` is NULL or a live context from `fh_init`, not used after this call.
+#[no_mangle]
+pub unsafe extern "C" fn fh_finalize(ctx: *mut fh_ctx) -> fh_status {
+    ffi_guard! {{
+        if ctx.is_null() {
+            return fh_status::FH_OK;
+        }
+        // SAFETY: non-NULL, from fh_init, not used again per the contract.
+        let c = unsafe { take_back(ctx) };
+        let r = c.peers.finalize();
+        drop(c);
+        status_of(r)
+    }}
+}

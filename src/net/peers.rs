@@ -1,0 +1,185 @@
+//! `Peers`: a job's ranks wired together. Bootstrap (given, or from the environment) -> one link
+//! (verbs RC on a device; none for a job of one) -> the active-message endpoint on it, plus the
+//! barrier over it. This is what `fh_init` builds and what Firehose will send its moves through.
+
+use super::am::Am;
+use super::barrier::AmBarrier;
+use super::bootstrap::{self, Bootstrap};
+use super::settings::NetSettings;
+use super::solo::SoloLink;
+use super::verbs::{gid_index_from_env, LinkSettings, VerbsLink, VerbsLinkConfig};
+use super::{Link, LinkError, Rank};
+use crate::pin::verbs::{open_device, Pd};
+use crate::status::{fh_status, FhResult};
+use std::sync::Arc;
+
+/// Device chosen by name: `FH_RDMA_DEV`, like `UCX_NET_DEVICES`' device part.
+pub const DEVICE_ENV: &str = "FH_RDMA_DEV";
+/// HCA port (default 1).
+pub const PORT_ENV: &str = "FH_IB_PORT";
+
+/// How `Peers::new` builds the job.
+pub struct PeersConfig {
+    /// `None`: `bootstrap::from_env()` (PMIx under `mpirun`, else a single process).
+    pub bootstrap: Option<Box<dyn Bootstrap>>,
+    /// `None`: `FH_RDMA_DEV`, else the first device.
+    pub device: Option<String>,
+    /// HCA port.
+    pub port: u8,
+    pub settings: NetSettings,
+}
+
+impl PeersConfig {
+    /// Everything from the environment (`FH_BOOTSTRAP`, `FH_RDMA_DEV`, `FH_IB_PORT`, `FH_AM_*`,
+    /// `FH_PROGRESS_THREAD`); a bad value is `FH_ERR_BAD_CONFIG` with the variable on stderr.
+    pub fn from_env() -> FhResult<PeersConfig> {
+        let port = match std::env::var(PORT_ENV) {
+            Err(_) => 1,
+            Ok(v) => match v.trim().parse::<u8>() {
+                Ok(p) if p >= 1 => p,
+                _ => {
+                    eprintln!("firehose: {PORT_ENV}={v:?}: expected a port number 1..=255");
+                    return Err(fh_status::FH_ERR_BAD_CONFIG);
+                }
+            },
+        };
+        Ok(PeersConfig {
+            bootstrap: None,
+            device: std::env::var(DEVICE_ENV).ok().filter(|s| !s.is_empty()),
+            port,
+            settings: NetSettings::from_env()?,
+        })
+    }
+}
+
+/// The ranks of a job, connected. Field order is drop order: the endpoint (and its progress
+/// thread) goes before the link it polls, the bootstrap (PMIx finalize) last.
+pub struct Peers {
+    am: Am,
+    barrier: AmBarrier,
+    link: Arc<dyn Link>,
+    settings: NetSettings,
+    /// In a mutex only to make `Peers` `Sync` (a bootstrap is `Send`); used at setup only.
+    _bootstrap: std::sync::Mutex<Box<dyn Bootstrap>>,
+}
+
+fn bootstrap_status(e: impl std::fmt::Display) -> fh_status {
+    eprintln!("firehose: {e}");
+    fh_status::FH_ERR_BOOTSTRAP
+}
+
+impl Peers {
+    /// Builds the job's peers. Collective: every rank of the bootstrap calls it. A rank that
+    /// cannot open its device tells the others, so all fail together instead of some hanging.
+    pub fn new(mut cfg: PeersConfig) -> FhResult<Peers> {
+        let mut boot = match cfg.bootstrap.take() {
+            Some(b) => b,
+            None => {
+                // A bad FH_BOOTSTRAP is a configuration error, not a failed launcher.
+                if let Err(e) = bootstrap::select::choose(&|k| std::env::var(k).ok()) {
+                    eprintln!("firehose: {e}");
+                    return Err(fh_status::FH_ERR_BAD_CONFIG);
+                }
+                bootstrap::from_env().map_err(bootstrap_status)?
+            }
+        };
+        let link: Arc<dyn Link> = if boot.size() == 1 {
+            Arc::new(SoloLink {
+                recv_slots: cfg.settings.recv_depth,
+                max_msg: cfg.settings.max_size,
+            })
+        } else {
+            Arc::new(Self::verbs_link(&cfg, boot.as_mut())?)
+        };
+        let am = Am::new(link.clone(), cfg.settings)?;
+        let barrier = AmBarrier::register(&am);
+        Ok(Peers {
+            am,
+            barrier,
+            link,
+            settings: cfg.settings,
+            _bootstrap: std::sync::Mutex::new(boot),
+        })
+    }
+
+    /// Opens the device on every rank, agrees that all did, then connects.
+    fn verbs_link(cfg: &PeersConfig, boot: &mut dyn Bootstrap) -> FhResult<VerbsLink> {
+        let opened = open_device(cfg.device.as_deref())
+            .and_then(|ctx| ctx.alloc_pd())
+            .map_err(|e| {
+                eprintln!(
+                    "firehose: rank {}: cannot open RDMA device {}: {e}",
+                    boot.rank(),
+                    cfg.device.as_deref().unwrap_or("(first)")
+                );
+                fh_status::FH_ERR_NO_DEVICE
+            });
+        let gid_index = gid_index_from_env().map_err(|e| {
+            eprintln!("firehose: {e}");
+            fh_status::FH_ERR_BAD_CONFIG
+        });
+        let mine = [u8::from(opened.is_ok() && gid_index.is_ok())];
+        let all = boot.allgather(&mine).map_err(bootstrap_status)?;
+        let pd: Arc<Pd> = opened?;
+        let gid_index = gid_index?;
+        if let Some(bad) = all.iter().position(|&ok| ok != 1) {
+            eprintln!("firehose: rank {bad} could not open its RDMA device; no peers");
+            return Err(fh_status::FH_ERR_NO_DEVICE);
+        }
+        let vcfg = VerbsLinkConfig {
+            port: cfg.port,
+            gid_index,
+            settings: LinkSettings {
+                recv_depth: cfg.settings.recv_depth,
+                max_size: cfg.settings.max_size,
+            },
+            ..VerbsLinkConfig::default()
+        };
+        VerbsLink::new(&pd, boot, &vcfg).map_err(|e| {
+            eprintln!("firehose: rank {}: connecting peers: {e}", boot.rank());
+            match e {
+                LinkError::PeerLost(_) => fh_status::FH_ERR_PEER_LOST,
+                _ => fh_status::FH_ERR_BOOTSTRAP,
+            }
+        })
+    }
+
+    pub fn rank(&self) -> Rank {
+        self.am.rank()
+    }
+
+    pub fn size(&self) -> u32 {
+        self.am.size()
+    }
+
+    /// The active-message endpoint (register handlers, request, reply).
+    pub fn am(&self) -> &Am {
+        &self.am
+    }
+
+    /// The link under the endpoint (tests use it to send raw bytes).
+    pub fn link(&self) -> &Arc<dyn Link> {
+        &self.link
+    }
+
+    pub fn settings(&self) -> &NetSettings {
+        &self.settings
+    }
+
+    /// Every rank enters; returns when all have. Progresses while waiting; a dead peer is
+    /// `FH_ERR_PEER_LOST`, a peer that never comes `FH_ERR_TIMEOUT` (`FH_AM_TIMEOUT_MS`).
+    pub fn barrier(&self) -> FhResult<()> {
+        self.barrier
+            .enter(&self.am, self.settings.timeout, self.settings.probe)
+    }
+
+    /// Runs handlers for what arrived; returns the number of events.
+    pub fn progress(&self) -> FhResult<usize> {
+        self.am.progress()
+    }
+
+    /// Says goodbye to every peer; later calls return `FH_ERR_FINALIZED`. Idempotent.
+    pub fn finalize(&self) -> FhResult<()> {
+        self.am.finalize()
+    }
+}
