@@ -27,7 +27,7 @@ pub struct fh_init_config {
     /// one process). Non-NULL: the host runtime's own collectives (read during `fh_init`; the
     /// callbacks must stay callable until `fh_finalize`).
     pub bootstrap: *const fh_bootstrap_ops,
-    /// RDMA device name, NULL: `FH_RDMA_DEV`, else the first device. Unused for a job of one.
+    /// RDMA device name, NULL: `FH_DEVICE`, else the first device. Unused for a job of one.
     pub device: *const c_char,
     /// HCA port, 0: `FH_IB_PORT`, else 1.
     pub port: u8,

@@ -13,8 +13,8 @@ use crate::pin::verbs::{open_device, Pd};
 use crate::status::{fh_status, FhResult};
 use std::sync::Arc;
 
-/// Device chosen by name: `FH_RDMA_DEV`, like `UCX_NET_DEVICES`' device part.
-pub const DEVICE_ENV: &str = "FH_RDMA_DEV";
+/// Device chosen by name: `FH_DEVICE`, the same variable the cache's verbs backend reads.
+pub const DEVICE_ENV: &str = "FH_DEVICE";
 /// HCA port (default 1).
 pub const PORT_ENV: &str = "FH_IB_PORT";
 
@@ -22,7 +22,7 @@ pub const PORT_ENV: &str = "FH_IB_PORT";
 pub struct PeersConfig {
     /// `None`: `bootstrap::from_env()` (PMIx under `mpirun`, else a single process).
     pub bootstrap: Option<Box<dyn Bootstrap>>,
-    /// `None`: `FH_RDMA_DEV`, else the first device.
+    /// `None`: `FH_DEVICE`, else the first device.
     pub device: Option<String>,
     /// HCA port.
     pub port: u8,
@@ -30,7 +30,7 @@ pub struct PeersConfig {
 }
 
 impl PeersConfig {
-    /// Everything from the environment (`FH_BOOTSTRAP`, `FH_RDMA_DEV`, `FH_IB_PORT`, `FH_AM_*`,
+    /// Everything from the environment (`FH_BOOTSTRAP`, `FH_DEVICE`, `FH_IB_PORT`, `FH_AM_*`,
     /// `FH_PROGRESS_THREAD`); a bad value is `FH_ERR_BAD_CONFIG` with the variable on stderr.
     pub fn from_env() -> FhResult<PeersConfig> {
         let port = match std::env::var(PORT_ENV) {

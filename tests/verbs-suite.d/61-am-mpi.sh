@@ -14,7 +14,7 @@ mpi() {
     local n=$1
     shift
     timeout 300 mpirun --allow-run-as-root --oversubscribe -np "$n" \
-        -x FH_RDMA_DEV -x FH_GID_INDEX -x FH_IB_PORT -x FH_TEST_REQS -x FH_TEST_THREADS \
+        -x FH_DEVICE="$FH_RDMA_DEV" -x FH_GID_INDEX -x FH_IB_PORT -x FH_TEST_REQS -x FH_TEST_THREADS \
         -x FH_PROGRESS_THREAD -x FH_TEST_BREAK -x FH_AM_RECV_DEPTH "$@"
 }
 export FH_TEST_REQS=${FH_TEST_REQS:-150} FH_TEST_THREADS=${FH_TEST_THREADS:-2}

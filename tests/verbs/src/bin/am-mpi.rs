@@ -105,11 +105,13 @@ fn setup() -> Setup {
     let gone = leaving.clone();
     // FH_TEST_BREAK=1: rank 0 corrupts one byte of its 5th reply, so the storm must fail (proves
     // the check can fail).
-    let break_at = AtomicU64::new(if std::env::var("FH_TEST_BREAK").is_ok_and(|v| v == "1") && me == 0 {
-        5
-    } else {
-        0
-    });
+    let break_at = AtomicU64::new(
+        if std::env::var("FH_TEST_BREAK").is_ok_and(|v| v == "1") && me == 0 {
+            5
+        } else {
+            0
+        },
+    );
     peers
         .am()
         .register_request(XFORM, move |_from, p, replier| {
