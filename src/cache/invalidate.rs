@@ -51,7 +51,7 @@ impl Cache {
         let mut unpins = Vec::new();
         self.drain(&w, &mut unpins);
         let n = unpins.len();
-        self.unpin_all(unpins);
+        self.unpin_all(&w, unpins);
         n
     }
 
