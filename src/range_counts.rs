@@ -91,8 +91,16 @@ impl RangeCounts {
     /// zero are not returned: they were not covered (an unbalanced call).
     pub fn sub(&mut self, start: usize, end: usize, n: u32) -> Vec<(usize, usize)> {
         let mut zeroed: Vec<(usize, usize)> = Vec::new();
+        self.sub_each(start, end, n, |s, e| zeroed.push((s, e)));
+        zeroed
+    }
+
+    /// `sub`, handing each zeroed run to `f` (in address order, adjacent ones merged) instead of
+    /// returning a list: the mlock backend's unpin (every miss) then allocates nothing in its
+    /// common case.
+    pub fn sub_each(&mut self, start: usize, end: usize, n: u32, mut f: impl FnMut(usize, usize)) {
         if start >= end || n == 0 {
-            return zeroed;
+            return;
         }
         // Fast path, the mirror of `add`'s: [start, end) is one run of exactly `n` between
         // uncovered ones: two removes.
@@ -104,10 +112,11 @@ impl RangeCounts {
             if s == start && c == n && e == end && z == 0 && before == 0 {
                 self.m.remove(&start);
                 self.m.remove(&end);
-                zeroed.push((start, end));
-                return zeroed;
+                f(start, end);
+                return;
             }
         }
+        let mut zeroed: Vec<(usize, usize)> = Vec::new();
         self.split(start);
         self.split(end);
         let mut it = self.m.range_mut(start..=end).peekable();
@@ -125,7 +134,9 @@ impl RangeCounts {
             }
         }
         self.coalesce(start, end);
-        zeroed
+        for (s, e) in zeroed {
+            f(s, e);
+        }
     }
 
     /// Make `at` a boundary (it keeps the count of the run it falls in).

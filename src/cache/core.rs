@@ -5,9 +5,9 @@
 //!
 //! Concurrency design (why the hit path scales):
 //! * The index (non-overlapping regions) is mutated only by a *writer*: a thread holding `mutex`
-//!   that has raised `writer` and waited until every reader slot is empty. Readers (hits, and the
-//!   hook-side overlap filter) enter their own per-thread slot, check `writer` and the
-//!   invalidation queue, look up, bump the region's refcount and leave. A hit therefore writes only
+//!   that has raised the writer bit and waited until every reader slot is empty. Readers (hits,
+//!   and the hook-side overlap filter) enter their own per-thread slot, check the gate (one word:
+//!   writer bit, overflow bit, announced invalidations; gate.rs), look up, bump the region's refcount and leave. A hit therefore writes only
 //!   its slot line, the region's refcount and its handle record.
 //! * The writer holds readers off only around index mutations, never around backend calls: a miss
 //!   inserts its region PENDING (one exclusion, together with detaching overlaps and evicting),
@@ -15,8 +15,8 @@
 //!   meanwhile; readers that find a PENDING region take the slow path and wait for the mutex.
 //! * `invalidate` (hooks) never blocks: it checks for overlap as a reader (PENDING regions count,
 //!   so an unmap during a pin is not lost; it conservatively assumes overlap if a writer is
-//!   active) and pushes the range into a fixed ring. Every register sees a non-empty ring and
-//!   drains it (as writer) before looking up, so after `invalidate` returns no lookup can hit an
+//!   active), announces the range in the gate and pushes it into a fixed ring. Every register
+//!   sees the announcement and drains the ring (as writer) before looking up, so after `invalidate` returns no lookup can hit an
 //!   overlapping region.
 //! * No room within the bounds (the rest in use, or zero bounds): the registration is handed out
 //!   uncached (detached from the start) and unpinned at its release.
@@ -30,6 +30,7 @@ use std::sync::{Arc, Mutex};
 
 use super::counters::{Locked, PinCount};
 use super::exclusion::WriterState;
+use super::gate::Gate;
 use super::handles::Handles;
 use super::index::Index;
 use super::inval_queue::InvalQueue;
@@ -70,13 +71,13 @@ pub struct Cache {
     pub(super) page: usize,
     pub(super) shift: u32,
     pub(super) slots: Box<[ReaderSlot; SLOTS]>,
-    pub(super) writer: Padded<AtomicBool>,
+    /// Writer bit, overflow bit and announced invalidations: the one word a hit checks.
+    pub(super) gate: Padded<Gate>,
     /// Exclusive slots that ever entered this cache, and the highest such id (writers scan
     /// slots 0..=max only, and skip the membarrier when the only joined slot is their own).
     pub(super) joined: Padded<(AtomicUsize, AtomicUsize)>,
+    /// The ranges announced in `gate` (a ring that is full raises the gate's overflow bit).
     pub(super) queue: Padded<InvalQueue>,
-    /// Set when a hook found the ring full: the next drain invalidates everything.
-    pub(super) overflow: Padded<AtomicBool>,
     /// Set in a child process after `fork` (see `quarantine`): every call fails with
     /// `FH_ERR_FORKED` before touching a lock, and drop leaves the parent's pins alone.
     pub(super) forked: AtomicBool,
@@ -123,10 +124,9 @@ impl Cache {
             page,
             shift: page.trailing_zeros(),
             slots: Box::new(std::array::from_fn(|_| ReaderSlot::default())),
-            writer: Padded(AtomicBool::new(false)),
+            gate: Padded(Gate::new()),
             joined: Padded((AtomicUsize::new(0), AtomicUsize::new(0))),
             queue: Padded(InvalQueue::new()),
-            overflow: Padded(AtomicBool::new(false)),
             forked: AtomicBool::new(false),
             index: UnsafeCell::new(Index::new(page.trailing_zeros())),
             slab: Slab::new(),
@@ -165,10 +165,10 @@ impl Cache {
         (r.pages as usize) << self.shift
     }
 
-    /// Invalidations are waiting in the ring (one read-mostly line).
+    /// Invalidations are waiting in the ring, or it overflowed (one load: see gate.rs).
     #[inline]
     pub(super) fn pending(&self) -> bool {
-        !self.queue.0.is_empty() || self.overflow.0.load(Ordering::SeqCst)
+        self.gate.0.pending()
     }
 }
 

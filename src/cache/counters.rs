@@ -3,9 +3,13 @@
 //! * `Locked`: changed only by writers holding the cache mutex (misses, evictions, invalidations,
 //!   pin retries/failures, uncached registrations), so a bump is a plain load + store; readers
 //!   (`stats`) load them atomically, without the mutex.
-//! * `PinCount`: pinned pages and regions packed in one word (regions in the low 24 bits: at most
-//!   ~4 Mi regions exist, see slab.rs), because the last holder of a detached region unpins it
-//!   without the mutex: one atomic add or sub per pin or unpin, and one load for a bounds check.
+//! * `PinCount`: pinned pages and regions packed in a word (regions in the low 24 bits: at most
+//!   ~4 Mi regions exist, see slab.rs). Two words: what changes under the mutex (every pin, and the
+//!   unpins of misses, evictions and drains) is a plain load + store like `Locked`; only the last
+//!   holder of a detached region, which unpins without the mutex, pays an atomic add, to a second
+//!   word of unpinned units. The miss path runs between system calls, where each locked
+//!   instruction is slow (it waits for the stores the kernel left behind): an evicting miss
+//!   saved two of them this way. A bounds check reads both words (one line).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -35,9 +39,13 @@ const REGION_MASK: u64 = (1 << REGION_BITS) - 1;
 // Every region is a slab record: the region count cannot carry into the page bits.
 const _: () = assert!((super::slab::MAX_IDS as u64) < REGION_MASK);
 
-/// Pinned pages and regions of one kind (cached or uncached).
+/// Pinned pages and regions of one kind (cached or uncached): `held` (pinned minus unpinned
+/// under the mutex) minus `loose` (unpinned without it), both packed as units.
 #[derive(Default)]
-pub struct PinCount(AtomicU64);
+pub struct PinCount {
+    held: AtomicU64,
+    loose: AtomicU64,
+}
 
 impl PinCount {
     #[inline]
@@ -45,18 +53,33 @@ impl PinCount {
         (pages << REGION_BITS) | 1
     }
 
-    pub fn add(&self, pages: u64) {
-        self.0.fetch_add(Self::unit(pages), Ordering::Relaxed);
+    /// A pin, under the mutex.
+    pub fn add(&self, _held: &impl HoldsMutex, pages: u64) {
+        // Single writer (the mutex holder): no lost updates without a locked instruction.
+        let v = self.held.load(Ordering::Relaxed);
+        self.held
+            .store(v.wrapping_add(Self::unit(pages)), Ordering::Relaxed);
     }
 
+    /// An unpin, under the mutex.
+    pub fn sub_held(&self, _held: &impl HoldsMutex, pages: u64) {
+        let v = self.held.load(Ordering::Relaxed);
+        self.held
+            .store(v.wrapping_sub(Self::unit(pages)), Ordering::Relaxed);
+    }
+
+    /// An unpin without the mutex (the last holder of a detached region).
     pub fn sub(&self, pages: u64) {
-        self.0.fetch_sub(Self::unit(pages), Ordering::Relaxed);
+        // Release, with `get`'s Acquire: whoever sees this unpin sees its pin in `held` too.
+        self.loose.fetch_add(Self::unit(pages), Ordering::Release);
     }
 
-    /// (pages, regions).
+    /// (pages, regions). `loose` first: every unpin seen there has its pin visible in `held`
+    /// (the pin happened before the region was handed out), so neither field goes below zero.
     #[inline]
     pub fn get(&self) -> (u64, u64) {
-        let v = self.0.load(Ordering::Relaxed);
+        let l = self.loose.load(Ordering::Acquire);
+        let v = self.held.load(Ordering::Relaxed).wrapping_sub(l);
         (v >> REGION_BITS, v & REGION_MASK)
     }
 }
@@ -65,17 +88,28 @@ impl PinCount {
 mod tests {
     use super::*;
 
+    struct Held;
+    impl HoldsMutex for Held {}
+
     #[test]
     fn packed_pages_and_regions() {
         let c = PinCount::default();
-        c.add(1);
-        c.add(1 << 30); // 4 TiB of 4 KiB pages
-        c.add(7);
+        c.add(&Held, 1);
+        c.add(&Held, 1 << 30); // 4 TiB of 4 KiB pages
+        c.add(&Held, 7);
         assert_eq!(c.get(), ((1 << 30) + 8, 3));
         c.sub(1 << 30);
         assert_eq!(c.get(), (8, 2));
-        c.sub(7);
+        c.sub_held(&Held, 7);
+        assert_eq!(c.get(), (1, 1));
         c.sub(1);
+        assert_eq!(c.get(), (0, 0));
+        // Unpinned without the mutex more than under it, balanced overall.
+        c.add(&Held, 3);
+        c.sub(3);
+        c.add(&Held, 2);
+        assert_eq!(c.get(), (2, 1));
+        c.sub_held(&Held, 2);
         assert_eq!(c.get(), (0, 0));
     }
 }

@@ -40,7 +40,7 @@ impl Drop for Exclusive<'_> {
     fn drop(&mut self) {
         // Release: a reader that sees the flag down sees the index as we left it. (Raising the
         // flag is the store that needs SeqCst: see `Writer::exclude`.)
-        self.cache.writer.0.store(false, Ordering::Release);
+        self.cache.gate.0.lower_writer();
     }
 }
 
@@ -56,7 +56,7 @@ impl Exclusive<'_> {
 impl Writer<'_> {
     pub(super) fn exclude(&self) -> Exclusive<'_> {
         let c = self.cache;
-        c.writer.0.store(true, Ordering::SeqCst);
+        c.gate.0.raise_writer();
         // A slot joining after these loads sees the flag (its join RMWs precede its flag load).
         let n = c.joined.0 .0.load(Ordering::SeqCst);
         let max = c.joined.0 .1.load(Ordering::SeqCst);

@@ -6,6 +6,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::Ordering;
 
 use super::core::Cache;
+use super::gate::Seen;
 use super::index::RegionPtr;
 use super::membarrier;
 use super::readers::my_slot;
@@ -64,7 +65,7 @@ impl Cache {
         access: Access,
     ) -> FhResult<RegionPtr> {
         for _ in 0..100 {
-            wait_while(|| self.writer.0.load(Ordering::Relaxed));
+            wait_while(|| self.gate.0.writer_active());
             match self.try_hit(sid, start, end, access) {
                 Fast::Hit(r) => {
                     self.slots[sid].add_hit(sid);
@@ -85,13 +86,18 @@ impl Cache {
             self.join(sid);
         }
         slot.enter(sid, membarrier::available());
-        if self.writer.0.load(Ordering::SeqCst) {
-            slot.exit(sid);
-            return Fast::Busy;
-        }
-        if self.pending() {
-            slot.exit(sid);
-            return Fast::Miss;
+        // One load for the writer flag, queued invalidations and overflow (gate.rs says why no
+        // invalidation whose `invalidate` returned can be missed here).
+        match self.gate.0.check() {
+            Seen::Open => {}
+            Seen::Writer => {
+                slot.exit(sid);
+                return Fast::Busy;
+            }
+            Seen::Pending => {
+                slot.exit(sid);
+                return Fast::Miss;
+            }
         }
         // SAFETY: inside a reader section with no writer active: the index is not mutated and its
         // regions are not freed until we exit.

@@ -193,9 +193,11 @@ impl Index {
             if !r.is_indexed() || r.holders() != 0 {
                 continue;
             }
-            if r.referenced
-                .swap(false, std::sync::atomic::Ordering::Relaxed)
-            {
+            // Readers are excluded (`&mut self`), so no hit sets the bit meanwhile: a load and a
+            // store instead of a swap, whose locked instruction is slow on the miss path.
+            if r.referenced.load(std::sync::atomic::Ordering::Relaxed) {
+                r.referenced
+                    .store(false, std::sync::atomic::Ordering::Relaxed);
                 continue;
             }
             return Some(NonNull::from(r));

@@ -21,9 +21,11 @@ impl Cache {
     #[inline(never)]
     pub(super) fn drain_queued(&self, w: &Writer, unpins: &mut Vec<RegionPtr>) {
         let x = w.exclude();
-        let all = self.overflow.0.swap(false, Ordering::SeqCst);
+        let all = self.gate.0.take_overflow();
         let mut victims = Vec::new();
+        let mut popped = 0;
         while let Some((s, e)) = self.queue.0.pop() {
+            popped += 1;
             if !all {
                 victims.extend(x.index().overlapping(&self.slab, s, e));
             }
@@ -37,6 +39,9 @@ impl Cache {
         for p in victims {
             self.detach(&x, p, unpins);
         }
+        // Only now, with what they overlap detached (and readers still excluded), do the popped
+        // ranges leave the gate's count.
+        self.gate.0.drained(popped);
     }
 
     #[cold]
@@ -46,7 +51,7 @@ impl Cache {
         let mut unpins = Vec::new();
         self.drain(&w, &mut unpins);
         let n = unpins.len();
-        self.unpin_all(unpins);
+        self.unpin_all(&w, unpins);
         n
     }
 
@@ -58,8 +63,13 @@ impl Cache {
         }
         let start = addr & !(self.page - 1);
         let end = addr.saturating_add(len).saturating_add(self.page - 1) & !(self.page - 1);
-        if self.may_be_cached(start, end) && !self.queue.0.push(start, end) {
-            self.overflow.0.store(true, Ordering::SeqCst);
+        if self.may_be_cached(start, end) {
+            // Announced before the push: a hit that starts after this returns misses until a
+            // drain has taken the range (gate.rs).
+            self.gate.0.announce();
+            if !self.queue.0.push(start, end) {
+                self.gate.0.overflowed();
+            }
         }
     }
 
@@ -71,7 +81,7 @@ impl Cache {
         // exclusive slots do not nest.
         let slot = &self.slots[0];
         slot.enter(0, false);
-        let res = if self.writer.0.load(Ordering::SeqCst) {
+        let res = if self.gate.0.writer_seen() {
             true
         } else {
             // SAFETY: reader section, no writer active (see `try_hit`).
@@ -99,8 +109,7 @@ impl Cache {
     /// returns `FH_ERR_FORKED` without waiting for anything.
     pub fn quarantine(&self) {
         self.forked.store(true, Ordering::SeqCst);
-        self.overflow.0.store(true, Ordering::SeqCst);
-        self.writer.0.store(false, Ordering::SeqCst);
+        self.gate.0.quarantine();
     }
 
     /// Whether this cache was inherited across `fork` (see `quarantine`).

@@ -86,7 +86,7 @@ impl Cache {
             let x = w.exclude();
             self.make_room(&w, &x, 0, &mut unpins);
         }
-        self.unpin_drain(&mut unpins);
+        self.unpin_drain(&w, &mut unpins);
         w.state.spare = unpins;
     }
 
@@ -115,7 +115,7 @@ impl Cache {
             let x = w.exclude();
             self.make_room(&w, &x, 0, &mut unpins);
         }
-        self.unpin_all(unpins);
+        self.unpin_all(&w, unpins);
     }
 
     /// Unpin every idle region (also processes pending invalidations). Returns how many.
@@ -138,7 +138,7 @@ impl Cache {
         }
         self.c.evictions.bump(&w, (unpins.len() - drained) as u64);
         let n = unpins.len();
-        self.unpin_all(unpins);
+        self.unpin_all(&w, unpins);
         n
     }
 }

@@ -47,7 +47,7 @@ impl Cache {
         let mut unpins = std::mem::take(&mut w.state.spare);
         let mut overlaps = std::mem::take(&mut w.state.overlaps);
         let res = self.miss_locked(&w, sid, start, end, access, &mut unpins, &mut overlaps);
-        self.unpin_drain(&mut unpins);
+        self.unpin_drain(&w, &mut unpins);
         overlaps.clear();
         w.state.spare = unpins;
         w.state.overlaps = overlaps;
@@ -142,7 +142,7 @@ impl Cache {
         // keys (lkey 0) as a hit. The guard takes it out again while unwinding.
         let mut pending = PendingGuard { w, region: pending };
         // Evicted regions go before the new pin (the backend may be at its limit).
-        self.unpin_drain(unpins);
+        self.unpin_drain(w, unpins);
 
         let pinned = loop {
             match self.pinner.pin(ts, te - ts, ta) {
@@ -162,7 +162,7 @@ impl Cache {
                     }
                     self.c.evictions.bump(w, 1);
                     self.c.pin_retries.bump(w, 1);
-                    self.unpin_drain(unpins);
+                    self.unpin_drain(w, unpins);
                 }
                 Err(PinError::Failed(_)) if (ts, te, ta) != (start, end, access) => {
                     // The union may cover memory that is gone; the request alone may still pin.
@@ -197,11 +197,11 @@ impl Cache {
                 self.c.pin_failures.bump(w, 1);
                 return Err(fh_status::FH_ERR_NO_MEMORY);
             };
-            self.count_pin(len, false);
+            self.count_pin(w, len, false);
             self.c.uncached_total.bump(w, 1);
             return Ok((region, None));
         };
-        self.count_pin(len, true);
+        self.count_pin(w, len, true);
         // SAFETY: the pending region is ours (one holder: this miss) and live.
         let r = unsafe { region.as_ref() };
         r.set_pinned(pinned);

@@ -9,6 +9,7 @@
 mod core;
 mod counters;
 mod exclusion;
+mod gate;
 mod handles;
 mod hash_front;
 mod hit;

@@ -5,24 +5,34 @@ use std::sync::atomic::Ordering;
 
 use super::core::Cache;
 use super::counters::PinCount;
+use super::exclusion::Writer;
 use super::index::RegionPtr;
 use super::region::Region;
 
 impl Cache {
-    pub(super) fn unpin_all(&self, mut unpins: Vec<RegionPtr>) {
-        self.unpin_drain(&mut unpins);
+    pub(super) fn unpin_all(&self, w: &Writer, mut unpins: Vec<RegionPtr>) {
+        self.unpin_drain(w, &mut unpins);
     }
 
-    /// Unpin everything in `unpins`, leaving it empty (its capacity is kept for reuse).
-    pub(super) fn unpin_drain(&self, unpins: &mut Vec<RegionPtr>) {
+    /// Unpin everything in `unpins`, leaving it empty (its capacity is kept for reuse). The mutex
+    /// is held: the counts are updated without a locked instruction.
+    pub(super) fn unpin_drain(&self, w: &Writer, unpins: &mut Vec<RegionPtr>) {
         for p in unpins.drain(..) {
-            self.unpin_free(p);
+            let (len, cached) = self.unpin_record(p);
+            self.pin_count(cached).sub_held(w, len >> self.shift);
         }
     }
 
-    /// Unpin and free a detached region nobody holds.
+    /// Unpin and free a detached region nobody holds, without the mutex (its last holder).
     #[inline(never)]
     pub(super) fn unpin_free(&self, p: RegionPtr) {
+        let (len, cached) = self.unpin_record(p);
+        self.pin_count(cached).sub(len >> self.shift);
+    }
+
+    /// Unpin, unwatch and free a detached region nobody holds; returns its length and kind for the
+    /// caller to count.
+    fn unpin_record(&self, p: RegionPtr) -> (u64, bool) {
         // SAFETY: `p` is detached with zero holders, so we hold the only reference.
         let r = unsafe { p.as_ref() };
         let len = self.len_of(r);
@@ -30,7 +40,7 @@ impl Cache {
         self.pinner.unpin(r.pinned(), r.start, len);
         self.unwatch(r);
         self.slab.free(p);
-        self.count_unpin(len as u64, cached);
+        (len as u64, cached)
     }
 
     /// Tell the watcher a region it was told about (every cached one: see `register_slow`) is
@@ -50,16 +60,12 @@ impl Cache {
         }
     }
 
-    pub(super) fn count_pin(&self, len: u64, cached: bool) {
-        self.pin_count(cached).add(len >> self.shift);
+    pub(super) fn count_pin(&self, w: &Writer, len: u64, cached: bool) {
+        self.pin_count(cached).add(w, len >> self.shift);
         let total = (self.c.cached.get().0 + self.c.uncached.get().0) << self.shift;
         // Usually below the peak: a load, no locked instruction.
         if total > self.c.pinned_peak.load(Ordering::Relaxed) {
             self.c.pinned_peak.fetch_max(total, Ordering::Relaxed);
         }
-    }
-
-    pub(super) fn count_unpin(&self, len: u64, cached: bool) {
-        self.pin_count(cached).sub(len >> self.shift);
     }
 }

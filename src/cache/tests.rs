@@ -495,3 +495,59 @@ fn a_quarantined_cache_refuses_everything_and_leaves_the_pins_alone() {
         "the parent's pins are not the child's to undo"
     );
 }
+
+/// The gate (gate.rs) under threads: once `invalidate` has returned, no thread's register may
+/// hand out the keys of the region it covered, whether the range went through the ring or
+/// (bursts wider than the ring) through the overflow bit. Hitters learn each invalidated key
+/// only after the `invalidate` call returned (release/acquire), then must never get it again.
+#[test]
+fn no_hit_on_an_invalidated_region_under_threads() {
+    use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+    const RANGES: usize = 2 * QUEUE_CAPACITY;
+    let (_pin, c) = cache(usize::MAX, usize::MAX);
+    let dead = Arc::new((0..RANGES).map(|_| AtomicU32::new(0)).collect::<Vec<_>>());
+    let stop = Arc::new(AtomicBool::new(false));
+    let hitters: Vec<_> = (0..2)
+        .map(|t| {
+            let (c, dead, stop) = (c.clone(), dead.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut i = t;
+                while !stop.load(Ordering::Relaxed) {
+                    let k = i % RANGES;
+                    i += 1;
+                    let gone = dead[k].load(Ordering::Acquire);
+                    let r = c.register((k + 1) * P, P, RW).unwrap();
+                    assert_ne!(r.lkey, gone, "range {k}: a hit after invalidate returned");
+                    c.deregister(r.handle).unwrap();
+                }
+            })
+        })
+        .collect();
+    let t0 = std::time::Instant::now();
+    let mut round = 0usize;
+    while t0.elapsed() < std::time::Duration::from_millis(1500) {
+        // Alternate one range at a time (the ring) and bursts of every range (overflow).
+        let burst = if round % 4 == 3 { RANGES } else { 1 };
+        let first = round % RANGES;
+        let mut keys = Vec::with_capacity(burst);
+        for j in 0..burst {
+            let k = (first + j) % RANGES;
+            let r = c.register((k + 1) * P, P, RW).unwrap();
+            c.deregister(r.handle).unwrap();
+            keys.push((k, r.lkey));
+        }
+        for &(k, _) in &keys {
+            c.invalidate((k + 1) * P, P);
+        }
+        for &(k, key) in &keys {
+            // Published only after every `invalidate` above returned.
+            dead[k].store(key, Ordering::Release);
+        }
+        round += 1;
+    }
+    stop.store(true, Ordering::Relaxed);
+    for h in hitters {
+        h.join().unwrap();
+    }
+    assert!(round > 10);
+}

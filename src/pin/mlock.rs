@@ -82,11 +82,10 @@ impl Pinner for MlockPinner {
     }
 
     fn unpin(&self, _pinned: Pinned, addr: usize, len: usize) {
-        let mut counts = locked();
-        for (s, e) in counts.sub(addr, addr + len, 1) {
+        locked().sub_each(addr, addr + len, 1, |s, e| {
             // SAFETY: munlock of an unmapped (already invalidated) range just fails with ENOMEM.
             let _ = unsafe { libc::munlock(s as *const libc::c_void, e - s) };
-        }
+        });
     }
 
     fn name(&self) -> &'static str {
