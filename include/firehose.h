@@ -265,7 +265,7 @@ typedef struct fh_init_config {
      */
     const struct fh_bootstrap_ops *bootstrap;
     /**
-     * RDMA device name, NULL: `FH_RDMA_DEV`, else the first device. Unused for a job of one.
+     * RDMA device name, NULL: `FH_DEVICE`, else the first device. Unused for a job of one.
      */
     const char *device;
     /**
