@@ -23,6 +23,7 @@ def phase(r, busy):
 
 series = {
     "ib_send_lat_t_typical_us": values("ib_send_lat", lambda r: r["t_typical_us"]),
+    "ib_send_lat_events_t_typical_us": values("ib_send_lat_ev", lambda r: r["t_typical_us"]),
     "ucx_am_lat_t_typical_us": values("ucx_am_lat", lambda r: r["t_typical_us"]),
     "am_half_rtt_typical_us": values("am", lambda r: r["half_rtt_us"]["typical"], "lat"),
     "am_rtt_typical_us": values("am", lambda r: r["rtt_us"]["typical"], "lat"),
@@ -78,6 +79,9 @@ rows = [
 ]
 for label, lat, rate in rows:
     print(f"{label:34} {lat if lat is not None else float('nan'):16.2f} {rate if rate is not None else float('nan'):14.6f}")
+if "ib_send_lat_events_t_typical_us" in med:
+    print(f"ib_send_lat -e (sleeps on completion events): t_typical {med['ib_send_lat_events_t_typical_us']:.2f} usec "
+          f"(RTT {2 * med['ib_send_lat_events_t_typical_us']:.2f})")
 print(f"firehose AM idle RTT: median {g('am_rtt_typical_us'):.2f} usec, p99 {g('am_rtt_p99_us'):.2f} usec")
 for tag, what in (("thread", "FH_PROGRESS_THREAD=1"), ("nothread", "FH_PROGRESS_THREAD=0")):
     for busy in ("compute", "sleep"):

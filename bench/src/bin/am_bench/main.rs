@@ -60,7 +60,10 @@ impl Ctx {
 
     pub fn barrier(&self, what: &str) {
         if let Err(e) = self.peers.barrier() {
-            fail(format!("rank {}: barrier ({what}): {e:?}", self.peers.rank()));
+            fail(format!(
+                "rank {}: barrier ({what}): {e:?}",
+                self.peers.rank()
+            ));
         }
     }
 }
@@ -72,6 +75,11 @@ fn setup() -> Ctx {
     // busy-polls its own wait, would only take CPU from the ranks being measured.
     if boot.rank() != 1 {
         cfg.settings.progress_thread = false;
+    }
+    // Rank 0 busy-polls its waits, as ib_send_lat does (FH_AM_SPIN_US, if set, still decides):
+    // what is measured is the link and the responder, not how soon a sleeping requester wakes.
+    if boot.rank() == 0 && std::env::var_os("FH_AM_SPIN_US").is_none() {
+        cfg.settings.spin = std::time::Duration::from_secs(1);
     }
     if boot.size() < 2 {
         fail("run under mpirun -np 2 (or more; ranks above 1 stay idle)");

@@ -67,12 +67,15 @@ fn measure(ctx: &Ctx, a: &Args) -> Rate {
     let secs = t0.elapsed().as_secs_f64();
     let s1 = ctx.peers.am().stats();
     if after - before != a.msgs as u64 {
-        fail(format!("rank 1 handled {} of {} messages", after - before, a.msgs));
+        fail(format!(
+            "rank 1 handled {} of {} messages",
+            after - before,
+            a.msgs
+        ));
     }
     ctx.stop_responder();
-    let credit_only = |s: &firehose::net::stats::StatsSnapshot| {
-        s.received(firehose::net::wire::Kind::CreditOnly)
-    };
+    let credit_only =
+        |s: &firehose::net::stats::StatsSnapshot| s.received(firehose::net::wire::Kind::CreditOnly);
     Rate {
         msgs: a.msgs,
         secs,

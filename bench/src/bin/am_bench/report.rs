@@ -16,12 +16,13 @@ pub fn header(ctx: &Ctx, a: &Args) -> String {
     let s = ctx.peers.settings();
     format!(
         "{RULE} am_bench: firehose net::Peers active messages, rank 0 -> rank 1 of {}\n \
-         payload {} B (+16 B header), FH_AM_RECV_DEPTH {} (window {} messages), max message {} B\n{RULE}",
+         payload {} B (+16 B header), FH_AM_RECV_DEPTH {} (window {} messages), max message {} B, requester spins {} us before sleeping\n{RULE}",
         ctx.peers.size(),
         a.size,
         s.recv_depth,
         s.recv_depth - firehose::net::credits::RESERVED,
         s.max_size,
+        s.spin.as_micros(),
     )
 }
 

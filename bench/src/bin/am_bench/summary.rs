@@ -58,7 +58,10 @@ mod tests {
     fn percentiles_are_measured_values() {
         let v: Vec<f64> = (1..=100).map(f64::from).collect();
         let s = Summary::of(&v);
-        assert_eq!((s.min, s.max, s.typical, s.p99, s.p999), (1.0, 100.0, 50.0, 99.0, 100.0));
+        assert_eq!(
+            (s.min, s.max, s.typical, s.p99, s.p999),
+            (1.0, 100.0, 50.0, 99.0, 100.0)
+        );
         assert!((s.avg - 50.5).abs() < 1e-9);
         assert_eq!(Summary::of(&[3.0]).p99, 3.0);
         assert_eq!(Summary::of(&v).scaled(0.5).typical, 25.0);
