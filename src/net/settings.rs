@@ -6,6 +6,7 @@
 //! | `FH_AM_RECV_DEPTH`   | receive slots per peer, 4..=65535    | `32`    | 3 reserved (credits, bye) + 29 data: enough outstanding requests per peer for pipelining without pinning much |
 //! | `FH_AM_TIMEOUT_MS`   | ms, or `inf`                         | `60000` | a wait that long is a dead or hung peer, reported as `FH_ERR_TIMEOUT`, never a hang |
 //! | `FH_AM_PROBE_MS`     | ms (> 0)                             | `1000`  | a wait longer than this checks the peer (`Link::probe`): a peer that died silently is `FH_ERR_PEER_LOST` within about a second |
+//! | `FH_AM_SPIN_US`      | µs a `wait` busy-polls before it sleeps, 0..=1000000 | `100` | a reply on a fast link is microseconds away and on Soft-RoCE under emulation tens of microseconds: a waiter that sleeps too early pays the scheduler's wake-up (hundreds of µs) on every round trip; after this long it sleeps, so many waiting threads do not all spin on one link |
 //! | `FH_PROGRESS_THREAD` | `0`/`1` (also `no`/`yes`, `off`/`on`) | `0`     | off: the application progresses when it calls in; on: a thread answers peers while the application computes |
 //!
 //! A bad value is `FH_ERR_BAD_CONFIG` with the variable named (on stderr from `from_env`).
@@ -28,6 +29,8 @@ pub struct NetSettings {
     pub timeout: Option<Duration>,
     /// A wait longer than this probes the peer (and again every interval).
     pub probe: Duration,
+    /// How long a `wait` with nothing arriving keeps busy-polling before it sleeps briefly.
+    pub spin: Duration,
     /// Start a progress thread with the endpoint.
     pub progress_thread: bool,
 }
@@ -36,6 +39,7 @@ pub const DEFAULT_MAX_SIZE: usize = 4096;
 pub const DEFAULT_RECV_DEPTH: u32 = 32;
 pub const DEFAULT_TIMEOUT_MS: u64 = 60_000;
 pub const DEFAULT_PROBE_MS: u64 = 1000;
+pub const DEFAULT_SPIN_US: u64 = 100;
 
 impl Default for NetSettings {
     fn default() -> Self {
@@ -44,6 +48,7 @@ impl Default for NetSettings {
             recv_depth: DEFAULT_RECV_DEPTH,
             timeout: Some(Duration::from_millis(DEFAULT_TIMEOUT_MS)),
             probe: Duration::from_millis(DEFAULT_PROBE_MS),
+            spin: Duration::from_micros(DEFAULT_SPIN_US),
             progress_thread: false,
         }
     }
@@ -104,6 +109,13 @@ impl NetSettings {
                     bad("FH_AM_PROBE_MS", &v, "a positive number of milliseconds")
                 })?);
         }
+        if let Some(v) = get("FH_AM_SPIN_US") {
+            s.spin = Duration::from_micros(
+                parse_u64(&v)
+                    .filter(|&n| n <= 1_000_000)
+                    .ok_or_else(|| bad("FH_AM_SPIN_US", &v, "microseconds in 0..=1000000"))?,
+            );
+        }
         if let Some(v) = get("FH_PROGRESS_THREAD") {
             s.progress_thread = match v.trim().to_ascii_lowercase().as_str() {
                 "1" | "yes" | "on" | "true" => true,
@@ -144,6 +156,7 @@ mod tests {
             ("FH_AM_RECV_DEPTH", "4"),
             ("FH_AM_TIMEOUT_MS", "inf"),
             ("FH_AM_PROBE_MS", "20"),
+            ("FH_AM_SPIN_US", "0"),
             ("FH_PROGRESS_THREAD", "1"),
         ])
         .unwrap();
@@ -154,6 +167,7 @@ mod tests {
                 recv_depth: 4,
                 timeout: None,
                 probe: Duration::from_millis(20),
+                spin: Duration::ZERO,
                 progress_thread: true,
             }
         );
@@ -174,6 +188,8 @@ mod tests {
             ("FH_AM_TIMEOUT_MS", "0"),
             ("FH_AM_TIMEOUT_MS", "1s"),
             ("FH_AM_PROBE_MS", ""),
+            ("FH_AM_SPIN_US", "2000000"),
+            ("FH_AM_SPIN_US", "-5"),
             ("FH_PROGRESS_THREAD", "2"),
         ] {
             let e = with(&[(var, val)]).unwrap_err();

@@ -16,6 +16,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
+/// `wait` reads the clock once per this many empty polls.
+const CLOCK_EVERY: u32 = 16;
+
 /// An outstanding request: pass it to `Am::wait` (or poll it with `Am::test`).
 #[derive(Debug, PartialEq, Eq)]
 #[must_use = "a request's reply is only collected through its ticket"]
@@ -179,12 +182,22 @@ impl Inner {
         let probe = self.settings.probe;
         let mut next_probe = start + probe;
         let mut idle = 0u32;
+        // When the current run of empty polls began (read at its first clock check).
+        let mut idle_since: Option<Instant> = None;
         loop {
             if let Some(out) = self.tickets.take(t.token) {
                 return out;
             }
             if self.progress()? > 0 {
                 idle = 0;
+                idle_since = None;
+                continue;
+            }
+            // The clock is read only every few empty polls: under emulation (Soft-RoCE in a TCG
+            // VM) one read is a system call of several microseconds, as long as a poll itself.
+            idle += 1;
+            if idle % CLOCK_EVERY != 0 {
+                std::hint::spin_loop();
                 continue;
             }
             let now = Instant::now();
@@ -198,10 +211,10 @@ impl Inner {
                 let _ = self.link.probe(t.peer);
                 next_probe = now + probe;
             }
-            // Spin a little (a reply is microseconds away on a fast link), then sleep briefly
-            // so that many waiting threads do not all spin on one link.
-            idle += 1;
-            if idle > 64 {
+            // Spin for up to `FH_AM_SPIN_US` (a reply is microseconds away on a fast link, and a
+            // sleep costs a scheduler wake-up that can exceed the round trip), then sleep
+            // briefly so that many waiting threads do not all spin on one link.
+            if now - *idle_since.get_or_insert(now) >= self.settings.spin {
                 self.tickets.sleep(t.token, Duration::from_micros(200));
             } else {
                 std::hint::spin_loop();

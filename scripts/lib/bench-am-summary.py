@@ -1,0 +1,109 @@
+#!/usr/bin/env python3
+"""Summary of scripts/bench-am: medians over reps of every tool's numbers, the three ratios with
+PASS/MISS, a table to stdout and the JSON document. Exit 0 all PASS, 3 a MISS.
+
+    bench-am-summary.py RUNS.jsonl OUT.json ITERS REPS
+"""
+import json
+import statistics
+import sys
+
+runs_path, json_path, iters, reps = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+runs = [json.loads(l) for l in open(runs_path) if l.strip()]
+
+
+def values(tool, get, test=None):
+    """get(run) of every run of `tool` (and of `test`, for am_bench's lines), in rep order."""
+    return [get(r) for r in runs if r["tool"] == tool and (test is None or r.get("test") == test)]
+
+
+def phase(r, busy):
+    return next(p for p in r["phases"] if p["busy"] == busy)["reply_us"]
+
+
+series = {
+    "ib_send_lat_t_typical_us": values("ib_send_lat", lambda r: r["t_typical_us"]),
+    "ib_send_lat_events_t_typical_us": values("ib_send_lat_ev", lambda r: r["t_typical_us"]),
+    "ucx_am_lat_t_typical_us": values("ucx_am_lat", lambda r: r["t_typical_us"]),
+    "am_half_rtt_typical_us": values("am", lambda r: r["half_rtt_us"]["typical"], "lat"),
+    "am_rtt_typical_us": values("am", lambda r: r["rtt_us"]["typical"], "lat"),
+    "am_rtt_p99_us": values("am", lambda r: r["rtt_us"]["p99"], "lat"),
+    "ib_send_bw_msg_rate_mpps": values("ib_send_bw", lambda r: r["msg_rate_mpps"]),
+    "ucx_am_bw_msg_rate_mpps": values("ucx_am_bw", lambda r: r["msg_rate_mpps"]),
+    "am_msg_rate_mpps": values("am", lambda r: r["msg_rate_mpps"], "rate"),
+}
+for tool, tag in (("am_attn_pt", "thread"), ("am_attn_nopt", "nothread")):
+    for busy in ("compute", "sleep"):
+        for stat in ("typical", "p99"):
+            series[f"attn_{tag}_{busy}_{stat}_us"] = values(tool, lambda r: phase(r, busy)[stat])
+
+med = {k: statistics.median(v) for k, v in series.items() if v}
+
+
+def ratio(a, b):
+    return med[a] / med[b] if med.get(b) else float("inf")
+
+
+targets = [
+    ("am_half_rtt_over_ib_send_lat", ratio("am_half_rtt_typical_us", "ib_send_lat_t_typical_us"),
+     "max", 1.2, "AM round trip / 2 vs ib_send_lat t_typical (both half a round trip)"),
+    ("am_rate_over_ib_send_bw", ratio("am_msg_rate_mpps", "ib_send_bw_msg_rate_mpps"),
+     "min", 0.8, "AM one-way message rate vs ib_send_bw MsgRate"),
+    ("attn_thread_over_idle_rtt", ratio("attn_thread_compute_typical_us", "am_rtt_typical_us"),
+     "max", 2.0, "reply while computing (progress thread, median) vs idle AM round trip"),
+]
+verdict = {n: ("PASS" if (v <= t if kind == "max" else v >= t) else "MISS") for n, v, kind, t, _ in targets}
+
+
+# Per-rep ratios (each pair measured in the same rep, minutes apart): the spread of the verdict.
+def per_rep(a_tool, a_get, a_test, b_tool, b_get):
+    a = values(a_tool, a_get, a_test)
+    b = values(b_tool, b_get)
+    return [x / y for x, y in zip(a, b) if y]
+
+
+ranges = {
+    "am_half_rtt_over_ib_send_lat": per_rep("am", lambda r: r["half_rtt_us"]["typical"], "lat",
+                                            "ib_send_lat", lambda r: r["t_typical_us"]),
+    "am_rate_over_ib_send_bw": per_rep("am", lambda r: r["msg_rate_mpps"], "rate",
+                                       "ib_send_bw", lambda r: r["msg_rate_mpps"]),
+}
+
+g = med.get
+print(f"\nmedians over {reps} reps (8-byte messages; latencies are half a round trip unless 'RTT'):")
+print(f"{'':34} {'t_typical[usec]':>16} {'MsgRate[Mpps]':>14}")
+rows = [
+    ("ib_send_lat / ib_send_bw", g("ib_send_lat_t_typical_us"), g("ib_send_bw_msg_rate_mpps")),
+    ("ucx_perftest am_lat / am_bw", g("ucx_am_lat_t_typical_us"), g("ucx_am_bw_msg_rate_mpps")),
+    ("firehose AM (RTT/2) / one-way", g("am_half_rtt_typical_us"), g("am_msg_rate_mpps")),
+]
+for label, lat, rate in rows:
+    print(f"{label:34} {lat if lat is not None else float('nan'):16.2f} {rate if rate is not None else float('nan'):14.6f}")
+if "ib_send_lat_events_t_typical_us" in med:
+    print(f"ib_send_lat -e (sleeps on completion events): t_typical {med['ib_send_lat_events_t_typical_us']:.2f} usec "
+          f"(RTT {2 * med['ib_send_lat_events_t_typical_us']:.2f})")
+print(f"firehose AM idle RTT: median {g('am_rtt_typical_us'):.2f} usec, p99 {g('am_rtt_p99_us'):.2f} usec")
+for tag, what in (("thread", "FH_PROGRESS_THREAD=1"), ("nothread", "FH_PROGRESS_THREAD=0")):
+    for busy in ("compute", "sleep"):
+        k = f"attn_{tag}_{busy}"
+        if f"{k}_typical_us" in med:
+            print(f"reply while rank 1 {busy:7}s, {what}: median {med[k + '_typical_us']:10.1f} usec, "
+                  f"p99 {med[k + '_p99_us']:10.1f} usec")
+print()
+for n, v, kind, t, what in targets:
+    rr = ranges.get(n)
+    spread = f" (per rep {min(rr):.2f}-{max(rr):.2f})" if rr else ""
+    op = "<=" if kind == "max" else ">="
+    print(f"{what}: {v:.2f}{spread} (target {op} {t})  {verdict[n]}")
+
+doc = {
+    "bench": "bench-am", "bytes": 8, "iterations": iters, "reps": reps,
+    "median": med, "series": series,
+    "ratios": {n: v for n, v, *_ in targets},
+    "per_rep_ratios": ranges,
+    "targets": {n: {kind: t, "result": verdict[n]} for n, _, kind, t, _ in targets},
+    "runs": runs,
+}
+with open(json_path, "w") as f:
+    json.dump(doc, f, indent=1)
+sys.exit(0 if all(v == "PASS" for v in verdict.values()) else 3)
