@@ -35,9 +35,7 @@ where
     I: IntoIterator,
     I::Item: Into<OsString>,
 {
-    parse_lexopt(args)
-        .map_err(|e| e.to_string())?
-        .ok_or_else(String::new)
+    crate::cli::finish(parse_lexopt(args))
 }
 
 /// `Ok(None)`: help.

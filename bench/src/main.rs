@@ -6,6 +6,7 @@
 mod arena;
 mod args;
 mod backend;
+mod cli;
 mod hit;
 mod impls;
 mod memlock;

@@ -2,6 +2,7 @@
 
 use std::ffi::OsString;
 
+use crate::cli::num;
 use lexopt::prelude::*;
 
 /// One measurement of the bench.
@@ -53,16 +54,6 @@ usage: mpirun -np 2 am_bench [--test lat,rate,attn] [--size 8] [--iters 2000] [-
   --json: one JSON object per test per line (rank 0 only prints).
 ";
 
-/// The value of a numeric option; an error names the option.
-fn num<T>(p: &mut lexopt::Parser, flag: &str) -> Result<T, lexopt::Error>
-where
-    T: std::str::FromStr,
-    T::Err: std::fmt::Display,
-{
-    let v = p.value()?.string()?;
-    v.parse().map_err(|e| format!("{flag} {v:?}: {e}").into())
-}
-
 fn tests(list: &str) -> Result<Vec<Test>, lexopt::Error> {
     list.split(',')
         .map(|t| match t.trim() {
@@ -80,9 +71,7 @@ where
     I: IntoIterator,
     I::Item: Into<OsString>,
 {
-    parse_lexopt(args)
-        .map_err(|e| e.to_string())?
-        .ok_or_else(String::new)
+    crate::cli::finish(parse_lexopt(args))
 }
 
 fn parse_lexopt<I>(args: I) -> Result<Option<Args>, lexopt::Error>

@@ -10,6 +10,8 @@ mod clock;
 
 mod args;
 mod attn;
+#[path = "../../cli.rs"]
+mod cli;
 mod lat;
 mod rate;
 mod report;

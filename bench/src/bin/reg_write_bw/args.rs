@@ -2,6 +2,7 @@
 
 use std::ffi::OsString;
 
+use crate::cli::num;
 use lexopt::prelude::*;
 
 /// How the source buffers are registered.
@@ -49,25 +50,13 @@ usage: reg_write_bw [--size 65536] [--iters 1000] [--warmup B] [--buffers 4]
   FH_GID_INDEX picks the RoCE GID (default 1 if populated, else 0).
 ";
 
-/// The value of a numeric option; an error names the option.
-fn num<T>(p: &mut lexopt::Parser, flag: &str) -> Result<T, lexopt::Error>
-where
-    T: std::str::FromStr,
-    T::Err: std::fmt::Display,
-{
-    let v = p.value()?.string()?;
-    v.parse().map_err(|e| format!("{flag} {v:?}: {e}").into())
-}
-
 /// Parse the arguments (without the program name); `Err("")` means help was asked for.
 pub fn parse<I>(args: I) -> Result<Args, String>
 where
     I: IntoIterator,
     I::Item: Into<OsString>,
 {
-    parse_lexopt(args)
-        .map_err(|e| e.to_string())?
-        .ok_or_else(String::new)
+    crate::cli::finish(parse_lexopt(args))
 }
 
 /// `Ok(None)`: help.

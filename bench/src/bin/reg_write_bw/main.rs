@@ -11,6 +11,8 @@
 //! Exit: 0 ok, 77 no RDMA device, 1 failure (including a data check failure), 2 bad arguments.
 
 mod args;
+#[path = "../../cli.rs"]
+mod cli;
 mod clock;
 mod report;
 mod shim_stats;
