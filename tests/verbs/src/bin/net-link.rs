@@ -22,9 +22,9 @@ use std::time::{Duration, Instant};
 use firehose::net::bootstrap::local::{LocalBootstrap, LocalGroup};
 use firehose::net::verbs::{gid_index_from_env, LinkSettings, VerbsLink, VerbsLinkConfig};
 use firehose::net::{Bootstrap, Link, LinkError, LinkEvent, Rank};
-use firehose::pin::verbs::{Context, DeviceList, VerbsError};
+use firehose::pin::verbs::Context;
 use firehose_verbs_tests::pattern::{compare, pattern};
-use firehose_verbs_tests::{EXIT_FAIL, EXIT_PASS, EXIT_SKIP};
+use firehose_verbs_tests::{EXIT_FAIL, EXIT_PASS};
 
 const RANKS: u32 = 4;
 const DEAD: Rank = 3;
@@ -81,29 +81,11 @@ fn run() -> i32 {
             return EXIT_FAIL;
         }
     };
-    let list = match DeviceList::get() {
-        Ok(l) if !l.is_empty() => l,
-        Ok(_) => {
-            println!("SKIP: no RDMA device (empty device list)");
-            return EXIT_SKIP;
-        }
-        Err(VerbsError::NoDevice(why)) => {
-            println!("SKIP: no RDMA device ({why})");
-            return EXIT_SKIP;
-        }
-        Err(e) => {
-            println!("FAIL: {e}");
-            return EXIT_FAIL;
-        }
-    };
-    let ctx = match list.open(opts.device.as_deref()) {
+    // No device at all is a skip; a device that exists but cannot be used is a failure.
+    let ctx = match firehose_verbs_tests::open_device_or_verdict(opts.device.as_deref()) {
         Ok(c) => c,
-        Err(e) => {
-            println!("FAIL: {e}");
-            return EXIT_FAIL;
-        }
+        Err(code) => return code,
     };
-    drop(list);
     let opts = Arc::new(opts);
     let (tx, rx) = mpsc::channel();
     for b in LocalGroup::new(RANKS) {

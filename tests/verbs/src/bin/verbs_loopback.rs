@@ -16,11 +16,11 @@ use std::time::{Duration, Instant};
 use firehose::net::verbs::{
     gid_index_from_env, qp_state, wc_opcode, Completion, Cq, Path, Qp, QpCaps, Sge,
 };
-use firehose::pin::verbs::{Context, DeviceList, VerbsError, VerbsPinner};
+use firehose::pin::verbs::{Context, VerbsError, VerbsPinner};
 use firehose::pin::{Access, Pinned, Pinner};
 use firehose_verbs_tests::buffer::PageBuf;
 use firehose_verbs_tests::pattern::{compare, pattern};
-use firehose_verbs_tests::{EXIT_FAIL, EXIT_PASS, EXIT_SKIP};
+use firehose_verbs_tests::{EXIT_FAIL, EXIT_PASS};
 
 /// `IBV_WC_REM_ACCESS_ERR`: the responder refused the rkey/rights.
 const WC_REM_ACCESS_ERR: u32 = 10;
@@ -87,29 +87,10 @@ fn run() -> i32 {
         }
     };
     // No device at all is a skip; a device that exists but cannot be used is a failure.
-    let list = match DeviceList::get() {
-        Ok(l) if !l.is_empty() => l,
-        Ok(_) => {
-            println!("SKIP: no RDMA device (ibv_get_device_list returned an empty list)");
-            return EXIT_SKIP;
-        }
-        Err(VerbsError::NoDevice(why)) => {
-            println!("SKIP: no RDMA device ({why})");
-            return EXIT_SKIP;
-        }
-        Err(e) => {
-            println!("FAIL: {e}");
-            return EXIT_FAIL;
-        }
-    };
-    let ctx = match list.open(opts.device.as_deref()) {
+    let ctx = match firehose_verbs_tests::open_device_or_verdict(opts.device.as_deref()) {
         Ok(c) => c,
-        Err(e) => {
-            println!("FAIL: {e}");
-            return EXIT_FAIL;
-        }
+        Err(code) => return code,
     };
-    drop(list);
     match loopback(&ctx, &opts) {
         Ok(()) => {
             println!("PASS: verbs-loopback on {}", ctx.name());
