@@ -20,6 +20,15 @@ fn main() {
     // of them patches libc to jump into itself. (ld drops the flag from executables.)
     println!("cargo:rustc-cdylib-link-arg=-Wl,-z,nodelete");
 
+    // `fh_register` passes its caller's return address to the helper thread's predictor through
+    // a naked function (stable since Rust 1.88; written for x86_64 and aarch64); elsewhere it is
+    // a plain function that reports no call site.
+    println!("cargo:rustc-check-cfg=cfg(fh_naked)");
+    let arch = std::env::var("CARGO_CFG_TARGET_ARCH").unwrap_or_default();
+    if rustc_minor().is_some_and(|m| m >= 88) && matches!(arch.as_str(), "x86_64" | "aarch64") {
+        println!("cargo:rustc-cfg=fh_naked");
+    }
+
     let root = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets it"));
     let out = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets it")).join("firehose.h");
     for input in ["cbindgen.toml", "src/ffi", "src/status.rs"] {
@@ -45,4 +54,18 @@ fn main() {
             println!("cargo:warning=cbindgen failed, no header generated: {e}");
         }
     }
+}
+
+/// The minor version of the compiler cargo uses (`rustc 1.MINOR.x ...`).
+fn rustc_minor() -> Option<u32> {
+    let rustc = std::env::var_os("RUSTC").unwrap_or_else(|| "rustc".into());
+    let out = std::process::Command::new(rustc)
+        .arg("--version")
+        .output()
+        .ok()?;
+    let text = String::from_utf8(out.stdout).ok()?;
+    let version = text.split_whitespace().nth(1)?;
+    let mut parts = version.split('.');
+    (parts.next()? == "1").then_some(())?;
+    parts.next()?.parse().ok()
 }

@@ -128,6 +128,8 @@ struct st_thread {
         size_t l;
     } pend[4]; /* ST_DEFER mappings of earlier rounds, unmapped later */
     int npend;
+    char *probe;         /* FH_HELPER mode: one fresh page per round, below FH_HELPER_MIN */
+    unsigned probe_next;
 #ifdef STALE_VERBS
     struct vl_loop vl;
     char *scratch;
@@ -291,6 +293,30 @@ static void st_flush_deferred(struct st_thread *t, int path) {
 
 /* ---- registration checks ----------------------------------------------------------------- */
 
+/* FH_HELPER=1 (mlock backend only): each cache has a helper thread, which may pin a range ahead
+ * of its predicted use at any time, after an unmap too (then it pins the new pages: correct). A
+ * hit is then stale only if the region that served it was pinned before the pages went away:
+ * mlock keys grow with every pin of a cache, so the key of a probe pin made just before the
+ * unmap bounds them. (The race of a helper pin inside the unmap itself is tested by
+ * tests/helper_thread.rs, which knows the exact pin order.) The probe is one page, below the
+ * helper's threshold, a different one every round: a miss, never a prefetch. */
+static int st_helper_mode;
+#define ST_PROBE_PAGES 1024
+
+static uint32_t st_probe_key(struct st_thread *t) {
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    if (!t->probe) {
+        t->probe = mmap(NULL, ST_PROBE_PAGES * page, PROT_READ | PROT_WRITE,
+                        MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        CHECK(t->probe != MAP_FAILED);
+    }
+    char *pg = t->probe + (t->probe_next++ % ST_PROBE_PAGES) * page;
+    fh_mr mr;
+    CHECK_OK(fh_register(t->c, pg, page, FH_ACCESS_LOCAL_WRITE, &mr));
+    CHECK_OK(fh_deregister(t->c, mr.handle));
+    return mr.lkey;
+}
+
 static int st_reg(struct st_thread *t, int path, char *a, size_t l, fh_mr *mr) {
 #ifdef STALE_VERBS
     const uint32_t acc = VC_ACCESS;
@@ -408,7 +434,8 @@ static void st_round(struct st_thread *t, int path) {
     s0 = fh_test_stats(t->c);
     if (st_reg(t, path, p, len, &m1)) goto cleanup;
     s1 = fh_test_stats(t->c);
-    if (s1.hits != s0.hits)
+    /* (With helpers, a hit here can be a correct prefetch of the new memory: see st_helper_mode.) */
+    if (s1.hits != s0.hits && !st_helper_mode)
         st_stale(path, tid, "first registration of fresh memory was a hit", p, len, &k->stale_first);
     CHECK_OK(fh_deregister(t->c, m1.handle));
     s0 = fh_test_stats(t->c);
@@ -419,6 +446,7 @@ static void st_round(struct st_thread *t, int path) {
     CHECK_OK(fh_deregister(t->c, m2.handle));
 
     /* The pages go away; fresh ones come at the same addresses. */
+    uint32_t before_unmap = st_helper_mode ? st_probe_key(t) : 0;
     switch (path) {
     case P_MUNMAP:
     case P_RAW_MUNMAP:
@@ -533,7 +561,7 @@ static void st_round(struct st_thread *t, int path) {
     if (primed) {
         atomic_fetch_add(&k->rounds, 1);
         if (partial) atomic_fetch_add(&k->partial, 1);
-        if (s1.hits != s0.hits)
+        if (s1.hits != s0.hits && (!st_helper_mode || m3.lkey <= before_unmap))
             st_stale(path, tid, "re-registration after the pages went away was a cache hit", p, len,
                      &k->stale_hit);
         else if (!st_verbs_backend && m3.lkey == m2.lkey)
@@ -663,6 +691,8 @@ static int st_main(int argc, char **argv, const char *name, int d_threads, int d
 #ifndef STALE_VERBS
     const char *want = getenv("FH_CASE_BACKEND"); /* see case_util.h: the VM re-runs case* on verbs */
     st_verbs_backend = want && strcmp(want, "verbs") == 0;
+    const char *helper = getenv("FH_HELPER");
+    st_helper_mode = !st_verbs_backend && helper && strcmp(helper, "1") == 0;
     if (want && *want && !st_verbs_backend && strcmp(want, "mlock") != 0) {
         fprintf(stderr, "FH_CASE_BACKEND=%s: expected mlock or verbs\n", want);
         return 1;
@@ -873,7 +903,11 @@ static int st_main(int argc, char **argv, const char *name, int d_threads, int d
                    (unsigned long)k->sysfail), bad = 1;
         if (k->regfail)
             printf("FAIL %s: %lu registrations failed\n", nm, (unsigned long)k->regfail), bad = 1;
-        if (k->rounds == 0 || k->not_primed * 10 > tried)
+        /* A round is unprimed when the region left the cache between the two registrations
+         * (a conservative drop, never a stale hit). Two such rounds are tolerated whatever the
+         * count: in a slow VM on a busy host a path gets only ~10 rounds, and one CI run saw 2
+         * of 9 and 2 of 19 (raw_mremap, raw_munmap on verbs). */
+        if (k->rounds == 0 || (k->not_primed > 2 && k->not_primed * 10 > tried))
             printf("FAIL %s: only %lu of %lu rounds had a cached region to go stale (the second "
                    "registration must be a hit)\n", nm, (unsigned long)k->rounds, tried), bad = 1;
         /* Skipped rounds are honest (the hole went to another thread, malloc chose another

@@ -66,6 +66,21 @@
 #define FH_MONITOR_ALL (FH_MONITOR_PATCH_LIBC | FH_MONITOR_USERFAULTFD)
 
 /**
+ * `fh_config.helper`: no helper thread (the lazy cache).
+ */
+#define FH_HELPER_OFF 0
+
+/**
+ * `fh_config.helper`: a helper thread, placed as `helper_cpu` says.
+ */
+#define FH_HELPER_ON 1
+
+/**
+ * `fh_config.helper_cpu`: run the helper only when an idle core is available (unbound).
+ */
+#define FH_HELPER_CPU_AUTO UINT32_MAX
+
+/**
  * Result of a firehose call. `FH_OK` is 0; every error is in the 7000 range.
  */
 typedef enum fh_status {
@@ -164,6 +179,11 @@ typedef enum fh_status {
      * A message is longer than the largest one the transport carries (`FH_AM_MAX_SIZE`).
      */
     FH_ERR_MSG_TOO_LONG = 7021,
+    /**
+     * The target address range is not (entirely) mapped in the target process, or the target
+     * could not pin it: nothing was written there (a put) or read (a get).
+     */
+    FH_ERR_REMOTE_FAULT = 7022,
 } fh_status;
 
 /**
@@ -174,7 +194,7 @@ typedef enum fh_status {
 typedef struct fh_cache fh_cache;
 
 /**
- * A job's peers (and, later, Firehose over them). Opaque: create with `fh_init`, free with
+ * A job's peers and puts/gets to them (Firehose). Opaque: create with `fh_init`, free with
  * `fh_finalize`. Every call may come from any thread concurrently, except `fh_finalize`.
  */
 typedef struct fh_ctx fh_ctx;
@@ -223,6 +243,22 @@ typedef struct fh_config {
      * Reserved, must be 0.
      */
     uint32_t reserved;
+    /**
+     * `FH_HELPER_OFF` or `FH_HELPER_ON` (env `FH_HELPER`): a helper thread that unpins idle
+     * registrations and pins them again shortly before their predicted next use (seed 001).
+     * Added after the first layout: a caller built against it gets the environment's value.
+     */
+    uint32_t helper;
+    /**
+     * Core the helper is bound to, or `FH_HELPER_CPU_AUTO` (env `FH_HELPER_CPU`): then it runs
+     * only when an idle core is there; otherwise it stays off and `fh_info` says why.
+     */
+    uint32_t helper_cpu;
+    /**
+     * Registrations shorter than this are not tracked by the helper (env `FH_HELPER_MIN`,
+     * default 16 KiB); must be > 0.
+     */
+    size_t helper_min_bytes;
 } fh_config;
 
 /**
@@ -308,6 +344,63 @@ typedef struct fh_net_stats {
 } fh_net_stats;
 
 /**
+ * What the helper thread did (`fh_get_helper_stats`). Times in ns, sizes in bytes. All zero
+ * except `state` when the helper is off.
+ */
+typedef struct fh_helper_stats {
+    /**
+     * 0: off (not asked for, or no idle core: `fh_info` says why), 1: running, 2: stopped.
+     */
+    uint32_t state;
+    /**
+     * Core it is bound to, or -1.
+     */
+    int32_t cpu;
+    /**
+     * Predictions made (a use under a signature whose period is learned).
+     */
+    uint64_t predictions;
+    /**
+     * Predictions judged (their signature occurred again), and those within 5 % of the
+     * observed period.
+     */
+    uint64_t predictions_evaluated;
+    uint64_t predictions_accurate;
+    /**
+     * Uses the helper's pin was ready for; uses that came before its planned pin; uses of
+     * regions it had unpinned without a prediction (learning).
+     */
+    uint64_t early_registrations;
+    uint64_t late_registrations;
+    uint64_t unpredicted_registrations;
+    /**
+     * Pins and unpins the helper made; pins that failed or raced with an unmap.
+     */
+    uint64_t helper_pins;
+    uint64_t helper_unpins;
+    uint64_t helper_pin_failures;
+    /**
+     * Tracked registrations (at or above `helper_min_bytes`), those where the caller pinned
+     * itself, the time those callers waited for their pins, and the time all tracked
+     * registrations took.
+     */
+    uint64_t tracked_registrations;
+    uint64_t caller_pins;
+    uint64_t caller_pin_wait_ns;
+    uint64_t caller_wait_ns;
+    /**
+     * Pinned bytes averaged over the time the helper ran, and the peak.
+     */
+    uint64_t avg_pinned_bytes;
+    uint64_t peak_pinned_bytes;
+    uint64_t elapsed_ns;
+    /**
+     * Events dropped because the helper's queue was full.
+     */
+    uint64_t events_dropped;
+} fh_helper_stats;
+
+/**
  * Counters of one cache since it was created. `pinned_bytes`, `regions`, `in_use` are "now";
  * `pinned_peak` is the high-water mark of `pinned_bytes`.
  */
@@ -363,13 +456,109 @@ typedef struct fh_mr {
     uint32_t rkey;
 } fh_mr;
 
+/**
+ * A non-blocking put or get in flight. 0 is never a valid operation.
+ */
+typedef uint64_t fh_op;
+
+/**
+ * Counters of a context's puts and gets since `fh_init` (Firehose's own, and the driver's).
+ */
+typedef struct fh_rma_stats {
+    uint64_t puts;
+    uint64_t gets;
+    /**
+     * Operations on the own rank's memory (copied locally, no network).
+     */
+    uint64_t self_ops;
+    /**
+     * Operations (or pieces of them) whose target memory this rank already held pinned: one
+     * RDMA, no message.
+     */
+    uint64_t one_sided_hits;
+    /**
+     * Operations that needed a move (a message to the target) first.
+     */
+    uint64_t misses;
+    /**
+     * Misses that joined a move already in flight for the same memory.
+     */
+    uint64_t hit_pending;
+    /**
+     * Move requests sent.
+     */
+    uint64_t moves;
+    /**
+     * Small puts that travelled inside their move (no RDMA at all).
+     */
+    uint64_t puts_in_move;
+    /**
+     * As a target: regions pinned for peers, and unpinned.
+     */
+    uint64_t pins;
+    uint64_t unpins;
+    /**
+     * As a target: pins served from memory still pinned (the victim FIFO).
+     */
+    uint64_t victim_hits;
+    /**
+     * As a target: revocations sent because memory peers held was unmapped.
+     */
+    uint64_t revokes;
+    /**
+     * As a target: bytes pinned for peers now, and the most so far.
+     */
+    uint64_t pinned_bytes;
+    uint64_t pinned_peak;
+    /**
+     * Operations that failed (remote fault, lost peer, ...).
+     */
+    uint64_t failures;
+    /**
+     * Firehose messages from peers dropped as malformed or out of protocol.
+     */
+    uint64_t rejected;
+    /**
+     * RDMA operations posted.
+     */
+    uint64_t rdma_posted;
+    /**
+     * Remote invalidation (as a target; all 0 with `FH_REMOTE_INVALIDATION=0` or one rank):
+     * revocations started for unmapped ranges (or sweeps), and finished (every holder acked,
+     * the memory unpinned).
+     */
+    uint64_t revoke_started;
+    uint64_t revoke_completed;
+    /**
+     * Unmapping threads that waited for a revocation, and those that stopped waiting after
+     * `FH_REVOKE_TIMEOUT` (the revocation then finishes in the background).
+     */
+    uint64_t revoke_waits;
+    uint64_t revoke_timeouts;
+    /**
+     * Unmaps queued with nobody waiting (the library's own threads, userfaultfd events,
+     * `fh_notify_unmapped`).
+     */
+    uint64_t revoke_detached;
+    /**
+     * Unmaps that touched no memory pinned for peers (the hook returned at once).
+     */
+    uint64_t revoke_fast_returns;
+    /**
+     * Time unmapping threads spent waiting for revocations: in total, and the longest wait (ns).
+     */
+    uint64_t revoke_wait_ns;
+    uint64_t revoke_wait_ns_max;
+} fh_rma_stats;
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
 
 /**
  * Fills `*cfg` with the defaults overridden by the `FH_*` environment variables
- * (`FH_BACKEND`, `FH_MAX_PINNED`, `FH_MAX_REGIONS`, `FH_MONITOR`) and sets `struct_size`.
+ * (`FH_BACKEND`, `FH_MAX_PINNED`, `FH_MAX_REGIONS`, `FH_MONITOR`, `FH_HELPER`,
+ * `FH_HELPER_CPU`, `FH_HELPER_MIN`) and sets `struct_size`.
  *
  * Returns `FH_ERR_NULL` if `cfg` is NULL, `FH_ERR_BAD_CONFIG` if an environment variable is
  * invalid (a message naming it goes to stderr); `*cfg` is written only on `FH_OK`.
@@ -444,6 +633,17 @@ enum fh_status fh_get_net_stats(const struct fh_ctx *ctx, struct fh_net_stats *o
  * `ctx` is NULL or a live context from `fh_init`, not used after this call.
  */
 enum fh_status fh_finalize(struct fh_ctx *ctx);
+
+/**
+ * Copies what the helper thread did into `*out` (the counters it last published: it publishes
+ * on every loop, at least every 0.5 ms). With no helper (`fh_config.helper` off, or no idle
+ * core) every field is 0 (`state` 0); `fh_info` says why it is off. Returns `FH_ERR_NULL` if
+ * `cache` or `out` is NULL (then `*out` is not written).
+ *
+ * # Safety
+ * `cache` is NULL or live; `out` is NULL or valid for one `fh_helper_stats` write.
+ */
+enum fh_status fh_get_helper_stats(const struct fh_cache *cache, struct fh_helper_stats *out);
 
 /**
  * Copies the cache's counters into `*out`. Invalidations reported so far (by the monitor or
@@ -533,8 +733,9 @@ enum fh_status fh_cache_finalize(struct fh_cache *cache);
 /**
  * Tells every cache in the process that `[addr, addr + len)` lost (or is about to lose) its
  * pages, e.g. from a runtime's own munmap/free hook. Cached registrations overlapping it will
- * never be hits again; ones still in use stay valid until released. Safe to call from inside a
- * memory hook (no allocation, no blocking).
+ * never be hits again; ones still in use stay valid until released. A context (`fh_init`) also
+ * starts revoking its peers' firehoses on the range, in the background (this call never waits
+ * for that). Safe to call from inside a memory hook (no allocation, no blocking).
  *
  * Returns `FH_ERR_NULL` (`addr` NULL), `FH_ERR_ZERO_LENGTH`, `FH_ERR_OVERFLOW` (`addr + len`
  * wraps); nothing is invalidated then.
@@ -549,6 +750,9 @@ enum fh_status fh_notify_unmapped(const void *addr, size_t len);
  * `max_pinned`), `FH_ERR_NO_MEMORY`, `FH_ERR_PIN_FAILED`. On any error nothing changes and
  * `*out` is not written. Each `FH_OK` must be matched by one `fh_deregister(out->handle)`.
  *
+ * With a helper thread (`fh_config.helper`), the caller's return address identifies the call
+ * site for the helper's predictor.
+ *
  * # Safety
  * `cache` is NULL or live; `out` is NULL or valid for one `fh_mr` write. `addr` is not
  * dereferenced by this library, only pinned.
@@ -560,7 +764,9 @@ enum fh_status fh_register(struct fh_cache *cache,
                            struct fh_mr *out);
 
 /**
- * Releases one registration. The region stays cached (pinned) until evicted or invalidated.
+ * Releases one registration. The region stays cached (pinned) until evicted or invalidated
+ * (or, with a helper thread, until the helper unpins it: then this call never unpins anything
+ * itself).
  *
  * Returns `FH_ERR_NULL` (`cache` NULL) or `FH_ERR_UNKNOWN_HANDLE` (never issued, or already
  * released — double release is detected and changes nothing).
@@ -595,6 +801,104 @@ enum fh_status fh_set_limits(struct fh_cache *cache, size_t max_pinned, size_t m
  * `cache` is NULL or live; each output is NULL or valid for one `size_t` write.
  */
 enum fh_status fh_get_limits(const struct fh_cache *cache, size_t *max_pinned, size_t *max_regions);
+
+/**
+ * Copies `len` bytes from `src` to `remote_addr` in the process of `rank` and returns when
+ * they are there. Any address of the target is valid (stack, heap, mmap; never registered by
+ * anyone); the local buffer is registered through the context's pin-down cache. Errors (and
+ * nothing is written): `FH_ERR_NULL`, `FH_ERR_ZERO_LENGTH`, `FH_ERR_OVERFLOW`,
+ * `FH_ERR_BAD_RANK`, `FH_ERR_REMOTE_FAULT` (the target range is not mapped there),
+ * `FH_ERR_PIN_FAILED` (`src` cannot be registered), `FH_ERR_PEER_LOST`, `FH_ERR_FINALIZED`.
+ * A put to the own rank is a local copy (with the same checks).
+ *
+ * # Safety
+ * `ctx` is NULL or live; `src` is readable for `len` bytes during the call.
+ */
+enum fh_status fh_put(struct fh_ctx *ctx,
+                      uint32_t rank,
+                      uint64_t remote_addr,
+                      const void *src,
+                      size_t len);
+
+/**
+ * Copies `len` bytes from `remote_addr` in the process of `rank` into `dst` and returns when
+ * they are there. Errors as `fh_put`; on error `dst` may hold part of the data.
+ *
+ * # Safety
+ * `ctx` is NULL or live; `dst` is writable for `len` bytes during the call.
+ */
+enum fh_status fh_get(struct fh_ctx *ctx,
+                      void *dst,
+                      uint32_t rank,
+                      uint64_t remote_addr,
+                      size_t len);
+
+/**
+ * Starts a put and returns at once. With `out` non-NULL, `*out` gets a handle to pass to
+ * `fh_wait`/`fh_test` exactly once; with `out` NULL the put is implicit and `fh_quiet` waits
+ * for it (and reports its error). Argument errors are returned here, and then no operation
+ * exists; errors that happen later come from `fh_wait`/`fh_test`/`fh_quiet`.
+ *
+ * # Safety
+ * `ctx` is NULL or live; `src` stays readable and unmodified until the put completes; `out` is
+ * NULL or writable.
+ */
+enum fh_status fh_put_nb(struct fh_ctx *ctx,
+                         uint32_t rank,
+                         uint64_t remote_addr,
+                         const void *src,
+                         size_t len,
+                         fh_op *out);
+
+/**
+ * Starts a get and returns at once (see `fh_put_nb`).
+ *
+ * # Safety
+ * `ctx` is NULL or live; `dst` stays writable and untouched until the get completes; `out` is
+ * NULL or writable.
+ */
+enum fh_status fh_get_nb(struct fh_ctx *ctx,
+                         void *dst,
+                         uint32_t rank,
+                         uint64_t remote_addr,
+                         size_t len,
+                         fh_op *out);
+
+/**
+ * Waits until `op` completes and returns its result; the handle is then spent (a second
+ * `fh_wait` is `FH_ERR_UNKNOWN_HANDLE`, as is 0 or a made-up value).
+ *
+ * # Safety
+ * `ctx` is NULL or live.
+ */
+enum fh_status fh_wait(struct fh_ctx *ctx, fh_op op);
+
+/**
+ * Progresses once; `*done` = 1 and the op's result returned if it completed (the handle is
+ * then spent), else `*done` = 0 and `FH_OK`.
+ *
+ * # Safety
+ * `ctx` is NULL or live; `done` is NULL or writable.
+ */
+enum fh_status fh_test(struct fh_ctx *ctx, fh_op op, int32_t *done);
+
+/**
+ * Waits until every put and get this context started has completed. Returns the first error
+ * of an implicit (handle-less) operation since the last `fh_quiet`, else `FH_OK`; explicit
+ * handles keep their results for `fh_wait`/`fh_test`.
+ *
+ * # Safety
+ * `ctx` is NULL or live.
+ */
+enum fh_status fh_quiet(struct fh_ctx *ctx);
+
+/**
+ * Copies the context's put/get counters into `*out` (written only on success).
+ *
+ * # Safety
+ * `ctx` is NULL or live; `out` is NULL or writable.
+ */
+enum fh_status fh_get_rma_stats(const struct fh_ctx *ctx, struct fh_rma_stats *out);
 
 #ifdef __cplusplus
 }  // extern "C"

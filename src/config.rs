@@ -6,6 +6,9 @@
 //! | `FH_MAX_PINNED`  | bytes, suffix `k`/`m`/`g`/`t` (x1024), `inf` | 75 % of min(RLIMIT_MEMLOCK [1], RAM) |
 //! | `FH_MAX_REGIONS` | count, or `inf`                          | 16384                            |
 //! | `FH_MONITOR`     | comma list of `uffd`, `patch`; or `none` | `uffd,patch`                     |
+//! | `FH_HELPER`      | `0`/`1` (`off`/`on`, `no`/`yes`)         | `0` (lazy cache, no helper)      |
+//! | `FH_HELPER_CPU`  | core number, or `auto`                   | `auto` (only with an idle core)  |
+//! | `FH_HELPER_MIN`  | bytes (suffixes as above)                | `16k` (smaller: not tracked)     |
 //!
 //! [1] only when the kernel enforces it: a process with CAP_IPC_LOCK (root) is not limited.
 //!
@@ -44,9 +47,33 @@ pub struct Config {
     /// default, which MPI codes with many peers and buffers were seen to thrash.
     pub max_regions: usize,
     pub monitor: MonitorFlags,
+    pub helper: HelperSettings,
 }
 
 pub const DEFAULT_MAX_REGIONS: usize = 16384;
+
+/// The helper thread (seed 001; `crate::helper`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HelperSettings {
+    /// `FH_HELPER`: off by default (the lazy cache as before).
+    pub enabled: bool,
+    /// `FH_HELPER_CPU`: `None` = run only when an idle core is there (the paper's conservative
+    /// policy); `Some(n)`: bound to core `n`, if the affinity mask has it.
+    pub cpu: Option<usize>,
+    /// `FH_HELPER_MIN`: registrations shorter than this are left to the lazy cache (the paper's
+    /// 16 KiB: below it, tracking costs more than a pin saved).
+    pub min_bytes: usize,
+}
+
+impl Default for HelperSettings {
+    fn default() -> Self {
+        HelperSettings {
+            enabled: false,
+            cpu: None,
+            min_bytes: 16 << 10,
+        }
+    }
+}
 
 /// A bad variable: its name and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -71,6 +98,7 @@ impl Default for Config {
                 patch_libc: true,
                 userfaultfd: true,
             },
+            helper: HelperSettings::default(),
         }
     }
 }
@@ -115,6 +143,26 @@ impl Config {
                 msg: format!("{v:?} is not `none` or a comma list of uffd, patch"),
             })?;
         }
+        if let Some(v) = get("FH_HELPER") {
+            c.helper.enabled = parse_bool(&v).ok_or_else(|| ConfigError {
+                var: "FH_HELPER",
+                msg: format!("{v:?} is not 0/1, off/on, no/yes"),
+            })?;
+        }
+        if let Some(v) = get("FH_HELPER_CPU") {
+            c.helper.cpu = parse_cpu(&v).ok_or_else(|| ConfigError {
+                var: "FH_HELPER_CPU",
+                msg: format!("{v:?} is not `auto` or a core number below {MAX_CPU}"),
+            })?;
+        }
+        if let Some(v) = get("FH_HELPER_MIN") {
+            c.helper.min_bytes = parse_size(&v)
+                .filter(|&n| n > 0)
+                .ok_or_else(|| ConfigError {
+                    var: "FH_HELPER_MIN",
+                    msg: format!("{v:?} is not a positive byte count (e.g. 16k)"),
+                })?;
+        }
         Ok(c)
     }
 }
@@ -144,6 +192,29 @@ pub fn parse_size(v: &str) -> Option<usize> {
     }
     let n: usize = digits.parse().ok()?;
     n.checked_mul(1usize.checked_shl(shift as u32)?)
+}
+
+/// Cores a `cpu_set_t` can name (glibc's CPU_SETSIZE).
+pub const MAX_CPU: usize = 1024;
+
+fn parse_bool(v: &str) -> Option<bool> {
+    match v.trim().to_ascii_lowercase().as_str() {
+        "1" | "on" | "yes" | "true" => Some(true),
+        "0" | "off" | "no" | "false" => Some(false),
+        _ => None,
+    }
+}
+
+/// `auto` -> `Some(None)`; a core number below `MAX_CPU` -> `Some(Some(n))`.
+fn parse_cpu(v: &str) -> Option<Option<usize>> {
+    let v = v.trim().to_ascii_lowercase();
+    if v == "auto" {
+        return Some(None);
+    }
+    if v.is_empty() || !v.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    v.parse().ok().filter(|&n| n < MAX_CPU).map(Some)
 }
 
 fn parse_count(v: &str) -> Option<usize> {
@@ -287,6 +358,24 @@ mod tests {
         assert_eq!(n.max_regions, usize::MAX);
         let p = with(&[("FH_MONITOR", "patch, uffd")]).unwrap();
         assert!(p.monitor.patch_libc && p.monitor.userfaultfd);
+        assert_eq!(d.helper, HelperSettings::default());
+        assert!(!d.helper.enabled);
+        let h = with(&[
+            ("FH_HELPER", "on"),
+            ("FH_HELPER_CPU", "1"),
+            ("FH_HELPER_MIN", "64k"),
+        ])
+        .unwrap();
+        assert_eq!(
+            h.helper,
+            HelperSettings {
+                enabled: true,
+                cpu: Some(1),
+                min_bytes: 64 << 10
+            }
+        );
+        let a = with(&[("FH_HELPER", "0"), ("FH_HELPER_CPU", "AUTO")]).unwrap();
+        assert!(!a.helper.enabled && a.helper.cpu.is_none());
     }
 
     #[test]
@@ -299,6 +388,12 @@ mod tests {
             ("FH_MAX_REGIONS", "0"),
             ("FH_MONITOR", "uffd,ptrace"),
             ("FH_MONITOR", ""),
+            ("FH_HELPER", "2"),
+            ("FH_HELPER", "maybe"),
+            ("FH_HELPER_CPU", "-1"),
+            ("FH_HELPER_CPU", "1024"),
+            ("FH_HELPER_CPU", "x"),
+            ("FH_HELPER_MIN", "0"),
         ] {
             let e = with(&[(var, val)]).unwrap_err();
             assert_eq!(e.var, var);

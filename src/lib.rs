@@ -7,10 +7,14 @@
 pub mod cache;
 pub mod config;
 pub mod ffi;
+pub mod firehose;
 mod fork;
+pub mod helper;
+pub mod inside;
 pub mod monitor;
 pub mod net;
 pub mod pin;
 mod range_counts;
+pub mod rma;
 pub mod seam;
 pub mod status;

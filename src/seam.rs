@@ -1,16 +1,51 @@
 //! The one place where the cache and the monitor meet. Neither layer implements the other's
 //! traits: both implement or call these two, and only `ffi` and the shim wire them together.
 //!
-//! - [`MemoryListener`]: monitor -> cache. "This range is (about to be) gone." Called from hook
-//!   context (inside a patched libc function, or on the userfaultfd reader thread): an
-//!   implementation must not allocate, must not block on a lock an allocating path may hold, and
-//!   must not call into verbs. `Cache::invalidate` is one.
+//! - [`MemoryListener`]: monitor -> cache (and -> the remote-pinning driver, `rma::revoke`).
+//!   "This range is (about to be) gone." Called from hook context (inside a patched libc
+//!   function, or on the userfaultfd reader thread): an implementation must not allocate, must
+//!   not block on a lock an allocating path may hold, and must not call into verbs.
+//!   `Cache::invalidate` is one. [`UnmapEvent`] says when the call comes relative to the unmap.
 //! - [`RangeWatcher`]: cache -> monitor. "I pinned this range / I unpinned it." Called on normal
 //!   API calls (never from a hook, never with readers excluded), so it may allocate and lock.
+
+/// When a listener hears of an unmap, relative to the system call that does it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UnmapEvent {
+    /// A patched libc function, before its system call: the pages are still mapped. If the call
+    /// succeeds, [`UnmapEvent::Done`] follows on the same thread (for listeners that want it).
+    Before,
+    /// The same patched call after its system call succeeded, before it returns to its caller:
+    /// the old pages are gone from the range. A listener may wait here (bounded), since the
+    /// caller has not seen the call return yet, but never when the thread is inside the library
+    /// (`crate::inside`) or holds a lock the listener's helpers need.
+    Done,
+    /// userfaultfd, on the `fh-uffd` reader thread: after the unmap, and the unmapping thread has
+    /// already been let go (the kernel releases it once the event is read). Must not wait.
+    Late,
+    /// `fh_notify_unmapped` / `monitor::notify_unmapped`: whenever the caller says (documented
+    /// as safe inside a memory hook: must not wait).
+    Told,
+}
 
 /// Receives "this range is (about to be) gone" events. See the module docs for the rules.
 pub trait MemoryListener: Send + Sync {
     fn on_unmap(&self, addr: usize, len: usize);
+
+    /// Every event with its kind. The default hands all but [`UnmapEvent::Done`] to
+    /// [`MemoryListener::on_unmap`]: a cache drops its entries before the pages go, and has
+    /// nothing left to do after.
+    fn on_event(&self, addr: usize, len: usize, ev: UnmapEvent) {
+        if ev != UnmapEvent::Done {
+            self.on_unmap(addr, len);
+        }
+    }
+
+    /// Whether this listener wants [`UnmapEvent::Done`] events (read once, at subscribe): the
+    /// hooks skip that second round while no subscribed listener does.
+    fn wants_done(&self) -> bool {
+        false
+    }
 
     /// Called in a child process right after `fork`, inside the atfork child handler (one thread,
     /// other threads' locks possibly held forever): must not allocate, lock or call the backend.

@@ -57,6 +57,9 @@ pub enum fh_status {
     FH_ERR_FINALIZED = 7020,
     /// A message is longer than the largest one the transport carries (`FH_AM_MAX_SIZE`).
     FH_ERR_MSG_TOO_LONG = 7021,
+    /// The target address range is not (entirely) mapped in the target process, or the target
+    /// could not pin it: nothing was written there (a put) or read (a get).
+    FH_ERR_REMOTE_FAULT = 7022,
 }
 
 impl fh_status {
@@ -88,6 +91,9 @@ impl fh_status {
             FH_ERR_TIMEOUT => c"timed out",
             FH_ERR_FINALIZED => c"the context was finalized",
             FH_ERR_MSG_TOO_LONG => c"message longer than the transport carries",
+            FH_ERR_REMOTE_FAULT => {
+                c"the target address is not mapped (or not pinnable) at the target"
+            }
         }
     }
 }

@@ -24,6 +24,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use firehose::cache::{Cache, Limits, RangeWatcher, Registration, Stats};
+use firehose::config::Config;
+use firehose::helper::{self, Helper, HelperConfig, Placement};
 use firehose::monitor::{self, MonitorOptions, Subscription, UffdWatcher};
 use firehose::pin::{Access, PinError, Pinned, Pinner};
 use firehose::status::{fh_status, FhResult};
@@ -37,6 +39,8 @@ use crate::{real_verbs, settings};
 pub struct PdCache {
     /// Declared first so it drops first: events stop reaching the cache before it goes away.
     _events: Option<Subscription>,
+    /// The helper thread (`FH_HELPER=1`), stopped and joined before the cache drops.
+    helper: Helper,
     cache: Arc<Cache>,
     /// The real backend, for MR handles (`None` for a test double).
     pinner: Option<Arc<RealPinner>>,
@@ -69,6 +73,31 @@ impl Pinner for Flagging {
     }
 }
 
+/// The backend a cache of this process gets: wrapped for the helper with `FH_HELPER=1`.
+fn backend(cfg: &Config, pinner: Arc<dyn Pinner>) -> Arc<dyn Pinner> {
+    if cfg.helper.enabled {
+        helper::wrap_backend(pinner)
+    } else {
+        pinner
+    }
+}
+
+/// A helper for `cache` as `FH_HELPER`/`FH_HELPER_CPU`/`FH_HELPER_MIN` say (one per cache, so
+/// one per protection domain and rights class).
+fn start_helper(cfg: &Config, cache: &Arc<Cache>) -> Helper {
+    if !cfg.helper.enabled {
+        return Helper::off("not asked for (FH_HELPER=0)");
+    }
+    Helper::start(
+        cache,
+        HelperConfig {
+            placement: cfg.helper.cpu.map_or(Placement::Auto, Placement::Cpu),
+            min_bytes: cfg.helper.min_bytes,
+            ..HelperConfig::default()
+        },
+    )
+}
+
 /// Remote access bits: requests differing in these never share a cache.
 const REMOTE_RIGHTS: u32 = Access::REMOTE_WRITE.0 | Access::REMOTE_READ.0 | Access::REMOTE_ATOMIC.0;
 
@@ -90,6 +119,8 @@ static RETIRED: Mutex<Stats> = Mutex::new(Stats {
     pin_retries: 0,
     pin_failures: 0,
     uncached: 0,
+    prefetched: 0,
+    released_ahead: 0,
 });
 
 fn pds() -> MutexGuard<'static, Option<PdMap>> {
@@ -231,6 +262,49 @@ pub fn stats_sum() -> (Stats, u64) {
     (t, caches.len() as u64)
 }
 
+/// The helper threads' line for the `FH_STATS` summary (`None` without `FH_HELPER=1`): summed
+/// over the live caches, or why the first one stayed off.
+pub fn helper_line() -> Option<String> {
+    if !settings::config().helper.enabled {
+        return None;
+    }
+    let caches: Vec<Arc<PdCache>> = pds()
+        .as_ref()
+        .map(|m| m.values().cloned().collect())
+        .unwrap_or_default();
+    let on: Vec<_> = caches.iter().filter(|c| c.helper.is_on()).collect();
+    if on.is_empty() {
+        let why = caches
+            .iter()
+            .find_map(|c| match c.helper.state() {
+                firehose::helper::HelperState::Off { reason } => Some(reason.clone()),
+                _ => None,
+            })
+            .unwrap_or_else(|| "no cache".into());
+        return Some(format!("  helper:        off: {why}\n"));
+    }
+    let (mut uses, mut early, mut late, mut pins, mut unpins, mut avg) = (0, 0, 0, 0, 0, 0);
+    let (mut judged, mut accurate) = (0, 0);
+    for c in &on {
+        let st = c.helper.stats();
+        let p = st.planner;
+        uses += p.uses;
+        early += p.early;
+        late += p.late;
+        pins += p.helper_pins;
+        unpins += p.helper_unpins;
+        avg += st.avg_pinned_bytes;
+        judged += p.predictor.evaluated;
+        accurate += p.predictor.accurate;
+    }
+    Some(format!(
+        "  helper:        {n} thread(s): {uses} tracked registrations, {early} early, {late} late; \
+         {pins} pins, {unpins} unpins ahead; {accurate}/{judged} predictions within 5 %; \
+         {avg} bytes pinned on average\n",
+        n = on.len()
+    ))
+}
+
 /// Install the monitor on the first registration of the process (not in the constructor: most
 /// processes that inherit LD_PRELOAD never register, and userfaultfd starts a thread). Not a
 /// `Once`: a child forked while another thread was inside one would wait for it forever;
@@ -262,11 +336,13 @@ impl PdCache {
             max_pinned: cfg.max_pinned,
             max_regions: cfg.max_regions,
         };
+        let backend = backend(&cfg, Arc::new(Flagging(pinner.clone())));
         if !settings::invalidation_enabled() {
             // FH_TEST_NO_INVALIDATE: a cache deaf to memory events (tests only).
-            let cache = Cache::new(Arc::new(Flagging(pinner.clone())), limits, None);
+            let cache = Cache::new(backend, limits, None);
             return Ok(Arc::new(PdCache {
                 _events: None,
+                helper: start_helper(&cfg, &cache),
                 cache,
                 pinner: Some(pinner),
             }));
@@ -280,20 +356,25 @@ impl PdCache {
             } else {
                 None
             };
-        let cache = Cache::new(Arc::new(Flagging(pinner.clone())), limits, watcher);
-        Self::subscribed(cache, Some(pinner))
+        let cache = Cache::new(backend, limits, watcher);
+        Self::subscribed(cache, Some(pinner), &cfg)
     }
 
     /// The cache, subscribed to memory events; `FH_ERR_TOO_MANY_CACHES` when the library's
     /// registry has no room: a cache nobody invalidates would serve stale registrations, so this
     /// domain's registrations pass through uncached.
-    fn subscribed(cache: Arc<Cache>, pinner: Option<Arc<RealPinner>>) -> FhResult<Arc<PdCache>> {
+    fn subscribed(
+        cache: Arc<Cache>,
+        pinner: Option<Arc<RealPinner>>,
+        cfg: &Config,
+    ) -> FhResult<Arc<PdCache>> {
         let events = monitor::subscribe(cache.clone());
         if !events.is_active() {
             return Err(fh_status::FH_ERR_TOO_MANY_CACHES);
         }
         Ok(Arc::new(PdCache {
             _events: Some(events),
+            helper: start_helper(cfg, &cache),
             cache,
             pinner,
         }))
@@ -322,8 +403,9 @@ impl PdCache {
             max_pinned: 1 << 30,
             max_regions: 1024,
         };
-        let cache = Cache::new(Arc::new(Flagging(pinner)), limits, None);
-        Some(Self::subscribed(cache, None))
+        let cfg = settings::config();
+        let cache = Cache::new(backend(&cfg, Arc::new(Flagging(pinner))), limits, None);
+        Some(Self::subscribed(cache, None, &cfg))
     }
 
     /// Register (or find) `[addr, addr + len)` with at least `access`. The flag is true for a
@@ -337,13 +419,15 @@ impl PdCache {
         PINNED_HERE.with(|f| f.set(false));
         // Undispatched userfaultfd events first (see `firehose::monitor::quiesce`).
         firehose::monitor::quiesce();
-        let r = self.cache.register(addr, len, access)?;
+        // No call site from the hooks: the helper's signatures use the address and the context
+        // window of previous registrations alone.
+        let r = self.helper.register(&self.cache, 0, addr, len, access)?;
         Ok((r, !PINNED_HERE.with(|f| f.replace(false))))
     }
 
     /// Release one registration returned by `register`.
     pub fn deregister(&self, handle: u64) -> FhResult<()> {
-        self.cache.deregister(handle)
+        self.helper.deregister(&self.cache, handle)
     }
 
     /// Release every idle registration.

@@ -154,7 +154,10 @@ pub extern "C" fn print_at_exit() {
         if s.app_reg_calls == 0 && s.nested_calls == 0 && s.passthrough_dereg == 0 {
             return;
         }
-        let text = summary(&s);
+        let mut text = summary(&s);
+        if let Some(line) = crate::pd_cache::helper_line() {
+            text.push_str(&line);
+        }
         let mut buf = text.as_bytes();
         while !buf.is_empty() {
             // SAFETY: writing our own buffer to a descriptor we opened.

@@ -9,7 +9,10 @@ import statistics
 import sys
 
 runs_path, json_path, iters, reps = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-runs = [json.loads(l) for l in open(runs_path) if l.strip()]
+lines = [json.loads(l) for l in open(runs_path) if l.strip()]
+runs = [r for r in lines if "tool" in r]
+# The rxe port's counter changes around each run (scripts/bench-am's hw_record).
+hw = [r for r in lines if "hw_tool" in r]
 
 
 def values(tool, get, test=None):
@@ -31,8 +34,9 @@ series = {
     "ib_send_bw_msg_rate_mpps": values("ib_send_bw", lambda r: r["msg_rate_mpps"]),
     "ucx_am_bw_msg_rate_mpps": values("ucx_am_bw", lambda r: r["msg_rate_mpps"]),
     "am_msg_rate_mpps": values("am", lambda r: r["msg_rate_mpps"], "rate"),
+    "am_msg_rate_512_mpps": values("am_rate512", lambda r: r["msg_rate_mpps"], "rate"),
 }
-for tool, tag in (("am_attn_pt", "thread"), ("am_attn_nopt", "nothread")):
+for tool, tag in (("am_attn_pt", "thread"), ("am_attn_poll", "polling"), ("am_attn_nopt", "nothread")):
     for busy in ("compute", "sleep"):
         for stat in ("typical", "p99"):
             series[f"attn_{tag}_{busy}_{stat}_us"] = values(tool, lambda r: phase(r, busy)[stat])
@@ -83,12 +87,36 @@ if "ib_send_lat_events_t_typical_us" in med:
     print(f"ib_send_lat -e (sleeps on completion events): t_typical {med['ib_send_lat_events_t_typical_us']:.2f} usec "
           f"(RTT {2 * med['ib_send_lat_events_t_typical_us']:.2f})")
 print(f"firehose AM idle RTT: median {g('am_rtt_typical_us'):.2f} usec, p99 {g('am_rtt_p99_us'):.2f} usec")
-for tag, what in (("thread", "FH_PROGRESS_THREAD=1"), ("nothread", "FH_PROGRESS_THREAD=0")):
+for tag, what in (("thread", "FH_PROGRESS_THREAD=1"), ("polling", "thread, FH_PROGRESS_SPIN_US=inf"),
+                  ("nothread", "FH_PROGRESS_THREAD=0")):
     for busy in ("compute", "sleep"):
         k = f"attn_{tag}_{busy}"
         if f"{k}_typical_us" in med:
             print(f"reply while rank 1 {busy:7}s, {what}: median {med[k + '_typical_us']:10.1f} usec, "
                   f"p99 {med[k + '_p99_us']:10.1f} usec")
+if "am_msg_rate_512_mpps" in med and med.get("ib_send_bw_msg_rate_mpps"):
+    r512 = per_rep("am_rate512", lambda r: r["msg_rate_mpps"], "rate", "ib_send_bw", lambda r: r["msg_rate_mpps"])
+    print(f"firehose AM one-way with FH_AM_RECV_DEPTH=512 (ib_send_bw's receive depth): "
+          f"{med['am_msg_rate_512_mpps']:.6f} Mpps, "
+          f"{med['am_msg_rate_512_mpps'] / med['ib_send_bw_msg_rate_mpps']:.2f}x ib_send_bw"
+          + (f" (per rep {min(r512):.2f}-{max(r512):.2f})" if r512 else ""))
+if "attn_polling_compute_typical_us" in med and med.get("am_rtt_typical_us"):
+    print(f"  (a progress thread that never sleeps: reply while computing / idle RTT "
+          f"{med['attn_polling_compute_typical_us'] / med['am_rtt_typical_us']:.2f})")
+# Retransmissions and the like, summed over reps per tool: a run with retries waited for rxe's
+# retransmit timer (ack timeout) at least once.
+hw_sum = {}
+for r in hw:
+    d = hw_sum.setdefault(r["hw_tool"], {})
+    for k, v in r["hw"].items():
+        d[k] = d.get(k, 0) + v
+interesting = ("completer_retry_err", "duplicate_request", "rcvd_rnr_err", "send_rnr_err",
+               "retry_exceeded_err", "out_of_seq_request", "rcvd_seq_err", "ack_deferred")
+if hw_sum:
+    print("\nrxe hw_counters over all reps (only those that moved; rdma_sends/sent_pkts for scale):")
+    for tool, d in hw_sum.items():
+        shown = ", ".join(f"{k} {d[k]}" for k in ("rdma_sends",) + interesting if d.get(k))
+        print(f"  {tool:16} {shown}")
 print()
 for n, v, kind, t, what in targets:
     rr = ranges.get(n)
@@ -103,6 +131,7 @@ doc = {
     "per_rep_ratios": ranges,
     "targets": {n: {kind: t, "result": verdict[n]} for n, _, kind, t, _ in targets},
     "runs": runs,
+    "hw_counters": hw_sum,
 }
 with open(json_path, "w") as f:
     json.dump(doc, f, indent=1)

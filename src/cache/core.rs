@@ -26,7 +26,9 @@
 
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use crossbeam_queue::ArrayQueue;
 
 use super::counters::{Locked, PinCount};
 use super::exclusion::WriterState;
@@ -62,6 +64,9 @@ pub(super) struct SlowCounters {
     pub(super) uncached_total: Locked,
     pub(super) pin_retries: Locked,
     pub(super) pin_failures: Locked,
+    /// Regions the helper pinned ahead of a predicted use, and idle ones it unpinned.
+    pub(super) prefetched: Locked,
+    pub(super) released_ahead: Locked,
 }
 
 /// The pin-down cache. `Send + Sync`; share it as `Arc<Cache>`.
@@ -98,6 +103,9 @@ pub struct Cache {
     pub(super) max_regions: AtomicUsize,
     pub(super) handles: Handles,
     pub(super) c: SlowCounters,
+    /// With a helper thread: detached regions whose last holder let go, for the helper to unpin
+    /// (`ahead.rs`), so `deregister` never calls the backend. Unset without a helper.
+    pub(super) deferred: OnceLock<ArrayQueue<usize>>,
 }
 
 // SAFETY: `index` is mutated only by the writer (mutex held + readers excluded, see
@@ -140,6 +148,7 @@ impl Cache {
             max_regions: AtomicUsize::new(limits.max_regions),
             handles: Handles::new(),
             c: SlowCounters::default(),
+            deferred: OnceLock::new(),
         })
     }
 
@@ -183,6 +192,14 @@ impl Drop for Cache {
             // The pins are the parent's (an `ibv_dereg_mr` here would deregister the parent's MR
             // through the shared uverbs fd): leave them. The slab frees the records.
             return;
+        }
+        if let Some(q) = self.deferred.get() {
+            while let Some(p) = q.pop() {
+                // SAFETY: queued by the last holder of a detached region: ours alone, live.
+                let r = unsafe { &*(p as *const Region) };
+                self.pinner.unpin(r.pinned(), r.start, self.len_of(r));
+                self.unwatch(r);
+            }
         }
         let mut all = self.index.get_mut().all(&self.slab);
         all.extend(self.handles.live_regions());

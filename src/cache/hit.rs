@@ -161,7 +161,7 @@ impl Cache {
             // Every hit of an otherwise idle region ends here: keep this part inline.
             self.slots[sid].add_in_use(sid, -1);
             if prev & DETACHED != 0 {
-                self.unpin_free(p);
+                self.release_detached(p);
             } else if self.over_limits() {
                 self.trim();
             }
@@ -185,7 +185,10 @@ impl Cache {
             return Err(fh_status::FH_ERR_FORKED);
         }
         self.release(handle)?;
-        self.drain_now();
+        if self.deferred.get().is_none() {
+            // (With a helper, the helper drains: `deregister` never calls the backend.)
+            self.drain_now();
+        }
         Ok(())
     }
 

@@ -12,6 +12,15 @@ use super::region::{COUNT_MASK, DETACHED, PENDING};
 use crate::pin::{Access, PinError};
 use crate::status::{fh_status, FhResult};
 
+/// Who is missing: a caller (counted as a miss or a hit) or the helper pinning ahead of a
+/// predicted use (`Cache::prefetch`, counted apart), with its check that the memory it just
+/// pinned is still the memory it meant (run after the pin, before the region is published).
+#[derive(Clone, Copy)]
+pub(super) enum MissBy<'a> {
+    Caller,
+    Helper(&'a dyn Fn() -> bool),
+}
+
 /// A PENDING region between its insert and its publish. Dropped with the region still inside
 /// only while unwinding from a panic: then the region leaves the index and is freed.
 pub(super) struct PendingGuard<'a, 'w> {
@@ -39,6 +48,20 @@ impl Cache {
         end: usize,
         access: Access,
     ) -> FhResult<RegionPtr> {
+        self.miss(sid, start, end, access, MissBy::Caller)
+            .map(|(region, _)| region)
+    }
+
+    /// `register_slow` for a caller or for the helper's `prefetch`. Also returns whether a new
+    /// region entered the index.
+    pub(super) fn miss(
+        &self,
+        sid: usize,
+        start: usize,
+        end: usize,
+        access: Access,
+        by: MissBy,
+    ) -> FhResult<(RegionPtr, bool)> {
         if self.is_forked() {
             return Err(fh_status::FH_ERR_FORKED);
         }
@@ -46,7 +69,7 @@ impl Cache {
         // Scratch lists kept in the writer state: a miss then pays no malloc/free pair.
         let mut unpins = std::mem::take(&mut w.state.spare);
         let mut overlaps = std::mem::take(&mut w.state.overlaps);
-        let res = self.miss_locked(&w, sid, start, end, access, &mut unpins, &mut overlaps);
+        let res = self.miss_locked(&w, sid, start, end, access, by, &mut unpins, &mut overlaps);
         self.unpin_drain(&w, &mut unpins);
         overlaps.clear();
         w.state.spare = unpins;
@@ -56,7 +79,7 @@ impl Cache {
         if let (Some(watcher), Some((ts, te))) = (&self.watcher, watch) {
             watcher.watch(ts, te - ts);
         }
-        Ok(region)
+        Ok((region, watch.is_some()))
     }
 
     /// The miss proper, cache mutex held. Returns the region and, if it entered the index, the
@@ -74,6 +97,7 @@ impl Cache {
         start: usize,
         end: usize,
         access: Access,
+        by: MissBy,
         unpins: &mut Vec<RegionPtr>,
         overlaps: &mut Vec<RegionPtr>,
     ) -> FhResult<(RegionPtr, Option<(usize, usize)>)> {
@@ -88,10 +112,15 @@ impl Cache {
                 self.slots[sid].add_in_use(sid, 1);
             }
             r.touch();
-            self.slots[sid].add_hit(sid);
+            if matches!(by, MissBy::Caller) {
+                self.slots[sid].add_hit(sid);
+            }
             return Ok((NonNull::from(r), None));
         }
-        self.c.misses.bump(w, 1);
+        match by {
+            MissBy::Caller => self.c.misses.bump(w, 1),
+            MissBy::Helper(_) => self.c.prefetched.bump(w, 1),
+        }
 
         // Target: the union with every overlapping region of the same remote rights (their local
         // rights too), unless too big. Overlapping regions with other remote rights are detached
@@ -185,6 +214,16 @@ impl Cache {
                 }
             }
         };
+        if let MissBy::Helper(still_valid) = by {
+            // Still PENDING: no reader can have it yet, so a pin that raced with an unmap is
+            // dropped before anyone sees it (a check after publishing left a window in which a
+            // caller hit the old pages: seen in tests/helper_thread.rs under load).
+            if !still_valid() {
+                self.pinner.unpin(pinned, ts, te - ts);
+                self.drop_pending(w, pending.region.take());
+                return Err(fh_status::FH_ERR_BUSY);
+            }
+        }
         let len = (te - ts) as u64;
         self.slots[sid].add_in_use(sid, 1);
         let Some(region) = pending.region.take() else {

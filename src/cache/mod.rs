@@ -2,10 +2,12 @@
 //!
 //! SEAM: the cache hooks nothing. Memory events reach it only through [`Cache::invalidate`], which
 //! is safe to call from inside a memory hook (no allocation, no blocking lock, no backend call).
-//! Unpinning of invalidated regions happens later, on a normal API call.
+//! Unpinning of invalidated regions happens later, on a normal API call (or on the helper thread,
+//! `ahead.rs`, when one runs).
 //!
 //! (Implementation lives in the sibling files; this file is the public surface.)
 
+mod ahead;
 mod core;
 mod counters;
 mod exclusion;
@@ -68,6 +70,11 @@ pub struct Stats {
     /// Registrations handed out uncached because the cache had no room (bounds reached with
     /// everything else in use, or zero bounds): pinned for their holder, unpinned at release.
     pub uncached: u64,
+    /// Regions the helper thread pinned ahead of a predicted use (`Cache::prefetch`; neither
+    /// hits nor misses).
+    pub prefetched: u64,
+    /// Idle regions the helper thread unpinned (`Cache::evict_range`).
+    pub released_ahead: u64,
 }
 
 pub use crate::seam::RangeWatcher;

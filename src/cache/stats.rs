@@ -29,6 +29,8 @@ impl Cache {
             pin_retries: c.pin_retries.get(),
             pin_failures: c.pin_failures.get(),
             uncached: c.uncached_total.get(),
+            prefetched: c.prefetched.get(),
+            released_ahead: c.released_ahead.get(),
         }
     }
 }

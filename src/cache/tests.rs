@@ -551,3 +551,31 @@ fn no_hit_on_an_invalidated_region_under_threads() {
     }
     assert!(round > 10);
 }
+
+/// The helper's `prefetch`: pins without a handle (counted apart from hits and misses), a
+/// second one finds it cached, and a check that fails after the pin undoes it before anyone
+/// could see the region.
+#[test]
+fn prefetch_pins_ahead_and_a_failed_check_undoes_it() {
+    let (pin, c) = cache(1 << 30, 100);
+    let yes = || true;
+    assert_eq!(c.prefetch(P, 4 * P, RW, &yes), Ok(true));
+    assert_eq!(c.prefetch(P, 4 * P, RW, &yes), Ok(false));
+    let s = c.stats();
+    assert_eq!((s.hits, s.misses, s.prefetched, s.in_use), (0, 0, 1, 0));
+    let r = c.register(P + 10, 3 * P, RW).unwrap();
+    assert_eq!(c.stats().hits, 1, "the caller hits the region pinned ahead");
+    c.deregister(r.handle).unwrap();
+    assert_eq!(c.evict_range(P, P), 4 * P, "idle: unpinned");
+    assert_eq!(pin.live_count(), 0);
+    let no = || false;
+    assert_eq!(c.prefetch(8 * P, P, RW, &no), Err(FH_ERR_BUSY));
+    assert_eq!((pin.live_count(), pin.bad_unpins()), (0, 0));
+    assert_eq!(c.stats().regions, 0);
+    let r = c.register(8 * P, P, RW).unwrap();
+    assert_eq!(c.stats().misses, 1, "nothing of the undone pin is left");
+    // In use: evict_range leaves it alone.
+    assert_eq!(c.evict_range(8 * P, P), 0);
+    c.deregister(r.handle).unwrap();
+    assert_eq!(c.prefetch(0, 0, RW, &yes), Err(FH_ERR_ZERO_LENGTH));
+}

@@ -29,6 +29,13 @@ pub(crate) fn from_env() -> FhResult<fh_config> {
         ibv_pd: std::ptr::null_mut(),
         monitor,
         reserved: 0,
+        helper: if c.helper.enabled {
+            FH_HELPER_ON
+        } else {
+            FH_HELPER_OFF
+        },
+        helper_cpu: c.helper.cpu.map_or(FH_HELPER_CPU_AUTO, |n| n as u32),
+        helper_min_bytes: c.helper.min_bytes,
     })
 }
 
@@ -40,13 +47,30 @@ pub(crate) fn from_env() -> FhResult<fh_config> {
 pub(crate) unsafe fn read(cfg: *const fh_config) -> FhResult<fh_config> {
     // SAFETY: the first field is readable per the contract; read it alone before trusting it.
     let size = unsafe { std::ptr::addr_of!((*cfg).struct_size).read_unaligned() } as usize;
-    if !(FH_CONFIG_MIN_SIZE..=std::mem::size_of::<fh_config>()).contains(&size) {
+    // Exactly one of the published layouts (a size between them cuts a field in two).
+    if size != FH_CONFIG_MIN_SIZE && size != std::mem::size_of::<fh_config>() {
         return Err(fh_status::FH_ERR_BAD_CONFIG);
     }
-    // Only one layout exists so far, so `size` is exactly ours; a later version would start from
-    // `from_env()` and copy `size` bytes over it.
-    // SAFETY: `size == size_of::<fh_config>()` bytes are readable per the contract.
-    let c = unsafe { cfg.read_unaligned() };
+    let c = if size == std::mem::size_of::<fh_config>() {
+        // SAFETY: `size == size_of::<fh_config>()` bytes are readable per the contract.
+        unsafe { cfg.read_unaligned() }
+    } else {
+        // An older layout: the fields it has are the caller's, the newer ones the environment's
+        // (fields are only ever appended, and the struct is `repr(C)`).
+        let mut c = from_env()?;
+        // SAFETY: `size` bytes are readable per the contract and fit in `c` (checked above);
+        // every byte pattern the prefix can hold is checked by `validate` before use (the
+        // pointer field is only ever passed back to verbs, as the caller's own value).
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                cfg.cast::<u8>(),
+                std::ptr::addr_of_mut!(c).cast::<u8>(),
+                size,
+            )
+        };
+        c.struct_size = std::mem::size_of::<fh_config>() as u32;
+        c
+    };
     validate(&c)?;
     Ok(c)
 }
@@ -63,6 +87,9 @@ pub(crate) fn validate(c: &fh_config) -> FhResult<()> {
         || c.max_pinned == 0
         || c.monitor & !FH_MONITOR_ALL != 0
         || c.reserved != 0
+        || !matches!(c.helper, FH_HELPER_OFF | FH_HELPER_ON)
+        || (c.helper_cpu != FH_HELPER_CPU_AUTO && c.helper_cpu as usize >= crate::config::MAX_CPU)
+        || c.helper_min_bytes == 0
     {
         return Err(fh_status::FH_ERR_BAD_CONFIG);
     }
@@ -70,7 +97,8 @@ pub(crate) fn validate(c: &fh_config) -> FhResult<()> {
 }
 
 /// Fills `*cfg` with the defaults overridden by the `FH_*` environment variables
-/// (`FH_BACKEND`, `FH_MAX_PINNED`, `FH_MAX_REGIONS`, `FH_MONITOR`) and sets `struct_size`.
+/// (`FH_BACKEND`, `FH_MAX_PINNED`, `FH_MAX_REGIONS`, `FH_MONITOR`, `FH_HELPER`,
+/// `FH_HELPER_CPU`, `FH_HELPER_MIN`) and sets `struct_size`.
 ///
 /// Returns `FH_ERR_NULL` if `cfg` is NULL, `FH_ERR_BAD_CONFIG` if an environment variable is
 /// invalid (a message naming it goes to stderr); `*cfg` is written only on `FH_OK`.

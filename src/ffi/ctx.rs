@@ -6,16 +6,25 @@ use std::sync::Arc;
 
 use crate::net::bootstrap::CallbackBootstrap;
 use crate::net::{Peers, PeersConfig};
+use crate::rma::Rma;
 use crate::status::fh_status;
 
 use super::bootstrap_ops::fh_bootstrap_ops;
+use super::cache_object::fh_cache;
 use super::guard::{ffi_guard, status_of};
 use super::handle::{borrow, into_raw, take_back, write_out};
+use super::types::FH_BACKEND_VERBS;
+use super::{config, lifecycle};
 
-/// A job's peers (and, later, Firehose over them). Opaque: create with `fh_init`, free with
+/// A job's peers and puts/gets to them (Firehose). Opaque: create with `fh_init`, free with
 /// `fh_finalize`. Every call may come from any thread concurrently, except `fh_finalize`.
+// Field order is drop order: the local cache's monitor subscription goes first (no hook may
+// reach the cache while it unpins), then the puts/gets (their registrations), then the peers.
 pub struct fh_ctx {
-    pub(crate) peers: Peers,
+    /// The pin-down cache for the caller's buffers (`None` in a job of one).
+    pub(crate) _local: Option<Arc<fh_cache>>,
+    pub(crate) rma: Arc<Rma>,
+    pub(crate) peers: Arc<Peers>,
 }
 
 /// How `fh_init` bootstraps. Zero-initialise it, then set what you need; passing NULL to
@@ -60,6 +69,7 @@ pub struct fh_net_stats {
 /// `cfg` is NULL or readable; its pointers are NULL or valid as documented on `fh_init_config`.
 unsafe fn build(cfg: Option<&fh_init_config>) -> Result<fh_ctx, fh_status> {
     let mut pc = PeersConfig::from_env()?;
+    pc.defer_progress = true;
     if let Some(cfg) = cfg {
         // SAFETY: per the contract, `bootstrap` is NULL or points to a readable ops struct.
         if let Some(ops) = unsafe { cfg.bootstrap.as_ref() } {
@@ -77,8 +87,26 @@ unsafe fn build(cfg: Option<&fh_init_config>) -> Result<fh_ctx, fh_status> {
             pc.port = cfg.port;
         }
     }
+    let peers = Arc::new(Peers::new(pc)?);
+    // The caller's buffers are registered on the link's protection domain, through a pin-down
+    // cache with the usual FH_* settings (its monitor keeps freed buffers from staying cached).
+    let local = match peers.pd() {
+        Some(pd) => {
+            let mut cc = config::from_env()?;
+            cc.backend = FH_BACKEND_VERBS;
+            cc.ibv_pd = pd.as_raw().cast();
+            // SAFETY: the PD outlives the cache: `fh_ctx` drops the cache before the peers.
+            Some(unsafe { lifecycle::build(cc) }?)
+        }
+        None => None,
+    };
+    let rma = Rma::new(peers.clone(), local.as_ref().map(|c| c.cache.clone()))?;
+    // Only now: the Firehose handlers exist, so nothing the thread delivers is lost.
+    peers.start_progress()?;
     Ok(fh_ctx {
-        peers: Peers::new(pc)?,
+        _local: local,
+        rma,
+        peers,
     })
 }
 

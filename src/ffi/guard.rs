@@ -11,16 +11,20 @@
 /// - `ffi_guard!(fallback = expr; { body })`: for exports returning something else (a pointer,
 ///   `()`); a panic yields `expr`.
 ///
+/// The body runs marked as inside the library (`crate::inside`): a memory hook that fires while
+/// it holds the library's locks must not wait for the library's helper threads.
+///
 /// `AssertUnwindSafe` is right here: after a panic we never touch the state the closure saw again
 /// in this call, and the cache's own invariants are protected by its locks (poisoning is handled
 /// inside the cache).
 macro_rules! ffi_guard {
-    (fallback = $fallback:expr; $body:block) => {
+    (fallback = $fallback:expr; $body:block) => {{
+        let _inside = $crate::inside::enter();
         match ::std::panic::catch_unwind(::std::panic::AssertUnwindSafe(|| $body)) {
             Ok(value) => value,
             Err(_) => $fallback,
         }
-    };
+    }};
     ($body:block) => {
         $crate::ffi::guard::ffi_guard!(fallback = $crate::status::fh_status::FH_ERR_PANIC; $body)
     };

@@ -3,6 +3,7 @@
 use std::ffi::{c_char, c_int};
 use std::fmt::Write as _;
 
+use crate::helper::{Helper, HelperState};
 use crate::monitor::Hooked;
 use crate::status::fh_status;
 
@@ -120,7 +121,131 @@ pub(crate) fn render(c: &fh_cache) -> String {
         "#   uncached:      {} registrations (no room: bounds reached, the rest in use)",
         s.uncached
     );
+    render_helper(&mut o, c);
     o
+}
+
+/// The helper's lines of `fh_info`.
+fn render_helper(o: &mut String, c: &fh_cache) {
+    let h = &c.helper;
+    match h.state() {
+        HelperState::Off { reason } => {
+            let _ = writeln!(o, "#   helper:        off: {reason}");
+            return;
+        }
+        HelperState::On { cpu } => {
+            let running = if h.is_on() { "on" } else { "stopped" };
+            let cpu = cpu.map_or("any core".to_string(), |n| format!("core {n}"));
+            let _ = writeln!(o, "#   helper:        {running} ({cpu})");
+        }
+    }
+    let st = h.stats();
+    let p = st.planner;
+    let pct = |a: u64, b: u64| {
+        if b == 0 {
+            0.0
+        } else {
+            100.0 * a as f64 / b as f64
+        }
+    };
+    let _ = writeln!(
+        o,
+        "#   predictions:   {} made, {} judged, {:.1}% within 5% of the observed period",
+        p.predictor.made,
+        p.predictor.evaluated,
+        pct(p.predictor.accurate, p.predictor.evaluated)
+    );
+    let _ = writeln!(
+        o,
+        "#   registrations: {} tracked: {} early, {} late, {} unpredicted; callers pinned {} ({:.3} ms waited)",
+        p.uses,
+        p.early,
+        p.late,
+        p.unpredicted,
+        p.caller_pins,
+        p.caller_pin_wait_ns as f64 / 1e6
+    );
+    let _ = writeln!(
+        o,
+        "#   helper work:   {} pins, {} unpins, {} failed or raced; {} handed-over unpins; {} events dropped",
+        p.helper_pins, p.helper_unpins, p.helper_pin_failures, st.deferred_unpins, st.events_dropped
+    );
+    let _ = writeln!(
+        o,
+        "#   pinned (helper): {} time-averaged over {:.3} s, {} peak",
+        human(st.avg_pinned_bytes),
+        st.elapsed_ns as f64 / 1e9,
+        human(st.peak_pinned_bytes)
+    );
+    let _ = writeln!(
+        o,
+        "#   cost model:    pin {:.1} us + {:.3} us/page, unpin {:.1} us + {:.3} us/page, slack {:.0} us",
+        st.pin_line.0 / 1e3,
+        st.pin_line.1 / 1e3,
+        st.unpin_line.0 / 1e3,
+        st.unpin_line.1 / 1e3,
+        st.slack_ns as f64 / 1e3
+    );
+}
+
+impl From<&Helper> for fh_helper_stats {
+    fn from(h: &Helper) -> Self {
+        let (state, cpu) = match h.state() {
+            HelperState::Off { .. } => return fh_helper_stats::default(),
+            HelperState::On { cpu } => {
+                (if h.is_on() { 1 } else { 2 }, cpu.map_or(-1, |n| n as i32))
+            }
+        };
+        let st = h.stats();
+        let p = st.planner;
+        fh_helper_stats {
+            state,
+            cpu,
+            predictions: p.predictor.made,
+            predictions_evaluated: p.predictor.evaluated,
+            predictions_accurate: p.predictor.accurate,
+            early_registrations: p.early,
+            late_registrations: p.late,
+            unpredicted_registrations: p.unpredicted,
+            helper_pins: p.helper_pins,
+            helper_unpins: p.helper_unpins,
+            helper_pin_failures: p.helper_pin_failures,
+            tracked_registrations: p.uses,
+            caller_pins: p.caller_pins,
+            caller_pin_wait_ns: p.caller_pin_wait_ns,
+            caller_wait_ns: p.caller_wait_ns,
+            avg_pinned_bytes: st.avg_pinned_bytes,
+            peak_pinned_bytes: st.peak_pinned_bytes,
+            elapsed_ns: st.elapsed_ns,
+            events_dropped: st.events_dropped,
+        }
+    }
+}
+
+/// Copies what the helper thread did into `*out` (the counters it last published: it publishes
+/// on every loop, at least every 0.5 ms). With no helper (`fh_config.helper` off, or no idle
+/// core) every field is 0 (`state` 0); `fh_info` says why it is off. Returns `FH_ERR_NULL` if
+/// `cache` or `out` is NULL (then `*out` is not written).
+///
+/// # Safety
+/// `cache` is NULL or live; `out` is NULL or valid for one `fh_helper_stats` write.
+#[no_mangle]
+pub unsafe extern "C" fn fh_get_helper_stats(
+    cache: *const fh_cache,
+    out: *mut fh_helper_stats,
+) -> fh_status {
+    ffi_guard! {{
+        // SAFETY: NULL or live per the contract.
+        let Some(c) = (unsafe { borrow(cache) }) else {
+            return fh_status::FH_ERR_NULL;
+        };
+        if out.is_null() {
+            return fh_status::FH_ERR_NULL;
+        }
+        // SAFETY: non-NULL, writable per the contract.
+        unsafe { write_out(out, fh_helper_stats::from(&c.helper)) };
+        fh_status::FH_OK
+    }}
 }
 
 /// Copies the cache's counters into `*out`. Invalidations reported so far (by the monitor or
@@ -237,7 +362,7 @@ pub extern "C" fn fh_status_str(status: c_int) -> *const c_char {
 /// Maps an integer from C to a status without ever building an invalid enum value.
 fn status_from_int(v: c_int) -> Option<fh_status> {
     use fh_status::*;
-    const ALL: [fh_status; 22] = [
+    const ALL: [fh_status; 23] = [
         FH_OK,
         FH_ERR_NULL,
         FH_ERR_ZERO_LENGTH,
@@ -260,6 +385,7 @@ fn status_from_int(v: c_int) -> Option<fh_status> {
         FH_ERR_TIMEOUT,
         FH_ERR_FINALIZED,
         FH_ERR_MSG_TOO_LONG,
+        FH_ERR_REMOTE_FAULT,
     ];
     ALL.into_iter().find(|s| *s as c_int == v)
 }
@@ -276,7 +402,7 @@ mod tests {
 
     #[test]
     fn status_str_is_total() {
-        for v in [-1, 1, 7000, 7022, c_int::MAX] {
+        for v in [-1, 1, 7000, 7023, c_int::MAX] {
             // SAFETY: the function returns a static C string.
             let s = unsafe { std::ffi::CStr::from_ptr(fh_status_str(v)) };
             assert_eq!(s.to_str().unwrap(), "unknown status");

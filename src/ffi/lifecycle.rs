@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use crate::cache::{Cache, Limits, RangeWatcher};
+use crate::helper::{self, Helper, HelperConfig, Placement};
 use crate::monitor::{self, MemoryListener, MonitorOptions, UffdWatcher};
 use crate::status::{fh_status, FhResult};
 
@@ -16,7 +17,7 @@ use super::{backend, config};
 ///
 /// # Safety
 /// `cfg.ibv_pd` is NULL or a live `struct ibv_pd *` that outlives the cache.
-unsafe fn build(cfg: fh_config) -> FhResult<Arc<fh_cache>> {
+pub(crate) unsafe fn build(cfg: fh_config) -> FhResult<Arc<fh_cache>> {
     // SAFETY: forwarded contract on `cfg.ibv_pd`.
     let backend = unsafe { backend::build(cfg.backend, cfg.ibv_pd) }?;
     let opts = MonitorOptions {
@@ -37,7 +38,13 @@ unsafe fn build(cfg: fh_config) -> FhResult<Arc<fh_cache>> {
         max_pinned: cfg.max_pinned,
         max_regions: cfg.max_regions,
     };
-    let cache = Cache::new(backend.pinner, limits, watcher);
+    let helped = cfg.helper == FH_HELPER_ON;
+    let pinner = if helped {
+        helper::wrap_backend(backend.pinner)
+    } else {
+        backend.pinner
+    };
+    let cache = Cache::new(pinner, limits, watcher);
     // Always subscribed, so `fh_notify_unmapped` reaches every cache even with no monitor path.
     let subscription = monitor::subscribe(cache.clone() as Arc<dyn MemoryListener>);
     if !subscription.is_active() {
@@ -45,8 +52,25 @@ unsafe fn build(cfg: fh_config) -> FhResult<Arc<fh_cache>> {
         // pinned nothing yet, so dropping it releases nothing.
         return Err(fh_status::FH_ERR_TOO_MANY_CACHES);
     }
+    let helper = if helped {
+        Helper::start(
+            &cache,
+            HelperConfig {
+                placement: if cfg.helper_cpu == FH_HELPER_CPU_AUTO {
+                    Placement::Auto
+                } else {
+                    Placement::Cpu(cfg.helper_cpu as usize)
+                },
+                min_bytes: cfg.helper_min_bytes,
+                ..HelperConfig::default()
+            },
+        )
+    } else {
+        Helper::off("not asked for (FH_HELPER=0)")
+    };
     Ok(Arc::new(fh_cache {
         _subscription: subscription,
+        helper,
         cache,
         monitor_requested: cfg.monitor,
         backend_detail: backend.detail,

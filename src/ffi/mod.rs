@@ -22,6 +22,7 @@ pub mod info;
 pub mod lifecycle;
 pub mod notify;
 pub mod ops;
+pub mod rma;
 pub mod types;
 
 pub use bootstrap_ops::{fh_allgather_fn, fh_barrier_fn, fh_bootstrap_ops};
@@ -31,7 +32,9 @@ pub use ctx::{
     fh_barrier, fh_ctx, fh_finalize, fh_get_net_stats, fh_init, fh_init_config, fh_net_stats,
     fh_progress, fh_rank, fh_size,
 };
-pub use info::{fh_get_stats, fh_info, fh_print_info, fh_status_str, fh_version};
+pub use info::{
+    fh_get_helper_stats, fh_get_stats, fh_info, fh_print_info, fh_status_str, fh_version,
+};
 pub use lifecycle::{fh_cache_finalize, fh_cache_free, fh_cache_new};
 pub use notify::fh_notify_unmapped;
 pub use ops::{fh_deregister, fh_flush, fh_get_limits, fh_register, fh_set_limits};

@@ -7,8 +7,9 @@ use super::guard::ffi_guard;
 
 /// Tells every cache in the process that `[addr, addr + len)` lost (or is about to lose) its
 /// pages, e.g. from a runtime's own munmap/free hook. Cached registrations overlapping it will
-/// never be hits again; ones still in use stay valid until released. Safe to call from inside a
-/// memory hook (no allocation, no blocking).
+/// never be hits again; ones still in use stay valid until released. A context (`fh_init`) also
+/// starts revoking its peers' firehoses on the range, in the background (this call never waits
+/// for that). Safe to call from inside a memory hook (no allocation, no blocking).
 ///
 /// Returns `FH_ERR_NULL` (`addr` NULL), `FH_ERR_ZERO_LENGTH`, `FH_ERR_OVERFLOW` (`addr + len`
 /// wraps); nothing is invalidated then.

@@ -16,9 +16,13 @@ use super::types::fh_mr;
 /// `max_pinned`), `FH_ERR_NO_MEMORY`, `FH_ERR_PIN_FAILED`. On any error nothing changes and
 /// `*out` is not written. Each `FH_OK` must be matched by one `fh_deregister(out->handle)`.
 ///
+/// With a helper thread (`fh_config.helper`), the caller's return address identifies the call
+/// site for the helper's predictor.
+///
 /// # Safety
 /// `cache` is NULL or live; `out` is NULL or valid for one `fh_mr` write. `addr` is not
 /// dereferenced by this library, only pinned.
+#[cfg_attr(fh_naked, unsafe(naked))]
 #[no_mangle]
 pub unsafe extern "C" fn fh_register(
     cache: *mut fh_cache,
@@ -27,6 +31,55 @@ pub unsafe extern "C" fn fh_register(
     access: u32,
     out: *mut fh_mr,
 ) -> fh_status {
+    // The five arguments stay where they are; the return address (the call site) becomes a
+    // sixth, and `register_at` returns straight to our caller.
+    return_address_tail_call!(register_at, cache, addr, len, access, out)
+}
+
+/// In a naked function: move the return address of a function entered by a plain call into the
+/// sixth integer argument register and jump to `$imp` (same stack, so `$imp` returns to the
+/// original caller). Without naked functions (Rust < 1.88): call `$imp` with site 0.
+#[cfg(all(fh_naked, target_arch = "x86_64"))]
+macro_rules! return_address_tail_call {
+    ($imp:path, $($arg:ident),*) => {
+        core::arch::naked_asm!("mov r9, qword ptr [rsp]", "jmp {imp}", imp = sym $imp)
+    };
+}
+#[cfg(all(fh_naked, target_arch = "aarch64"))]
+macro_rules! return_address_tail_call {
+    ($imp:path, $($arg:ident),*) => {
+        core::arch::naked_asm!("mov x5, x30", "b {imp}", imp = sym $imp)
+    };
+}
+#[cfg(not(fh_naked))]
+macro_rules! return_address_tail_call {
+    ($imp:path, $($arg:ident),*) => {
+        // SAFETY: the caller's contract is `$imp`'s.
+        unsafe { $imp($($arg),*, 0) }
+    };
+}
+use return_address_tail_call;
+
+#[cfg(test)]
+thread_local! {
+    /// The last `site` `register_at` saw on this thread (tests of the trampoline).
+    pub(crate) static LAST_SITE: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// `fh_register` proper, with the caller's return address as `site`.
+///
+/// # Safety
+/// As `fh_register`.
+unsafe extern "C" fn register_at(
+    cache: *mut fh_cache,
+    addr: *const std::ffi::c_void,
+    len: usize,
+    access: u32,
+    out: *mut fh_mr,
+    site: usize,
+) -> fh_status {
+    #[cfg(test)]
+    LAST_SITE.with(|s| s.set(site));
     ffi_guard! {{
         // SAFETY: NULL or live per the contract.
         let Some(c) = (unsafe { borrow(cache) }) else {
@@ -38,7 +91,7 @@ pub unsafe extern "C" fn fh_register(
         // Events the userfaultfd reader has read but not yet dispatched must reach the cache
         // before it is searched (see `monitor::quiesce`); one load when idle.
         crate::monitor::quiesce();
-        match c.cache.register(addr as usize, len, Access(access)) {
+        match c.helper.register(&c.cache, site, addr as usize, len, Access(access)) {
             Ok(reg) => {
                 // SAFETY: non-NULL checked above, writable per the contract.
                 unsafe { write_out(out, fh_mr::from(reg)) };
@@ -49,7 +102,9 @@ pub unsafe extern "C" fn fh_register(
     }}
 }
 
-/// Releases one registration. The region stays cached (pinned) until evicted or invalidated.
+/// Releases one registration. The region stays cached (pinned) until evicted or invalidated
+/// (or, with a helper thread, until the helper unpins it: then this call never unpins anything
+/// itself).
 ///
 /// Returns `FH_ERR_NULL` (`cache` NULL) or `FH_ERR_UNKNOWN_HANDLE` (never issued, or already
 /// released — double release is detected and changes nothing).
@@ -61,7 +116,7 @@ pub unsafe extern "C" fn fh_deregister(cache: *mut fh_cache, handle: u64) -> fh_
     ffi_guard! {{
         // SAFETY: NULL or live per the contract.
         match unsafe { borrow(cache) } {
-            Some(c) => status_of(c.cache.deregister(handle)),
+            Some(c) => status_of(c.helper.deregister(&c.cache, handle)),
             None => fh_status::FH_ERR_NULL,
         }
     }}

@@ -4,6 +4,7 @@
 use std::ffi::c_void;
 use std::ptr::{null, null_mut};
 
+use super::types::FH_CONFIG_MIN_SIZE;
 use super::*;
 use crate::status::fh_status::{self, *};
 
@@ -35,7 +36,15 @@ fn new_cache(cfg: &fh_config) -> Result<*mut fh_cache, fh_status> {
 #[test]
 fn struct_size_is_checked() {
     let good = config();
-    for size in [0, 4, good.struct_size - 1, good.struct_size + 8] {
+    let first = FH_CONFIG_MIN_SIZE as u32;
+    for size in [
+        0,
+        4,
+        first - 1,
+        first + 4,
+        good.struct_size - 1,
+        good.struct_size + 8,
+    ] {
         let cfg = fh_config {
             struct_size: size,
             ..good
@@ -49,6 +58,127 @@ fn struct_size_is_checked() {
     let c = new_cache(&good).expect("the size fh_config_init sets is accepted");
     // SAFETY: live cache, freed once.
     unsafe { fh_cache_free(c) };
+    // A caller built against the first layout: its fields are read, the newer ones come from
+    // the environment (FH_HELPER is not set in the test environment: off). Garbage past the
+    // first layout is never read.
+    let old = fh_config {
+        struct_size: first,
+        helper: 77,
+        helper_cpu: 12345,
+        helper_min_bytes: 0,
+        ..good
+    };
+    let c = new_cache(&old).expect("the first layout is accepted");
+    // SAFETY: live cache.
+    let c_ref = unsafe { &*c };
+    assert!(matches!(
+        c_ref.helper.state(),
+        crate::helper::HelperState::Off { .. }
+    ));
+    // SAFETY: live cache, freed once.
+    unsafe { fh_cache_free(c) };
+    for bad in [
+        fh_config { helper: 2, ..good },
+        fh_config {
+            helper_cpu: 1024,
+            ..good
+        },
+        fh_config {
+            helper_min_bytes: 0,
+            ..good
+        },
+    ] {
+        assert_eq!(new_cache(&bad), Err(FH_ERR_BAD_CONFIG));
+    }
+}
+
+/// The helper through the C API, forced on with an explicit core (`FH_HELPER_CPU`): its
+/// counters and `fh_info` lines; off, `fh_info` says why.
+#[test]
+fn helper_through_the_c_api() {
+    let cpu = crate::helper::placement::allowed_cpus()[0];
+    let cfg = fh_config {
+        helper: FH_HELPER_ON,
+        helper_cpu: cpu as u32,
+        helper_min_bytes: 4096,
+        max_regions: 64,
+        ..config()
+    };
+    let c = new_cache(&cfg).unwrap();
+    let len = 64 << 10;
+    // SAFETY: a fresh anonymous mapping, unmapped at the end.
+    let addr = unsafe {
+        libc::mmap(
+            null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(addr, libc::MAP_FAILED);
+    for _ in 0..5 {
+        let mut mr = std::mem::MaybeUninit::<fh_mr>::uninit();
+        // SAFETY: live cache, valid output, mapped memory.
+        unsafe {
+            assert_eq!(
+                fh_register(c, addr, len, FH_ACCESS_LOCAL_WRITE, mr.as_mut_ptr()),
+                FH_OK
+            );
+            assert_eq!(fh_deregister(c, mr.assume_init().handle), FH_OK);
+        }
+    }
+    // The helper publishes on every loop (at least every 0.5 ms).
+    let mut hs = fh_helper_stats::default();
+    for _ in 0..2000 {
+        // SAFETY: live cache, valid output.
+        assert_eq!(unsafe { fh_get_helper_stats(c, &mut hs) }, FH_OK);
+        if hs.tracked_registrations == 5 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    assert_eq!((hs.state, hs.cpu), (1, cpu as i32));
+    assert_eq!(hs.tracked_registrations, 5);
+    // SAFETY: NULL output.
+    assert_eq!(unsafe { fh_get_helper_stats(c, null_mut()) }, FH_ERR_NULL);
+    // SAFETY: NULL cache.
+    assert_eq!(unsafe { fh_get_helper_stats(null(), &mut hs) }, FH_ERR_NULL);
+    let info = info_text(c);
+    assert!(
+        info.contains(&format!("helper:        on (core {cpu})")),
+        "{info}"
+    );
+    assert!(info.contains("predictions:"), "{info}");
+    // SAFETY: live cache, freed once; the mapping is ours.
+    unsafe {
+        fh_cache_free(c);
+        libc::munmap(addr, len);
+    }
+    let off = new_cache(&config()).unwrap();
+    let info = info_text(off);
+    assert!(info.contains("helper:        off: not asked for"), "{info}");
+    let mut hs = fh_helper_stats {
+        state: 9,
+        ..Default::default()
+    };
+    // SAFETY: live cache, valid output.
+    assert_eq!(unsafe { fh_get_helper_stats(off, &mut hs) }, FH_OK);
+    assert_eq!(hs, fh_helper_stats::default());
+    // SAFETY: live cache, freed once.
+    unsafe { fh_cache_free(off) };
+}
+
+fn info_text(c: *const fh_cache) -> String {
+    let mut buf = vec![0u8; 8192];
+    // SAFETY: live cache, `buf` valid for its length.
+    assert_eq!(
+        unsafe { fh_info(c, buf.as_mut_ptr().cast(), buf.len(), null_mut()) },
+        FH_OK
+    );
+    let n = buf.iter().position(|&b| b == 0).unwrap();
+    String::from_utf8_lossy(&buf[..n]).into_owned()
 }
 
 #[test]
@@ -145,4 +275,35 @@ fn null_everywhere() {
         assert_eq!(fh_cache_finalize(null_mut()), FH_OK);
         fh_cache_free(null_mut());
     }
+}
+
+/// `fh_register` hands its caller's return address to the helper: the same call site gives the
+/// same value every time, two call sites give two values (0 only without naked functions).
+#[test]
+#[cfg(fh_naked)]
+fn register_reports_its_call_site() {
+    let c = new_cache(&config()).unwrap();
+    let mut mr = std::mem::MaybeUninit::<fh_mr>::uninit();
+    let mut sites = Vec::new();
+    for i in 0..4 {
+        // Bad input (NULL address) still goes through the trampoline and changes nothing.
+        // SAFETY: live cache; the NULL address is refused before anything is read.
+        let rc = if i % 2 == 0 {
+            unsafe { fh_register(c, null(), 4096, 0, mr.as_mut_ptr()) }
+        } else {
+            unsafe { fh_register(c, null(), 8192, 0, mr.as_mut_ptr()) }
+        };
+        assert_eq!(rc, FH_ERR_NULL);
+        sites.push(super::ops::LAST_SITE.with(|s| s.get()));
+    }
+    let here = register_reports_its_call_site as *const () as usize;
+    assert!(
+        sites.iter().all(|&s| s > here && s < here + 4096),
+        "{sites:x?} vs {here:x}"
+    );
+    assert_eq!(sites[0], sites[2]);
+    assert_eq!(sites[1], sites[3]);
+    assert_ne!(sites[0], sites[1]);
+    // SAFETY: live cache, freed once.
+    unsafe { fh_cache_free(c) };
 }

@@ -128,7 +128,65 @@ pub struct fh_config {
     pub monitor: u32,
     /// Reserved, must be 0.
     pub reserved: u32,
+    /// `FH_HELPER_OFF` or `FH_HELPER_ON` (env `FH_HELPER`): a helper thread that unpins idle
+    /// registrations and pins them again shortly before their predicted next use (seed 001).
+    /// Added after the first layout: a caller built against it gets the environment's value.
+    pub helper: u32,
+    /// Core the helper is bound to, or `FH_HELPER_CPU_AUTO` (env `FH_HELPER_CPU`): then it runs
+    /// only when an idle core is there; otherwise it stays off and `fh_info` says why.
+    pub helper_cpu: u32,
+    /// Registrations shorter than this are not tracked by the helper (env `FH_HELPER_MIN`,
+    /// default 16 KiB); must be > 0.
+    pub helper_min_bytes: usize,
 }
 
-/// Size of the first published `fh_config` layout; smaller `struct_size` values are refused.
-pub(crate) const FH_CONFIG_MIN_SIZE: usize = std::mem::size_of::<fh_config>();
+/// `fh_config.helper`: no helper thread (the lazy cache).
+pub const FH_HELPER_OFF: u32 = 0;
+/// `fh_config.helper`: a helper thread, placed as `helper_cpu` says.
+pub const FH_HELPER_ON: u32 = 1;
+/// `fh_config.helper_cpu`: run the helper only when an idle core is available (unbound).
+pub const FH_HELPER_CPU_AUTO: u32 = u32::MAX;
+
+/// Size of the first published `fh_config` layout (up to `reserved`); smaller `struct_size`
+/// values are refused, and the fields after it take the environment's values when a caller's
+/// `struct_size` stops there.
+pub(crate) const FH_CONFIG_MIN_SIZE: usize = std::mem::offset_of!(fh_config, helper);
+
+/// What the helper thread did (`fh_get_helper_stats`). Times in ns, sizes in bytes. All zero
+/// except `state` when the helper is off.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct fh_helper_stats {
+    /// 0: off (not asked for, or no idle core: `fh_info` says why), 1: running, 2: stopped.
+    pub state: u32,
+    /// Core it is bound to, or -1.
+    pub cpu: i32,
+    /// Predictions made (a use under a signature whose period is learned).
+    pub predictions: u64,
+    /// Predictions judged (their signature occurred again), and those within 5 % of the
+    /// observed period.
+    pub predictions_evaluated: u64,
+    pub predictions_accurate: u64,
+    /// Uses the helper's pin was ready for; uses that came before its planned pin; uses of
+    /// regions it had unpinned without a prediction (learning).
+    pub early_registrations: u64,
+    pub late_registrations: u64,
+    pub unpredicted_registrations: u64,
+    /// Pins and unpins the helper made; pins that failed or raced with an unmap.
+    pub helper_pins: u64,
+    pub helper_unpins: u64,
+    pub helper_pin_failures: u64,
+    /// Tracked registrations (at or above `helper_min_bytes`), those where the caller pinned
+    /// itself, the time those callers waited for their pins, and the time all tracked
+    /// registrations took.
+    pub tracked_registrations: u64,
+    pub caller_pins: u64,
+    pub caller_pin_wait_ns: u64,
+    pub caller_wait_ns: u64,
+    /// Pinned bytes averaged over the time the helper ran, and the peak.
+    pub avg_pinned_bytes: u64,
+    pub peak_pinned_bytes: u64,
+    pub elapsed_ns: u64,
+    /// Events dropped because the helper's queue was full.
+    pub events_dropped: u64,
+}

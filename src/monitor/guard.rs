@@ -7,13 +7,15 @@
 
 use std::cell::Cell;
 
+use crate::seam::UnmapEvent;
+
 thread_local! {
     static IN_HOOK: Cell<bool> = const { Cell::new(false) };
 }
 
 /// Run the listeners for [addr, addr+len) unless this thread is already inside a notification.
 /// Returns whether they ran.
-pub fn notify_guarded(addr: usize, len: usize) -> bool {
+pub fn notify_guarded(addr: usize, len: usize, ev: UnmapEvent) -> bool {
     if len == 0 {
         return false;
     }
@@ -22,7 +24,7 @@ pub fn notify_guarded(addr: usize, len: usize) -> bool {
     if !entered {
         return false;
     }
-    super::registry::notify_all(addr, len);
+    super::registry::notify_all(addr, len, ev);
     let _ = IN_HOOK.try_with(|g| g.set(false));
     true
 }

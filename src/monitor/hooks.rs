@@ -1,15 +1,20 @@
 //! Replacement bodies for the patched libc functions.
 //!
-//! Each one tells the listeners which range is about to lose its pages, then issues the system
-//! call itself (it never calls the original code, so no trampoline is needed) and reports errors
-//! the way glibc does: -1 / MAP_FAILED with errno set. Nothing here allocates, locks or unwinds
-//! (these are `extern "C"`, so a panicking listener aborts the process instead of unwinding into C).
+//! Each one tells the listeners which range is about to lose its pages ([`UnmapEvent::Before`]),
+//! issues the system call itself (it never calls the original code, so no trampoline is needed),
+//! and, when the call succeeded and some listener wants it, tells them again that the pages are
+//! gone ([`UnmapEvent::Done`]) before returning; errors are reported the way glibc does: -1 /
+//! MAP_FAILED with errno set. Nothing here allocates, locks or unwinds (these are `extern "C"`, so
+//! a panicking listener aborts the process instead of unwinding into C).
 
 use libc::{c_int, c_long, c_void, off_t, size_t};
 
 use super::guard::notify_guarded;
 use super::maps;
 use super::ranges::{madvise_drops_pages, mmap_replaces, mremap_ranges, page_span, PAGE};
+use super::registry::done_wanted;
+use super::unmap_log;
+use crate::seam::UnmapEvent;
 
 /// The libc functions we patch; the discriminant is the bit in `MonitorStatus::patched`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -79,14 +84,48 @@ fn errno_ptr() -> *mut c_int {
 }
 
 /// Run listeners for a range without letting them disturb errno (callers of munmap & co. may
-/// inspect errno of an earlier call).
-fn notify(range: Option<(usize, usize)>) {
-    if let Some((addr, len)) = range {
-        // SAFETY: errno slot of this thread (see errno_ptr).
-        let saved = unsafe { *errno_ptr() };
-        notify_guarded(addr, len);
-        // SAFETY: as above.
-        unsafe { *errno_ptr() = saved };
+/// inspect errno of an earlier call, or of this one). Returns whether they ran (not on a thread
+/// already inside a notification).
+fn notify_ev(range: Option<(usize, usize)>, ev: UnmapEvent) -> bool {
+    let Some((addr, len)) = range else {
+        return false;
+    };
+    // SAFETY: errno slot of this thread (see errno_ptr).
+    let saved = unsafe { *errno_ptr() };
+    let ran = notify_guarded(addr, len, ev);
+    // SAFETY: as above.
+    unsafe { *errno_ptr() = saved };
+    ran
+}
+
+/// The unmap window of one hooked call (`unmap_log.rs`, for the helper thread's prefetch): open
+/// from before the listeners run until the hook returns (the guard is a local of the hook,
+/// dropped after its system call and `done`). Opened before `notify`.
+#[must_use]
+struct Window(Option<u64>);
+
+impl Drop for Window {
+    fn drop(&mut self) {
+        if let Some(seq) = self.0 {
+            unmap_log::end(seq);
+        }
+    }
+}
+
+fn window(range: Option<(usize, usize)>) -> Window {
+    Window(range.map(|(addr, len)| unmap_log::begin(addr, addr.saturating_add(len))))
+}
+
+/// Before the system call. Returns whether the listeners ran (then `done` may follow).
+fn notify(range: Option<(usize, usize)>) -> bool {
+    notify_ev(range, UnmapEvent::Before)
+}
+
+/// After the system call: if it succeeded and the listeners heard `Before` for this range, tell
+/// the ones that want it that the pages are gone now.
+fn done(range: Option<(usize, usize)>, ran: bool, ok: bool) {
+    if ran && ok && done_wanted() {
+        notify_ev(range, UnmapEvent::Done);
     }
 }
 
@@ -96,24 +135,34 @@ fn fail_einval() {
 }
 
 unsafe extern "C" fn fh_munmap(addr: *mut c_void, len: size_t) -> c_int {
-    notify(page_span(addr as usize, len));
+    let range = page_span(addr as usize, len);
+    let _w = window(range);
+    let ran = notify(range);
     // SAFETY: the caller's own munmap request, passed through unchanged.
-    unsafe { libc::syscall(libc::SYS_munmap, addr as c_long, len as c_long) as c_int }
+    let r = unsafe { libc::syscall(libc::SYS_munmap, addr as c_long, len as c_long) as c_int };
+    done(range, ran, r == 0);
+    r
 }
 
 unsafe extern "C" fn fh_madvise(addr: *mut c_void, len: size_t, advice: c_int) -> c_int {
-    if madvise_drops_pages(advice) {
-        notify(page_span(addr as usize, len));
-    }
+    let range = if madvise_drops_pages(advice) {
+        page_span(addr as usize, len)
+    } else {
+        None
+    };
+    let _w = window(range);
+    let ran = notify(range);
     // SAFETY: pass-through of the caller's request.
-    unsafe {
+    let r = unsafe {
         libc::syscall(
             libc::SYS_madvise,
             addr as c_long,
             len as c_long,
             advice as c_long,
         ) as c_int
-    }
+    };
+    done(range, ran, r == 0);
+    r
 }
 
 /// `mremap` is variadic in C; on x86_64 the optional fifth argument travels in r8 like a normal
@@ -137,11 +186,12 @@ unsafe extern "C" fn fh_mremap(
     } else {
         0
     };
-    for r in mremap_ranges(old as usize, old_size, new_size, flags, new_addr) {
-        notify(r);
-    }
+    let ranges = mremap_ranges(old as usize, old_size, new_size, flags, new_addr);
+    // (Both ranges are logged until the call returns.)
+    let _w = ranges.map(window);
+    let ran = ranges.map(notify);
     // SAFETY: pass-through of the caller's request.
-    unsafe {
+    let r = unsafe {
         libc::syscall(
             libc::SYS_mremap,
             old as c_long,
@@ -150,7 +200,11 @@ unsafe extern "C" fn fh_mremap(
             flags as c_long,
             new_addr as c_long,
         ) as *mut c_void
+    };
+    for (range, ran) in ranges.into_iter().zip(ran) {
+        done(range, ran, r != libc::MAP_FAILED);
     }
+    r
 }
 
 unsafe extern "C" fn fh_mmap(
@@ -167,9 +221,11 @@ unsafe extern "C" fn fh_mmap(
         fail_einval();
         return libc::MAP_FAILED;
     }
-    notify(mmap_replaces(addr as usize, len, flags));
+    let range = mmap_replaces(addr as usize, len, flags);
+    let _w = window(range);
+    let ran = notify(range);
     // SAFETY: pass-through of the caller's request.
-    unsafe {
+    let r = unsafe {
         libc::syscall(
             libc::SYS_mmap,
             addr as c_long,
@@ -179,7 +235,9 @@ unsafe extern "C" fn fh_mmap(
             fd as c_long,
             off as c_long,
         ) as *mut c_void
-    }
+    };
+    done(range, ran, r != libc::MAP_FAILED);
+    r
 }
 
 /// Extent of the SysV segment attached at `addr`: the mapping that starts there plus contiguous
@@ -206,14 +264,21 @@ fn shm_extent(addr: usize) -> Option<(usize, usize)> {
 
 unsafe extern "C" fn fh_shmdt(addr: *const c_void) -> c_int {
     // Only look when listeners could care; the maps read costs a few µs and shmdt is rare.
-    if !super::guard::in_hook() {
-        notify(shm_extent(addr as usize));
-    }
+    let range = if super::guard::in_hook() {
+        None
+    } else {
+        shm_extent(addr as usize)
+    };
+    let _w = window(range);
+    let ran = notify(range);
     // SAFETY: pass-through of the caller's request.
-    unsafe { libc::syscall(libc::SYS_shmdt, addr as c_long) as c_int }
+    let r = unsafe { libc::syscall(libc::SYS_shmdt, addr as c_long) as c_int };
+    done(range, ran, r == 0);
+    r
 }
 
 unsafe extern "C" fn fh_shmat(id: c_int, addr: *const c_void, flags: c_int) -> *mut c_void {
+    let mut range = None;
     if flags & libc::SHM_REMAP != 0 && !addr.is_null() {
         let mut ds: libc::shmid_ds = unsafe { std::mem::zeroed() };
         // SAFETY: IPC_STAT fills the stack struct we own; a raw syscall, no allocation.
@@ -230,16 +295,20 @@ unsafe extern "C" fn fh_shmat(id: c_int, addr: *const c_void, flags: c_int) -> *
             if flags & libc::SHM_RND != 0 {
                 at &= !(PAGE - 1); // SHMLBA is the page size on x86_64
             }
-            notify(page_span(at, ds.shm_segsz));
+            range = page_span(at, ds.shm_segsz);
         }
     }
+    let _w = window(range);
+    let ran = notify(range);
     // SAFETY: pass-through of the caller's request.
-    unsafe {
+    let r = unsafe {
         libc::syscall(
             libc::SYS_shmat,
             id as c_long,
             addr as c_long,
             flags as c_long,
         ) as *mut c_void
-    }
+    };
+    done(range, ran, r as isize != -1);
+    r
 }

@@ -8,11 +8,13 @@
 //! Event sources (enable with [`install`]):
 //! - `fh_notify_unmapped` / [`notify_unmapped`]: the application tells us.
 //! - libc entry patching (`patch.rs`, `hooks.rs`, x86_64): munmap/mremap/madvise/mmap(MAP_FIXED)/
-//!   shmdt/shmat(SHM_REMAP), synchronously *before* the pages go, including glibc's internal calls
-//!   from free/realloc/malloc_trim (they jump to the same code we patch).
+//!   shmdt/shmat(SHM_REMAP), synchronously *before* the pages go (`UnmapEvent::Before`), including
+//!   glibc's internal calls from free/realloc/malloc_trim (they jump to the same code we patch);
+//!   and, for listeners that want it (`wants_done`), again after a successful call, before it
+//!   returns (`UnmapEvent::Done`: the remote-pinning driver waits there for its revocation).
 //! - userfaultfd (`uffd.rs`): UNMAP/REMOVE/REMAP events for the ranges a [`UffdWatcher`] watches
 //!   (exactly the pinned ranges, registered while pinned); catches raw syscalls and brk shrinking,
-//!   but only *after* the unmap.
+//!   but only *after* the unmap (`UnmapEvent::Late`).
 //!
 //! Listener rules beyond the seam above: on the `fh-uffd` thread a listener must not munmap /
 //! free memory of a *watched* mapping (the kernel would wait for that same thread to read the
@@ -25,7 +27,8 @@
 //!
 //! Files: `registry.rs` (listener slots), `guard.rs` (re-entrancy), `patch.rs` (code patching),
 //! `hooks.rs` (replacement functions), `ranges.rs` (what range each call invalidates),
-//! `maps.rs` (allocation-free /proc/self/maps reader), `uffd.rs` (userfaultfd; live watches per address
+//! `maps.rs` (allocation-free /proc/self/maps reader), `unmap_log.rs` (patched unmaps in
+//! flight, for the helper thread's prefetch), `uffd.rs` (userfaultfd; live watches per address
 //! are counted with `crate::range_counts`), `prune_ring.rs` (reader -> watch path,
 //! lock-free: ranges that went away), `switches.rs` (test-only disabling of single paths).
 
@@ -38,6 +41,7 @@ pub mod ranges;
 mod registry;
 mod switches;
 mod uffd;
+pub mod unmap_log;
 
 use std::sync::{Mutex, MutexGuard};
 
@@ -70,13 +74,19 @@ pub fn test_fail_uffd_reader() {
     uffd::test_fail_reader()
 }
 
-pub use crate::seam::MemoryListener;
+pub use crate::seam::{MemoryListener, UnmapEvent};
 
-/// Fan an event out to all listeners (used by `fh_notify_unmapped` and by the hooks). Hook-safe:
-/// no allocation, no lock. A call made from inside a listener (on the same thread) is dropped, so a
-/// listener that unmaps memory cannot recurse.
+/// Fan an event out to all listeners as [`UnmapEvent::Told`] (used by `fh_notify_unmapped` and
+/// the shim's hooks). Hook-safe: no allocation, no lock, no wait. A call made from inside a
+/// listener (on the same thread) is dropped, so a listener that unmaps memory cannot recurse.
 pub fn notify_unmapped(addr: usize, len: usize) {
-    guard::notify_guarded(addr, len);
+    guard::notify_guarded(addr, len, UnmapEvent::Told);
+}
+
+/// Tests: fan out an event of any kind, as the hooks or the reader would.
+#[doc(hidden)]
+pub fn notify_event_for_tests(addr: usize, len: usize, ev: UnmapEvent) {
+    guard::notify_guarded(addr, len, ev);
 }
 
 /// Which event sources to turn on.

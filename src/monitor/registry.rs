@@ -27,6 +27,7 @@ use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::MemoryListener;
+use crate::seam::UnmapEvent;
 
 /// Slots per chunk (a chunk is 4 KiB).
 pub const CHUNK: usize = 256;
@@ -50,6 +51,8 @@ const NO_CHUNK: AtomicPtr<Chunk> = AtomicPtr::new(std::ptr::null_mut());
 static CHUNKS: [AtomicPtr<Chunk>; MAX_CHUNKS] = [NO_CHUNK; MAX_CHUNKS];
 /// One past the highest slot in use.
 static HIGH: AtomicUsize = AtomicUsize::new(0);
+/// Subscribed listeners that want [`UnmapEvent::Done`] (the hooks skip that round at zero).
+static DONE_WANTED: AtomicUsize = AtomicUsize::new(0);
 
 /// Writer-side bookkeeping, under `WRITERS` (never taken on the hook path).
 pub(crate) struct Writers {
@@ -127,6 +130,8 @@ fn for_each_slot(high: usize, mut f: impl FnMut(&'static Slot)) {
 #[must_use = "dropping the Subscription unsubscribes the listener"]
 pub struct Subscription {
     slot: Option<usize>,
+    /// Counted in `DONE_WANTED`.
+    wants_done: bool,
 }
 
 impl Subscription {
@@ -143,22 +148,33 @@ pub fn subscribe(l: Arc<dyn MemoryListener>) -> Subscription {
     // Before the lock: registering the atfork handlers must not happen under one of our locks.
     crate::fork::ensure_handlers();
     let mut w = writers();
+    let none = Subscription {
+        slot: None,
+        wants_done: false,
+    };
     if w.used >= w.limit {
-        return Subscription { slot: None };
+        return none;
     }
     let high = HIGH.load(SeqCst);
     let i = match w.free.pop_first() {
         Some(i) => i,
         None if high < MAX_LISTENERS && ensure_chunk(high) => high,
-        None => return Subscription { slot: None },
+        None => return none,
     };
+    let wants_done = l.wants_done();
+    if wants_done {
+        DONE_WANTED.fetch_add(1, SeqCst);
+    }
     let raw = Box::into_raw(Box::new(l));
     slot(i).listener.store(raw, SeqCst);
     if i >= high {
         HIGH.store(i + 1, SeqCst);
     }
     w.used += 1;
-    Subscription { slot: Some(i) }
+    Subscription {
+        slot: Some(i),
+        wants_done,
+    }
 }
 
 impl Drop for Subscription {
@@ -187,6 +203,9 @@ impl Drop for Subscription {
                 high -= 1;
             }
             HIGH.store(high, SeqCst);
+            if self.wants_done {
+                DONE_WANTED.fetch_sub(1, SeqCst);
+            }
             raw
         };
         if !raw.is_null() {
@@ -198,8 +217,13 @@ impl Drop for Subscription {
     }
 }
 
+/// Whether some subscribed listener wants [`UnmapEvent::Done`] events. One load.
+pub fn done_wanted() -> bool {
+    DONE_WANTED.load(SeqCst) != 0
+}
+
 /// Fan an event out to every subscribed listener. No allocation, no lock: hook-safe.
-pub fn notify_all(addr: usize, len: usize) {
+pub fn notify_all(addr: usize, len: usize, ev: UnmapEvent) {
     for_each_slot(HIGH.load(SeqCst), |s| {
         // Cheap pre-check so a free slot costs one load, not two RMWs.
         if s.listener.load(SeqCst).is_null() {
@@ -209,7 +233,7 @@ pub fn notify_all(addr: usize, len: usize) {
         let raw = s.listener.load(SeqCst);
         if !raw.is_null() {
             // SAFETY: the pointer stays valid while `in_flight` > 0 (see Drop above).
-            unsafe { (*raw).on_unmap(addr, len) };
+            unsafe { (*raw).on_event(addr, len, ev) };
         }
         s.in_flight.fetch_sub(1, SeqCst);
     });

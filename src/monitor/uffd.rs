@@ -51,6 +51,7 @@ use super::maps;
 use super::prune_ring::PruneRing;
 use super::MonitorStatus;
 use crate::range_counts::RangeCounts;
+use crate::seam::UnmapEvent;
 
 const UFFD_API: u64 = 0xAA;
 const UFFDIO_API: c_ulong = 0xc018_aa3f;
@@ -776,11 +777,11 @@ fn reader(fd: c_int, dying: &mut Option<bool>) {
             match m.event {
                 // [start, end)
                 EVENT_UNMAP | EVENT_REMOVE => {
-                    notify_guarded(m.a as usize, (m.b - m.a) as usize);
+                    notify_guarded(m.a as usize, (m.b - m.a) as usize, UnmapEvent::Late);
                 }
                 // from, to, len: the pages left `from`.
                 EVENT_REMAP => {
-                    notify_guarded(m.a as usize, m.c as usize);
+                    notify_guarded(m.a as usize, m.c as usize, UnmapEvent::Late);
                 }
                 _ => {}
             }

@@ -4,7 +4,32 @@
 //! every `send` (one credit = one receive slot at the peer), and a link may treat a message
 //! arriving with no free slot as a protocol error.
 //!
-//! Implemented by `net::verbs` (one RC QP per peer, one CQ) and `net::sim` (deterministic, seeded).
+//! The same link also carries one-sided RDMA (`Link::rdma`: WRITE from / READ into a registered
+//! local buffer, at a remote range the target registered), with one `LinkEvent::RdmaDone` per
+//! accepted operation. It is part of `Link` rather than a sibling trait because its completions
+//! come out of the same `poll` the AM layer's progress already drives, and because the layers
+//! above hold an `Arc<dyn Link>`: a second trait would need a second handle to the same object
+//! (or trait upcasting) for no gain; a link that cannot do RDMA says so with an error.
+//!
+//! Implemented by `net::verbs` (one RC QP per peer, one CQ), `net::sim` (deterministic, seeded)
+//! and `net::solo` (a job of one: no peers).
+//!
+//! # Ordering of one-sided operations (the guarantees callers may rely on)
+//! Per pair of ranks, sends and RDMA operations are executed in the order they were posted (RC:
+//! one queue pair per pair, processed in order; the simulator keeps the same per-pair FIFO):
+//! - RDMA WRITEs to a peer are placed, and complete, in posting order.
+//! - A SEND posted after a WRITE on the same pair is delivered to the peer only after the
+//!   write's data is placed in its memory: "put, then notify" needs no wait for the write's
+//!   completion. (Not so across pairs, nor for a WRITE posted after the SEND.)
+//! - A READ's data is valid in the local buffer only once its `RdmaDone` has been reported; a
+//!   READ does not order with later WRITEs to the same remote bytes except through completions.
+//! - `RdmaDone` events of one peer are reported in posting order.
+//! - Every operation `rdma` accepted (`Ok`) is reported exactly once, success or error; one it
+//!   refused (`Err`) is never reported. Operations still outstanding when the peer is lost are
+//!   reported failed, before that peer's `PeerLost` (verbs: unless the device never flushes
+//!   them within `RDMA_FLUSH_GRACE`, see net/verbs/link.rs).
+//! - A remote access error (bad rkey, range outside the region, missing rights) fails the op
+//!   with `RemoteAccess` and, as on RC, breaks the connection: the peer is then lost.
 
 use std::fmt;
 use std::time::Duration;
@@ -25,6 +50,14 @@ pub enum LinkError {
     Closed,
     /// Anything else the device reported (verbs errno or completion status), as text.
     Device(String),
+    /// An RDMA operation of zero bytes (refused: rxe mishandles zero-length RDMA READ, and it
+    /// would move nothing anyway).
+    ZeroLength,
+    /// `addr + len` of an RDMA operation wraps around the address space.
+    Overflow,
+    /// The target refused an RDMA operation: the rkey is unknown, its region does not cover the
+    /// range, or does not allow the access. The connection to `peer` is lost with it (RC).
+    RemoteAccess(Rank),
 }
 
 impl fmt::Display for LinkError {
@@ -35,6 +68,9 @@ impl fmt::Display for LinkError {
             LinkError::TooLong { len, max } => write!(f, "message of {len} bytes > max {max}"),
             LinkError::Closed => write!(f, "link closed"),
             LinkError::Device(s) => write!(f, "device error: {s}"),
+            LinkError::ZeroLength => write!(f, "zero-length RDMA operation"),
+            LinkError::Overflow => write!(f, "RDMA range wraps around the address space"),
+            LinkError::RemoteAccess(r) => write!(f, "rank {r} refused the RDMA access"),
         }
     }
 }
@@ -50,10 +86,61 @@ pub enum LinkEvent<'a> {
     /// The connection to `peer` is gone: nothing more will arrive from it, and sends to it fail.
     /// Reported once per peer.
     PeerLost { peer: Rank, reason: LinkError },
+    /// The RDMA operation posted to `peer` with `token` finished: `Ok` once a WRITE's data is
+    /// placed at the target (and acknowledged) or a READ's data is in the local buffer. Errors:
+    /// `RemoteAccess`, `PeerLost` (flushed: the connection broke before it ran), `Device`.
+    RdmaDone {
+        peer: Rank,
+        token: u64,
+        result: Result<(), LinkError>,
+    },
 }
 
-/// A reliable, per-pair ordered message link between the ranks of a job. Thread-safe: `send`,
-/// `poll` and `wait` may be called from several threads at once.
+/// Direction of a one-sided operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RdmaKind {
+    /// Local buffer -> remote memory (put).
+    Write,
+    /// Remote memory -> local buffer (get).
+    Read,
+}
+
+/// One RDMA operation. The local range must be registered (its `lkey`, e.g. from the pin-down
+/// cache) with local write access for a READ; the remote range must lie inside a region the
+/// target registered with remote write (WRITE) or remote read (READ) access, named by `rkey`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RdmaOp {
+    pub kind: RdmaKind,
+    pub local_addr: u64,
+    pub lkey: u32,
+    pub len: usize,
+    pub remote_addr: u64,
+    pub rkey: u32,
+    /// Returned unchanged in the op's `RdmaDone`; the link never interprets it.
+    pub token: u64,
+}
+
+impl RdmaOp {
+    /// The checks every link makes before posting: length in `1..=max`, neither range wraps.
+    pub fn validate(&self, max: usize) -> Result<(), LinkError> {
+        if self.len == 0 {
+            return Err(LinkError::ZeroLength);
+        }
+        if self.len > max {
+            return Err(LinkError::TooLong { len: self.len, max });
+        }
+        let len = self.len as u64;
+        if self.local_addr.checked_add(len).is_none() || self.remote_addr.checked_add(len).is_none()
+        {
+            return Err(LinkError::Overflow);
+        }
+        Ok(())
+    }
+}
+
+/// A reliable, per-pair ordered message link between the ranks of a job, with one-sided RDMA.
+/// Thread-safe: `send`, `rdma`, `poll` and `wait` may be called from several threads at once
+/// (an event goes to whichever thread's `poll` takes it).
 pub trait Link: Send + Sync {
     /// This process's rank.
     fn rank(&self) -> Rank;
@@ -66,6 +153,18 @@ pub trait Link: Send + Sync {
     /// Sends one message to `peer`. The caller holds a credit for it (a free slot at the peer);
     /// the link never queues for lack of one. Returns when `msg` may be reused.
     fn send(&self, peer: Rank, msg: &[u8]) -> Result<(), LinkError>;
+    /// Sends `msgs` to `peer` in order, as `send` each would, but as one batch where the link
+    /// can (verbs: one chain of work requests, one doorbell). On error the messages before the
+    /// failing one were sent, and the error says nothing about which: the callers treat any
+    /// error as the peer's (or the job's) end. A message too long fails the batch before any
+    /// is sent.
+    fn send_batch(&self, peer: Rank, msgs: &[&[u8]]) -> Result<(), LinkError> {
+        let max = self.max_msg();
+        if let Some(m) = msgs.iter().find(|m| m.len() > max) {
+            return Err(LinkError::TooLong { len: m.len(), max });
+        }
+        msgs.iter().try_for_each(|m| self.send(peer, m))
+    }
     /// Delivers what has arrived, without blocking. Returns the number of events delivered.
     fn poll(&self, on_event: &mut dyn FnMut(LinkEvent<'_>)) -> Result<usize, LinkError>;
     /// Blocks until something may have arrived, or `timeout` passed (the progress thread sleeps
@@ -74,4 +173,19 @@ pub trait Link: Send + Sync {
     /// Checks that `peer` is still there without using a credit (verbs: a one-sided write to a
     /// word the peer registered for it). A dead peer shows up as `PeerLost` from a later `poll`.
     fn probe(&self, peer: Rank) -> Result<(), LinkError>;
+    /// The longest RDMA operation `rdma` accepts (verbs: the port's maximum message size, at
+    /// most 2 GiB). Longer transfers are the caller's to split: one op, one completion. 0 when
+    /// the link has no peers to reach.
+    fn max_rdma(&self) -> usize;
+    /// Posts one RDMA WRITE or READ to `peer`; its `RdmaDone` comes from a later `poll`. Never
+    /// blocks for long: when the send queue to `peer` is full it reaps completions until there
+    /// is room, as `send` does. Refused, with nothing posted and no event to come: `BadRank`
+    /// (also this rank itself), `ZeroLength`, `TooLong` (> `max_rdma`), `Overflow`, `PeerLost`.
+    ///
+    /// # Safety
+    /// The link hands both ranges to the device (or, in the simulator, copies through raw
+    /// pointers). Until the op's `RdmaDone`: the local range must stay valid and registered
+    /// under `lkey`, must not be written (WRITE) or accessed at all (READ) by anyone else. The
+    /// remote range is the target's to keep valid (its rkey says it allowed this).
+    unsafe fn rdma(&self, peer: Rank, op: RdmaOp) -> Result<(), LinkError>;
 }

@@ -1,8 +1,10 @@
-//! Peers: who they are (`bootstrap`), how messages reach them (`link`: verbs RC or the simulator),
-//! and the active-message layer on top (`am`: handlers by id, request/reply, credits, progress).
+//! Peers: who they are (`bootstrap`), how messages and one-sided RDMA reach them (`link`: verbs RC
+//! or the simulator), and the active-message layer on top (`am`: handlers by id, request/reply,
+//! credits, progress; it passes RDMA completions up to the layer above through one handler).
 //!
 //! Owns: endpoints, queue pairs, receive buffers, credits, the progress thread.
-//! May call: `pin::verbs` (context, protection domain, memory regions), `config`, `status`.
+//! May call: `pin::verbs` (context, protection domain, memory regions), `config`, `status`,
+//! `inside` (the progress thread marks itself as the library's).
 //! Never calls: `cache`, `monitor` (a message buffer is registered once, never through the cache).
 //! Only `net/verbs` touches libibverbs here; everything else is tested with `sim` and no device.
 
@@ -21,7 +23,7 @@ pub mod wire;
 
 pub use am::{Am, Replier, Ticket};
 pub use bootstrap::{Bootstrap, BootstrapError};
-pub use link::{Link, LinkError, LinkEvent, Rank};
+pub use link::{Link, LinkError, LinkEvent, Rank, RdmaKind, RdmaOp};
 pub use peers::{Peers, PeersConfig};
 pub use settings::NetSettings;
 pub use stats::StatsSnapshot;

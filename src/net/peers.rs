@@ -27,6 +27,11 @@ pub struct PeersConfig {
     /// HCA port.
     pub port: u8,
     pub settings: NetSettings,
+    /// Leave the progress thread stopped until [`Peers::start_progress`]: for an owner that
+    /// registers handlers after `Peers::new` and whose peers may send to them at once (the
+    /// Firehose engine). Default false: the thread starts at the end of `Peers::new`, after the
+    /// barrier's handlers.
+    pub defer_progress: bool,
 }
 
 impl PeersConfig {
@@ -48,6 +53,7 @@ impl PeersConfig {
             device: std::env::var(DEVICE_ENV).ok().filter(|s| !s.is_empty()),
             port,
             settings: NetSettings::from_env()?,
+            defer_progress: false,
         })
     }
 }
@@ -58,6 +64,9 @@ pub struct Peers {
     am: Am,
     barrier: AmBarrier,
     link: Arc<dyn Link>,
+    /// The protection domain the link is on (`None` in a job of one): memory that peers reach
+    /// by RDMA must be registered on it.
+    pd: Option<Arc<Pd>>,
     settings: NetSettings,
     /// In a mutex only to make `Peers` `Sync` (a bootstrap is `Send`); used at setup only.
     _bootstrap: std::sync::Mutex<Box<dyn Bootstrap>>,
@@ -83,27 +92,43 @@ impl Peers {
                 bootstrap::from_env().map_err(bootstrap_status)?
             }
         };
-        let link: Arc<dyn Link> = if boot.size() == 1 {
-            Arc::new(SoloLink {
+        let (link, pd): (Arc<dyn Link>, _) = if boot.size() == 1 {
+            let solo = SoloLink {
                 recv_slots: cfg.settings.recv_depth,
                 max_msg: cfg.settings.max_size,
-            })
+            };
+            (Arc::new(solo), None)
         } else {
-            Arc::new(Self::verbs_link(&cfg, boot.as_mut())?)
+            let (link, pd) = Self::verbs_link(&cfg, boot.as_mut())?;
+            (Arc::new(link), Some(pd))
         };
-        let am = Am::new(link.clone(), cfg.settings)?;
+        // Handlers first, then the progress thread: a faster peer's first barrier message can
+        // arrive at once, and a thread delivering it before the barrier's handler exists would
+        // lose it (seen in CI: a 4-rank job with progress threads timed out in its first
+        // barrier, twice).
+        let am = Am::new_paused(link.clone(), cfg.settings)?;
         let barrier = AmBarrier::register(&am);
+        if !cfg.defer_progress {
+            am.start_progress_thread()?;
+        }
         Ok(Peers {
             am,
             barrier,
             link,
+            pd,
             settings: cfg.settings,
             _bootstrap: std::sync::Mutex::new(boot),
         })
     }
 
+    /// Starts the progress thread of a `Peers` built with `defer_progress` (once its owner's
+    /// handlers are registered). Idempotent; nothing without `FH_PROGRESS_THREAD`.
+    pub fn start_progress(&self) -> FhResult<()> {
+        self.am.start_progress_thread()
+    }
+
     /// Opens the device on every rank, agrees that all did, then connects.
-    fn verbs_link(cfg: &PeersConfig, boot: &mut dyn Bootstrap) -> FhResult<VerbsLink> {
+    fn verbs_link(cfg: &PeersConfig, boot: &mut dyn Bootstrap) -> FhResult<(VerbsLink, Arc<Pd>)> {
         let opened = open_device(cfg.device.as_deref())
             .and_then(|ctx| ctx.alloc_pd())
             .map_err(|e| {
@@ -135,13 +160,19 @@ impl Peers {
             },
             ..VerbsLinkConfig::default()
         };
-        VerbsLink::new(&pd, boot, &vcfg).map_err(|e| {
+        let link = VerbsLink::new(&pd, boot, &vcfg).map_err(|e| {
             eprintln!("firehose: rank {}: connecting peers: {e}", boot.rank());
             match e {
                 LinkError::PeerLost(_) => fh_status::FH_ERR_PEER_LOST,
                 _ => fh_status::FH_ERR_BOOTSTRAP,
             }
-        })
+        })?;
+        Ok((link, pd))
+    }
+
+    /// The protection domain of the link (`None` in a job of one).
+    pub fn pd(&self) -> Option<&Arc<Pd>> {
+        self.pd.as_ref()
     }
 
     pub fn rank(&self) -> Rank {

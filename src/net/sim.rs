@@ -12,9 +12,20 @@
 //! - The flow-control invariant: a message arriving when its receiver already has `slots`
 //!   messages of that sender occupying slots (arrived, or being handled by a `poll` callback) is
 //!   an overrun; `overruns()` counts them, and tests assert 0.
+//! - One-sided RDMA over a memory model: all ranks live in one process, so a rank's registered
+//!   region (`SimNet::register`) is a range of real memory and an rkey names it. An RDMA op rides
+//!   the pair's FIFO like a message (a WRITE then a SEND on one pair arrive in that order); when
+//!   it arrives it checks that its rkey belongs to the target and covers the range with the
+//!   right access, copies the bytes, and queues `RdmaDone` for the initiator. A failed check
+//!   reports `RemoteAccess` and loses the connection (as RC does). Lkeys are not checked: the
+//!   simulator cannot know the caller's local registrations. In `Auto` mode the initiator's own
+//!   `poll` moves its pairs up to their last RDMA op (a one-sided op must not wait for the
+//!   target's CPU); in `Manual` mode `step` moves them like messages. An op whose target was
+//!   `silence`d fails with `PeerLost` and loses the peer for the initiator, as a probe does.
 
-use crate::net::{Link, LinkError, LinkEvent, Rank};
-use std::collections::VecDeque;
+use crate::net::{Link, LinkError, LinkEvent, Rank, RdmaKind, RdmaOp};
+use crate::pin::Access;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -50,15 +61,68 @@ impl SimConfig {
     }
 }
 
+/// The longest RDMA op the simulator accepts (as rxe's port maximum).
+pub const SIM_MAX_RDMA: usize = 1 << 31;
+
 enum Arrival {
-    Msg { from: Rank, data: Vec<u8> },
-    Lost { peer: Rank },
+    Msg {
+        from: Rank,
+        data: Vec<u8>,
+    },
+    Lost {
+        peer: Rank,
+    },
+    RdmaDone {
+        peer: Rank,
+        token: u64,
+        result: Result<(), LinkError>,
+    },
+}
+
+/// What travels on a pair's FIFO.
+enum Flight {
+    Msg(Vec<u8>),
+    Rdma(RdmaOp),
+}
+
+/// A registered range of a rank's memory.
+#[derive(Debug, Clone, Copy)]
+struct Region {
+    rank: Rank,
+    addr: u64,
+    len: usize,
+    access: Access,
+}
+
+impl Region {
+    fn allows(&self, target: Rank, op: &RdmaOp) -> bool {
+        let want = match op.kind {
+            RdmaKind::Write => Access::REMOTE_WRITE,
+            RdmaKind::Read => Access::REMOTE_READ,
+        };
+        let Some(end) = self.addr.checked_add(self.len as u64) else {
+            return false;
+        };
+        self.rank == target
+            && self.access.0 & want.0 == want.0
+            && op.remote_addr >= self.addr
+            && op
+                .remote_addr
+                .checked_add(op.len as u64)
+                .is_some_and(|e| e <= end)
+    }
 }
 
 struct State {
     rng: u64,
     /// In flight, by pair `from * size + to`.
-    flights: Vec<VecDeque<Vec<u8>>>,
+    flights: Vec<VecDeque<Flight>>,
+    /// RDMA ops among a pair's flights, and among all flights from a rank.
+    rdma_in_pair: Vec<usize>,
+    rdma_from: Vec<usize>,
+    /// Registered regions by rkey; rkeys are never reused.
+    regions: HashMap<u32, Region>,
+    next_rkey: u32,
     /// Pairs with something in flight (for an O(1) random pick), and each pair's place in it.
     active: Vec<usize>,
     active_pos: Vec<Option<usize>>,
@@ -72,6 +136,7 @@ struct State {
     silent: Vec<bool>,
     overruns: u64,
     delivered: u64,
+    rdma_done: u64,
 }
 
 struct Shared {
@@ -101,19 +166,27 @@ fn splitmix(s: &mut u64) -> u64 {
 }
 
 impl State {
-    fn push_flight(&mut self, pair: usize, to: Rank, data: Vec<u8>) {
+    fn push_flight(&mut self, pair: usize, from: Rank, to: Rank, f: Flight) {
         if self.active_pos[pair].is_none() {
             self.active_pos[pair] = Some(self.active.len());
             self.active.push(pair);
         }
-        self.flights[pair].push_back(data);
+        if matches!(f, Flight::Rdma(_)) {
+            self.rdma_in_pair[pair] += 1;
+            self.rdma_from[from as usize] += 1;
+        }
+        self.flights[pair].push_back(f);
         self.in_flight_to[to as usize] += 1;
     }
 
-    /// Takes the oldest message of `pair` off the wire.
-    fn pop_flight(&mut self, pair: usize, to: Rank) -> Option<Vec<u8>> {
+    /// Takes the oldest flight of `pair` off the wire.
+    fn pop_flight(&mut self, pair: usize, from: Rank, to: Rank) -> Option<Flight> {
         let data = self.flights[pair].pop_front()?;
         self.in_flight_to[to as usize] -= 1;
+        if matches!(data, Flight::Rdma(_)) {
+            self.rdma_in_pair[pair] -= 1;
+            self.rdma_from[from as usize] -= 1;
+        }
         if self.flights[pair].is_empty() {
             let pos = self.active_pos[pair].take().unwrap();
             self.active.swap_remove(pos);
@@ -124,8 +197,22 @@ impl State {
         Some(data)
     }
 
-    fn clear_pair(&mut self, pair: usize, to: Rank) {
-        while self.pop_flight(pair, to).is_some() {}
+    /// Empties `pair`; its RDMA ops are reported failed (`PeerLost`) to their initiator. Returns
+    /// whether there were any.
+    fn clear_pair(&mut self, pair: usize, from: Rank, to: Rank) -> bool {
+        let mut any = false;
+        while let Some(f) = self.pop_flight(pair, from, to) {
+            if let Flight::Rdma(op) = f {
+                any = true;
+                self.rdma_done += 1;
+                self.inbox[from as usize].push_back(Arrival::RdmaDone {
+                    peer: to,
+                    token: op.token,
+                    result: Err(LinkError::PeerLost(to)),
+                });
+            }
+        }
+        any
     }
 }
 
@@ -137,12 +224,14 @@ impl Shared {
     }
 
     /// Puts the oldest message of `pair` into its receiver's slots, counting an overrun if the
-    /// sender had no free slot there.
+    /// sender had no free slot there; or executes the oldest RDMA op.
     fn arrive(&self, st: &mut State, pair: usize) {
         let n = self.cfg.size as usize;
         let (from, to) = ((pair / n) as Rank, (pair % n) as Rank);
-        let Some(data) = st.pop_flight(pair, to) else {
-            return;
+        let data = match st.pop_flight(pair, from, to) {
+            None => return,
+            Some(Flight::Rdma(op)) => return self.execute(st, from, to, op),
+            Some(Flight::Msg(data)) => data,
         };
         let occ = &mut st.occupied[to as usize * n + from as usize];
         if *occ >= self.cfg.slots {
@@ -154,7 +243,41 @@ impl Shared {
         self.arrived.notify_all();
     }
 
-    /// Marks the pair lost and tells each still-living end once.
+    /// The RDMA op `from` posted to `to` reaches `to`: check the key, copy, report to `from`.
+    fn execute(&self, st: &mut State, from: Rank, to: Rank, op: RdmaOp) {
+        st.rdma_done += 1;
+        let done = |result| Arrival::RdmaDone {
+            peer: to,
+            token: op.token,
+            result,
+        };
+        if st.silent[to as usize] {
+            // Nobody answers: the initiator's retries run out (RETRY_EXC_ERR on RC).
+            st.inbox[from as usize].push_back(done(Err(LinkError::PeerLost(to))));
+            self.lose(st, from, to, true, false);
+            return;
+        }
+        let ok = st.regions.get(&op.rkey).is_some_and(|r| r.allows(to, &op));
+        if !ok {
+            st.inbox[from as usize].push_back(done(Err(LinkError::RemoteAccess(to))));
+            self.lose(st, from, to, true, true);
+            return;
+        }
+        let (src, dst) = match op.kind {
+            RdmaKind::Write => (op.local_addr, op.remote_addr),
+            RdmaKind::Read => (op.remote_addr, op.local_addr),
+        };
+        // SAFETY: the remote range lies inside a region its rank registered (`register`'s
+        // contract: valid for reads and writes until deregistered); the local range is valid by
+        // `Link::rdma`'s contract. `copy` allows the two to overlap (a test may point both at
+        // one buffer); the lock serialises every simulated DMA.
+        unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, op.len) };
+        st.inbox[from as usize].push_back(done(Ok(())));
+        self.arrived.notify_all();
+    }
+
+    /// Marks the pair lost and tells each still-living end once (after failing the RDMA ops
+    /// either end still had in flight on it).
     fn lose(&self, st: &mut State, a: Rank, b: Rank, tell_a: bool, tell_b: bool) {
         let n = self.cfg.size as usize;
         let (ab, ba) = (a as usize * n + b as usize, b as usize * n + a as usize);
@@ -163,8 +286,8 @@ impl Shared {
         }
         st.lost[ab] = true;
         st.lost[ba] = true;
-        st.clear_pair(ab, b);
-        st.clear_pair(ba, a);
+        st.clear_pair(ab, a, b);
+        st.clear_pair(ba, b, a);
         if tell_a {
             st.inbox[a as usize].push_back(Arrival::Lost { peer: b });
         }
@@ -182,6 +305,10 @@ impl SimNet {
         let st = State {
             rng: cfg.seed,
             flights: (0..n * n).map(|_| VecDeque::new()).collect(),
+            rdma_in_pair: vec![0; n * n],
+            rdma_from: vec![0; n],
+            regions: HashMap::new(),
+            next_rkey: 1,
             active: Vec::new(),
             active_pos: vec![None; n * n],
             in_flight_to: vec![0; n],
@@ -191,6 +318,7 @@ impl SimNet {
             silent: vec![false; n],
             overruns: 0,
             delivered: 0,
+            rdma_done: 0,
         };
         SimNet {
             sh: Arc::new(Shared {
@@ -246,8 +374,54 @@ impl SimNet {
         self.sh.lock().delivered
     }
 
+    /// RDMA ops executed or failed so far (each accepted op counts once).
+    pub fn rdma_done(&self) -> u64 {
+        self.sh.lock().rdma_done
+    }
+
+    /// Registers `[addr, addr + len)` of `rank`'s memory for remote read and write; returns its
+    /// rkey (never 0, never reused).
+    ///
+    /// # Safety
+    /// The range must stay valid for reads and writes until `deregister` (the simulator copies
+    /// into and out of it from any thread's `poll` or `step`), and nobody may hold a Rust
+    /// reference to bytes of it while an RDMA op to them may run.
+    pub unsafe fn register(&self, rank: Rank, addr: u64, len: usize) -> u32 {
+        // SAFETY: forwarded contract.
+        unsafe { self.register_access(rank, addr, len, Access::REMOTE) }
+    }
+
+    /// `register` with explicit rights: WRITEs need `REMOTE_WRITE`, READs `REMOTE_READ`.
+    ///
+    /// # Safety
+    /// As `register`.
+    pub unsafe fn register_access(&self, rank: Rank, addr: u64, len: usize, access: Access) -> u32 {
+        assert!(rank < self.sh.cfg.size);
+        let mut st = self.sh.lock();
+        let rkey = st.next_rkey;
+        st.next_rkey = st
+            .next_rkey
+            .checked_add(1)
+            .expect("2^32 simulated registrations");
+        st.regions.insert(
+            rkey,
+            Region {
+                rank,
+                addr,
+                len,
+                access,
+            },
+        );
+        rkey
+    }
+
+    /// Forgets a region: later ops naming `rkey` fail with `RemoteAccess`. False if unknown.
+    pub fn deregister(&self, rkey: u32) -> bool {
+        self.sh.lock().regions.remove(&rkey).is_some()
+    }
+
     /// The connection between `a` and `b` breaks: both get `PeerLost`, in-flight messages
-    /// between them vanish, later sends either way fail.
+    /// between them vanish (RDMA ops fail first), later sends either way fail.
     pub fn drop_connection(&self, a: Rank, b: Rank) {
         let mut st = self.sh.lock();
         self.sh.lose(&mut st, a, b, true, true);
@@ -260,8 +434,11 @@ impl SimNet {
         st.silent[r as usize] = true;
         let n = self.sh.cfg.size;
         for p in 0..n {
-            st.clear_pair((r * n + p) as usize, p);
-            st.clear_pair((p * n + r) as usize, r);
+            st.clear_pair((r * n + p) as usize, r, p);
+            // RDMA ops to `r` time out: each initiator learns of the loss (probe semantics).
+            if st.clear_pair((p * n + r) as usize, p, r) {
+                self.sh.lose(&mut st, p, r, true, false);
+            }
         }
     }
 
@@ -270,7 +447,12 @@ impl SimNet {
     pub fn inject(&self, from: Rank, to: Rank, bytes: &[u8]) {
         let n = self.sh.cfg.size;
         let mut st = self.sh.lock();
-        st.push_flight((from * n + to) as usize, to, bytes.to_vec());
+        st.push_flight(
+            (from * n + to) as usize,
+            from,
+            to,
+            Flight::Msg(bytes.to_vec()),
+        );
         self.sh.arrived.notify_all();
     }
 }
@@ -308,7 +490,7 @@ impl Link for SimLink {
         if st.silent[self.rank as usize] || st.silent[peer as usize] {
             return Ok(()); // swallowed: nobody notices until a probe
         }
-        st.push_flight(pair, peer, msg.to_vec());
+        st.push_flight(pair, self.rank, peer, Flight::Msg(msg.to_vec()));
         self.sh.arrived.notify_all();
         Ok(())
     }
@@ -336,6 +518,15 @@ impl Link for SimLink {
                     .unwrap();
                 self.sh.arrive(&mut st, from * n + me);
             }
+            // Our RDMA ops run without the targets' help: move each of our pairs up to its last
+            // RDMA op (the messages ahead of one arrive first, keeping the pair's order).
+            if st.rdma_from[me] > 0 {
+                for to in 0..n {
+                    while st.rdma_in_pair[me * n + to] > 0 {
+                        self.sh.arrive(&mut st, me * n + to);
+                    }
+                }
+            }
         }
         // Hand out what arrived (bounded, so one poll cannot starve its caller), with the lock
         // released around each callback: a handler may send.
@@ -350,6 +541,15 @@ impl Link for SimLink {
                 Arrival::Lost { peer } => on_event(LinkEvent::PeerLost {
                     peer: *peer,
                     reason: LinkError::PeerLost(*peer),
+                }),
+                Arrival::RdmaDone {
+                    peer,
+                    token,
+                    result,
+                } => on_event(LinkEvent::RdmaDone {
+                    peer: *peer,
+                    token: *token,
+                    result: result.clone(),
                 }),
             }
             st = self.sh.lock();
@@ -368,7 +568,9 @@ impl Link for SimLink {
         let auto = self.sh.cfg.delivery == Delivery::Auto;
         let mut st = self.sh.lock();
         loop {
-            if !st.inbox[me].is_empty() || (auto && st.in_flight_to[me] > 0) {
+            if !st.inbox[me].is_empty()
+                || (auto && (st.in_flight_to[me] > 0 || st.rdma_from[me] > 0))
+            {
                 return Ok(());
             }
             let now = Instant::now();
@@ -395,6 +597,29 @@ impl Link for SimLink {
         }
         Ok(())
     }
+
+    fn max_rdma(&self) -> usize {
+        SIM_MAX_RDMA
+    }
+
+    unsafe fn rdma(&self, peer: Rank, op: RdmaOp) -> Result<(), LinkError> {
+        let n = self.sh.cfg.size;
+        if peer >= n || peer == self.rank {
+            return Err(LinkError::BadRank(peer));
+        }
+        op.validate(SIM_MAX_RDMA)?;
+        let mut st = self.sh.lock();
+        let pair = (self.rank * n + peer) as usize;
+        if st.lost[pair] {
+            return Err(LinkError::PeerLost(peer));
+        }
+        if st.silent[self.rank as usize] {
+            return Ok(()); // a dead rank's calls go nowhere (it never polls again)
+        }
+        st.push_flight(pair, self.rank, peer, Flight::Rdma(op));
+        self.sh.arrived.notify_all();
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -406,9 +631,31 @@ mod tests {
         l.poll(&mut |e| match e {
             LinkEvent::Recv { peer, data } => out.push((peer, data.to_vec())),
             LinkEvent::PeerLost { peer, .. } => out.push((peer, b"LOST".to_vec())),
+            LinkEvent::RdmaDone { peer, token, .. } => {
+                out.push((peer, token.to_le_bytes().to_vec()))
+            }
         })
         .unwrap();
         out
+    }
+
+    #[test]
+    fn send_batch_keeps_order_and_rejects_a_long_message_before_sending() {
+        let net = SimNet::new(SimConfig::new(2, 7, Delivery::Auto));
+        let (a, b) = (net.link(0), net.link(1));
+        let long = vec![0u8; a.max_msg() + 1];
+        assert!(matches!(
+            a.send_batch(1, &[b"x", &long]),
+            Err(LinkError::TooLong { .. })
+        ));
+        assert_eq!(
+            net.in_flight(),
+            0,
+            "nothing sent when one message is too long"
+        );
+        a.send_batch(1, &[b"1", b"2", b"3"]).unwrap();
+        let got: Vec<_> = drain(&b).into_iter().map(|(_, d)| d).collect();
+        assert_eq!(got, [b"1".to_vec(), b"2".to_vec(), b"3".to_vec()]);
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! The link of a job of one: there is nobody to talk to. The AM layer loops messages to its own
-//! rank back without a link, so this only has to say "size 1" and refuse every peer.
+//! rank back without a link, so this only has to say "size 1" and refuse every peer. RDMA to the
+//! own rank is refused too (`BadRank`): Firehose does its own rank's puts and gets with memcpy.
 
-use super::link::{Link, LinkError, LinkEvent, Rank};
+use super::link::{Link, LinkError, LinkEvent, Rank, RdmaOp};
 use std::time::Duration;
 
 /// `Link` for `size == 1`; needs no device.
@@ -37,6 +38,12 @@ impl Link for SoloLink {
         Ok(())
     }
     fn probe(&self, peer: Rank) -> Result<(), LinkError> {
+        Err(LinkError::BadRank(peer))
+    }
+    fn max_rdma(&self) -> usize {
+        0
+    }
+    unsafe fn rdma(&self, peer: Rank, _op: RdmaOp) -> Result<(), LinkError> {
         Err(LinkError::BadRank(peer))
     }
 }

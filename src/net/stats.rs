@@ -17,6 +17,8 @@ pub struct Stats {
     progress_wakeups: AtomicU64,
     peers_lost: AtomicU64,
     probes: AtomicU64,
+    rdma_ok: AtomicU64,
+    rdma_failed: AtomicU64,
 }
 
 /// A copy of the counters. Bytes count whole messages, header included.
@@ -38,6 +40,9 @@ pub struct StatsSnapshot {
     pub peers_lost: u64,
     /// `Link::probe` calls made by waits that lasted longer than the probe interval.
     pub probes: u64,
+    /// RDMA completions passed up (`Am::set_rdma_handler`): succeeded, failed.
+    pub rdma_ok: u64,
+    pub rdma_failed: u64,
 }
 
 impl StatsSnapshot {
@@ -90,6 +95,9 @@ impl Stats {
     pub fn probe(&self) {
         self.probes.fetch_add(1, Relaxed);
     }
+    pub fn rdma_done(&self, ok: bool) {
+        if ok { &self.rdma_ok } else { &self.rdma_failed }.fetch_add(1, Relaxed);
+    }
 
     pub fn snapshot(&self) -> StatsSnapshot {
         StatsSnapshot {
@@ -103,6 +111,8 @@ impl Stats {
             progress_wakeups: self.progress_wakeups.load(Relaxed),
             peers_lost: self.peers_lost.load(Relaxed),
             probes: self.probes.load(Relaxed),
+            rdma_ok: self.rdma_ok.load(Relaxed),
+            rdma_failed: self.rdma_failed.load(Relaxed),
         }
     }
 }

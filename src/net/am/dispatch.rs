@@ -31,6 +31,11 @@ impl Inner {
             match ev {
                 LinkEvent::Recv { peer, data } => done = self.on_message(peer, data),
                 LinkEvent::PeerLost { peer, .. } => self.lose(peer),
+                LinkEvent::RdmaDone {
+                    peer,
+                    token,
+                    result,
+                } => self.on_rdma_done(peer, token, result),
             }
         });
         if let Some(s) = done.take() {
@@ -40,15 +45,28 @@ impl Inner {
         Ok(n)
     }
 
+    /// Passes an RDMA completion up (the link reports each op once; so does this). Without a
+    /// handler it is counted and dropped: nobody above posted RDMA through this link.
+    fn on_rdma_done(&self, peer: Rank, token: u64, result: Result<(), LinkError>) {
+        self.stats.rdma_done(result.is_ok());
+        if let Some(f) = self.handlers.rdma() {
+            f(peer, token, result);
+        }
+    }
+
     /// Delivers the messages to the own rank that were queued when this call began (not those
     /// its handlers queue: a handler that requests itself cannot make progress loop forever).
     fn run_loopback(&self) -> usize {
+        if self.loopback_len.load(Ordering::Acquire) == 0 {
+            return 0;
+        }
         let lock = || self.loopback.lock().unwrap_or_else(|e| e.into_inner());
         let queued = lock().len();
         for _ in 0..queued {
             let Some(m) = lock().pop_front() else {
                 return queued;
             };
+            self.loopback_len.fetch_sub(1, Ordering::AcqRel);
             match self.deliver(self.rank, m.header, &m.payload) {
                 Ok(()) => self
                     .stats

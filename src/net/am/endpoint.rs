@@ -1,7 +1,7 @@
 //! The `Am` endpoint: what callers use (register, request/wait/test, one-way, progress,
 //! finalize), and the shared state (`Inner`) that the progress thread and `Replier`s also reach.
 
-use super::handlers::{Handler, Handlers};
+use super::handlers::{Handler, Handlers, LostFn, RdmaFn};
 use super::peer::{Out, Peer};
 use super::progress_thread::ProgressThread;
 use super::tickets::Tickets;
@@ -12,12 +12,16 @@ use crate::net::wire::{Header, Kind, HEADER_LEN};
 use crate::net::{Link, LinkError, Rank};
 use crate::status::{fh_status, FhResult};
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
-/// `wait` reads the clock once per this many empty polls.
-const CLOCK_EVERY: u32 = 16;
+/// `wait` reads the clock once per this many empty polls. Under emulation (Soft-RoCE in a TCG
+/// VM, clocksource hpet) a read costs 1-3 µs, and a round trip of ~30 µs is a few dozen polls:
+/// at 16, a reply waited for one or two reads; at 64, for none.
+const CLOCK_EVERY: u32 = 64;
+/// A spinning `wait` starts yielding the CPU (at each clock check) after this many empty polls.
+const YIELD_AFTER: u32 = 4 * CLOCK_EVERY;
 
 /// An outstanding request: pass it to `Am::wait` (or poll it with `Am::test`).
 #[derive(Debug, PartialEq, Eq)]
@@ -76,6 +80,8 @@ pub(super) struct Inner {
     /// Indexed by rank; the own rank's entry is unused (loopback needs no credits).
     pub peers: Vec<Mutex<Peer>>,
     pub loopback: Mutex<VecDeque<Loopback>>,
+    /// Messages in `loopback` (bumped after a push): `progress` takes its lock only when non-zero.
+    pub loopback_len: AtomicUsize,
     pub finalized: AtomicBool,
     pub stats: Stats,
     pub me: Weak<Inner>,
@@ -88,6 +94,11 @@ pub(super) fn map_link_err(e: &LinkError) -> fh_status {
         LinkError::Closed => fh_status::FH_ERR_FINALIZED,
         // A device error on one connection (verbs: the QP went to error) loses that peer.
         LinkError::PeerLost(_) | LinkError::Device(_) => fh_status::FH_ERR_PEER_LOST,
+        // Refused before posting.
+        LinkError::ZeroLength => fh_status::FH_ERR_ZERO_LENGTH,
+        LinkError::Overflow => fh_status::FH_ERR_OVERFLOW,
+        // The target refused the access, and the connection broke with it (RC).
+        LinkError::RemoteAccess(_) => fh_status::FH_ERR_PEER_LOST,
     }
 }
 
@@ -139,6 +150,7 @@ impl Inner {
                     header,
                     payload: payload.to_vec(),
                 });
+            self.loopback_len.fetch_add(1, Ordering::AcqRel);
             self.stats.sent(kind, HEADER_LEN + payload.len());
             return Ok(());
         }
@@ -174,48 +186,72 @@ impl Inner {
         }
         self.tickets
             .fail_peer(Some(peer), fh_status::FH_ERR_PEER_LOST);
+        if first {
+            if let Some(f) = self.handlers.lost() {
+                f(peer);
+            }
+        }
     }
 
     fn wait(&self, t: &Ticket, timeout: Option<Duration>) -> FhResult<Vec<u8>> {
-        let start = Instant::now();
-        let deadline = timeout.or(self.settings.timeout).map(|d| start + d);
+        let timeout = timeout.or(self.settings.timeout);
         let probe = self.settings.probe;
-        let mut next_probe = start + probe;
+        // The clock is first read at the first check after some empty polls, not here: under
+        // emulation (Soft-RoCE in a TCG VM) one read is a system call of several microseconds,
+        // a good part of a round trip. The timeout counts from that first check (CLOCK_EVERY
+        // polls late at most).
+        let mut clock: Option<(Option<Instant>, Instant)> = None; // (deadline, next probe)
         let mut idle = 0u32;
         // When the current run of empty polls began (read at its first clock check).
         let mut idle_since: Option<Instant> = None;
+        // The ticket table is looked at only when some outcome was set since the last look.
+        let mut seen = None;
         loop {
-            if let Some(out) = self.tickets.take(t.token) {
-                return out;
+            let settled = self.tickets.settled();
+            if seen != Some(settled) {
+                if let Some(out) = self.tickets.take(t.token) {
+                    return out;
+                }
+                seen = Some(settled);
             }
             if self.progress()? > 0 {
                 idle = 0;
                 idle_since = None;
                 continue;
             }
-            // The clock is read only every few empty polls: under emulation (Soft-RoCE in a TCG
-            // VM) one read is a system call of several microseconds, as long as a poll itself.
+            // The clock is read only every few empty polls (see above).
             idle += 1;
             if idle % CLOCK_EVERY != 0 {
                 std::hint::spin_loop();
                 continue;
             }
             let now = Instant::now();
+            let (deadline, np) = clock
+                .get_or_insert_with(|| (timeout.and_then(|d| now.checked_add(d)), now + probe));
             if deadline.is_some_and(|d| now >= d) {
                 self.tickets.forget(t.token);
                 return Err(fh_status::FH_ERR_TIMEOUT);
             }
-            if now >= next_probe && t.peer != self.rank {
+            if now >= *np && t.peer != self.rank {
                 // A silent peer shows up as PeerLost from a later poll, failing the ticket.
                 self.stats.probe();
                 let _ = self.link.probe(t.peer);
-                next_probe = now + probe;
+                *np = now + probe;
             }
             // Spin for up to `FH_AM_SPIN_US` (a reply is microseconds away on a fast link, and a
             // sleep costs a scheduler wake-up that can exceed the round trip), then sleep
             // briefly so that many waiting threads do not all spin on one link.
             if now - *idle_since.get_or_insert(now) >= self.settings.spin {
                 self.tickets.sleep(t.token, Duration::from_micros(200));
+            } else if idle >= YIELD_AFTER {
+                // Still spinning, but give the CPU away for a moment: kernel work queued on this
+                // CPU must not wait for a scheduler tick to preempt us. Soft-RoCE (Linux 6.1)
+                // delivers completion events from a tasklet, run by ksoftirqd on the CPU that
+                // posted the send, i.e. this one: a peer's progress thread sleeping for our
+                // request is woken only once that runs (measured in the VM: 1-8 ms per request
+                // with a spinning requester). Not in the first polls: a yield is a system call
+                // (1.4-4 µs under TCG), and a polled reply comes within them.
+                std::thread::yield_now();
             } else {
                 std::hint::spin_loop();
             }
@@ -235,6 +271,18 @@ impl Am {
     /// An endpoint over `link`. The link must keep at least `credits::RESERVED + 1` receive slots
     /// per peer (`FH_ERR_BAD_CONFIG` otherwise). Starts the progress thread if the settings say so.
     pub fn new(link: Arc<dyn Link>, settings: NetSettings) -> FhResult<Am> {
+        let am = Self::new_paused(link, settings)?;
+        am.start_progress_thread()?;
+        Ok(am)
+    }
+
+    /// Like [`Am::new`], but the progress thread (if the settings want one) starts only at
+    /// [`Am::start_progress_thread`]. Why: a progress thread delivers what arrives at once, and
+    /// a message whose handler is not registered yet is rejected and lost. A peer may send as
+    /// soon as the link is up (e.g. its first barrier round), so the owner registers its
+    /// handlers first, then starts the thread. Without a thread nothing is delivered before the
+    /// owner's first call, which comes after its registrations.
+    pub fn new_paused(link: Arc<dyn Link>, settings: NetSettings) -> FhResult<Am> {
         let (rank, size) = (link.rank(), link.size());
         let max_size = settings.max_size.min(link.max_msg());
         if max_size <= HEADER_LEN || rank >= size {
@@ -257,19 +305,31 @@ impl Am {
             tickets: Tickets::default(),
             peers,
             loopback: Mutex::new(VecDeque::new()),
+            loopback_len: AtomicUsize::new(0),
             finalized: AtomicBool::new(false),
             stats: Stats::default(),
             me: me.clone(),
         });
-        let thread = if settings.progress_thread {
-            Some(ProgressThread::start(inner.clone()).map_err(|_| fh_status::FH_ERR_NO_MEMORY)?)
-        } else {
-            None
-        };
         Ok(Am {
             inner,
-            thread: Mutex::new(thread),
+            thread: Mutex::new(None),
         })
+    }
+
+    /// Starts the progress thread if the settings want one and it is not running yet (nor
+    /// finalized). Idempotent.
+    pub fn start_progress_thread(&self) -> FhResult<()> {
+        let mut t = self.thread.lock().unwrap_or_else(|e| e.into_inner());
+        if !self.inner.settings.progress_thread
+            || t.is_some()
+            || self.inner.finalized.load(Ordering::Acquire)
+        {
+            return Ok(());
+        }
+        *t = Some(
+            ProgressThread::start(self.inner.clone()).map_err(|_| fh_status::FH_ERR_NO_MEMORY)?,
+        );
+        Ok(())
     }
 
     pub fn rank(&self) -> Rank {
@@ -298,6 +358,37 @@ impl Am {
         F: Fn(Rank, &[u8]) + Send + Sync + 'static,
     {
         self.inner.handlers.set(id, Handler::OneWay(Arc::new(f)));
+    }
+
+    /// Sets the handler that receives every RDMA completion this endpoint's `progress` polls
+    /// off the link (`LinkEvent::RdmaDone`: peer, the op's token, its result), or removes it with
+    /// `None` (completions are then counted in `stats` and dropped). This is how the layer above
+    /// AM (Firehose's driver) learns that a `Link::rdma` it posted finished: it runs inside
+    /// `progress` of whatever thread (or the progress thread) polled, with no endpoint lock held,
+    /// so it may post more RDMA or send messages. A peer's completions come in posting order and
+    /// before that peer's loss fails the AM requests waiting on it.
+    pub fn set_rdma_handler(&self, f: Option<Box<RdmaFn>>) {
+        self.inner.handlers.set_rdma(f.map(Arc::from));
+    }
+
+    /// The RDMA completion handler set now, if any. A second user of the link (a benchmark's
+    /// baseline next to Firehose's driver) takes it, installs its own handler that keeps the
+    /// tokens it posted and passes every other completion on to this one.
+    pub fn rdma_handler(&self) -> Option<Arc<RdmaFn>> {
+        self.inner.handlers.rdma()
+    }
+
+    /// Sets the handler told (once per peer) that a peer is lost, or removes it with `None`. It
+    /// may run on any thread, possibly inside a `send` that found the peer gone, so it must only
+    /// record the fact (it must not send or take locks its caller may hold).
+    pub fn set_peer_lost_handler(&self, f: Option<Box<LostFn>>) {
+        self.inner.handlers.set_lost(f.map(Arc::from));
+    }
+
+    /// The link under this endpoint: post RDMA through it (`Link::rdma`); completions come back
+    /// through `set_rdma_handler`.
+    pub fn link(&self) -> &Arc<dyn Link> {
+        &self.inner.link
     }
 
     /// Sends a request to handler `id` at `peer` without waiting (queued if no credit is free).

@@ -2,8 +2,8 @@
 //! read lock and call it after the lock is gone, so a handler may register handlers or send.
 
 use super::endpoint::Replier;
-use crate::net::Rank;
-use std::collections::HashMap;
+use super::small_key::SmallKeyMap;
+use crate::net::{LinkError, Rank};
 use std::sync::{Arc, RwLock};
 
 /// A request handler: the sender, the payload (valid during the call), and the `Replier`, which
@@ -11,6 +11,11 @@ use std::sync::{Arc, RwLock};
 pub type RequestFn = dyn Fn(Rank, &[u8], Replier) + Send + Sync;
 /// A one-way handler: the sender and the payload.
 pub type OneWayFn = dyn Fn(Rank, &[u8]) + Send + Sync;
+/// The RDMA completion handler: the peer, the op's token, and how it ended (see
+/// `LinkEvent::RdmaDone`).
+pub type RdmaFn = dyn Fn(Rank, u64, Result<(), LinkError>) + Send + Sync;
+/// Told once per peer when the endpoint declares it lost.
+pub type LostFn = dyn Fn(Rank) + Send + Sync;
 
 #[derive(Clone)]
 pub enum Handler {
@@ -20,7 +25,9 @@ pub enum Handler {
 
 #[derive(Default)]
 pub struct Handlers {
-    map: RwLock<HashMap<u16, Handler>>,
+    map: RwLock<SmallKeyMap<u16, Handler>>,
+    rdma: RwLock<Option<Arc<RdmaFn>>>,
+    lost: RwLock<Option<Arc<LostFn>>>,
 }
 
 impl Handlers {
@@ -30,6 +37,24 @@ impl Handlers {
             .write()
             .unwrap_or_else(|e| e.into_inner())
             .insert(id, h);
+    }
+
+    /// Sets (or, with `None`, removes) the RDMA completion handler.
+    pub fn set_rdma(&self, f: Option<Arc<RdmaFn>>) {
+        *self.rdma.write().unwrap_or_else(|e| e.into_inner()) = f;
+    }
+
+    /// Sets (or, with `None`, removes) the peer-loss handler.
+    pub fn set_lost(&self, f: Option<Arc<LostFn>>) {
+        *self.lost.write().unwrap_or_else(|e| e.into_inner()) = f;
+    }
+
+    pub fn lost(&self) -> Option<Arc<LostFn>> {
+        self.lost.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    pub fn rdma(&self) -> Option<Arc<RdmaFn>> {
+        self.rdma.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     pub fn get(&self, id: u16) -> Option<Handler> {

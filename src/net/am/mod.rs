@@ -11,8 +11,10 @@ mod endpoint;
 mod handlers;
 mod peer;
 mod progress_thread;
+mod small_key;
 #[cfg(test)]
 mod tests;
 mod tickets;
 
 pub use endpoint::{Am, Replier, Ticket};
+pub use handlers::RdmaFn;

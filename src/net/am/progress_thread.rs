@@ -1,39 +1,102 @@
-//! The optional progress thread (`FH_PROGRESS_THREAD=1`): sleeps in `Link::wait`, then runs
-//! `progress`, so peers get answers while the application computes. It owns an `Arc` of the
-//! endpoint's state (nothing it touches can be freed under it) and is stopped and joined by
-//! `Am::finalize` or `Am::drop`; the wait is short so a stop takes effect within a tick.
+//! The optional progress thread (`FH_PROGRESS_THREAD=1`): polls while messages come, keeps
+//! polling for `FH_PROGRESS_SPIN_US` after the last one, then sleeps in `Link::wait` until the
+//! completion channel fires, so peers get answers while the application computes. It owns an
+//! `Arc` of the endpoint's state (nothing it touches can be freed under it) and is stopped and
+//! joined by `Am::finalize` or `Am::drop`; the wait is short so a stop takes effect within a tick.
+//!
+//! Why it spins before sleeping: a wake-up through the completion channel is a kernel event
+//! plus a scheduler wake-up. On Soft-RoCE (Linux 6.1) the event itself is delivered from a
+//! tasklet, i.e. by ksoftirqd on the CPU that posted the send, which waits for that CPU; under
+//! emulation this costs 0.1-2 ms where a polled round trip is ~30 µs (see README, issue 9's
+//! numbers). Requests often come in bursts (a Firehose move and the puts behind it), so after an
+//! event the next one is likely soon: polling for a while answers it at polling speed and saves
+//! the two re-arm system calls per message. `inf` never sleeps: the thread then needs a core.
+//!
+//! While it polls it yields the CPU every `CLOCK_EVERY` empty polls (with `inf`, every
+//! `YIELD_EVERY_FOREVER`): kernel work queued on this CPU (Soft-RoCE's deferred completions and
+//! event notifications run in ksoftirqd) must not wait for a scheduler tick to preempt a
+//! spinning thread.
 
 use super::endpoint::Inner;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Longest sleep in `Link::wait` before the thread re-checks its stop flag.
 const TICK: Duration = Duration::from_millis(10);
+/// Empty polls between two clock reads (and yields) while spinning: a clock read is a system
+/// call of about a microsecond under emulation.
+const CLOCK_EVERY: u32 = 64;
+/// With `inf` the thread yields only every this many empty polls: on a core shared with the
+/// application a yield hands the CPU over until the next scheduler tick (~4 ms at HZ=250).
+const YIELD_EVERY_FOREVER: u32 = 1024;
 
 pub(super) struct ProgressThread {
     stop: Arc<AtomicBool>,
     handle: Option<JoinHandle<()>>,
 }
 
+/// Polls until `spin` has passed since the last event (`None`: until stopped). Returns early on
+/// a stop or a progress error (the caller's wait then reports a closed link by failing).
+fn poll_while_busy(inner: &Inner, stop: &AtomicBool, spin: Option<Duration>) {
+    let mut idle = 0u32;
+    let mut idle_since: Option<Instant> = None;
+    while !stop.load(Ordering::Acquire) {
+        match inner.progress() {
+            Ok(0) => {}
+            Ok(_) => {
+                idle = 0;
+                idle_since = None;
+                continue;
+            }
+            Err(_) => return,
+        }
+        if spin == Some(Duration::ZERO) {
+            return;
+        }
+        idle += 1;
+        let Some(spin) = spin else {
+            // Never sleeps: it owns a core, yet lets queued kernel work in now and then.
+            if idle % YIELD_EVERY_FOREVER == 0 {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+            continue;
+        };
+        if idle % CLOCK_EVERY != 0 {
+            std::hint::spin_loop();
+            continue;
+        }
+        std::thread::yield_now();
+        let now = Instant::now();
+        if now - *idle_since.get_or_insert(now) >= spin {
+            return;
+        }
+    }
+}
+
 impl ProgressThread {
     pub fn start(inner: Arc<Inner>) -> std::io::Result<ProgressThread> {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
+        let spin = inner.settings.progress_spin;
         let handle = std::thread::Builder::new()
             .name("fh-progress".into())
             .spawn(move || {
+                // A memory hook firing on this thread must never wait for the library.
+                crate::inside::mark_thread();
                 while !flag.load(Ordering::Acquire) {
+                    poll_while_busy(&inner, &flag, spin);
+                    if flag.load(Ordering::Acquire) {
+                        break;
+                    }
                     // A failed wait (link closed) must not become a hot loop.
                     if inner.link.wait(TICK).is_err() {
                         std::thread::sleep(TICK);
                     }
-                    if flag.load(Ordering::Acquire) {
-                        break;
-                    }
                     inner.stats.progress_wakeup();
-                    let _ = inner.progress();
                 }
             })?;
         Ok(ProgressThread {

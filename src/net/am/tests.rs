@@ -116,3 +116,86 @@ fn progress_thread_stops_on_drop_and_finalize() {
     a.finalize().unwrap();
     assert!(!a.has_progress_thread());
 }
+
+/// `FH_PROGRESS_SPIN_US`: the thread answers requests in every mode; with a spin longer than
+/// the test (or `inf`) it never sleeps on the link between them (no wake-ups counted), with 0 it
+/// sleeps whenever a poll found nothing. `finalize` stops even a thread that never sleeps.
+#[test]
+fn progress_thread_spin_modes() {
+    for (spin, sleeps) in [
+        (None, false),
+        (Some(Duration::from_secs(20)), false),
+        (Some(Duration::ZERO), true),
+    ] {
+        let net = SimNet::new(SimConfig::new(2, 1, Delivery::Auto));
+        let a = Am::new(net.link(0), NetSettings::default()).unwrap();
+        let s = NetSettings {
+            progress_thread: true,
+            progress_spin: spin,
+            ..NetSettings::default()
+        };
+        let b = Am::new(net.link(1), s).unwrap();
+        b.register_request(1, |_, p, r| r.reply(p).unwrap());
+        for i in 0..50u32 {
+            assert_eq!(a.call(1, 1, &i.to_le_bytes()).unwrap(), i.to_le_bytes());
+        }
+        std::thread::sleep(Duration::from_millis(30));
+        let w = b.stats().progress_wakeups;
+        assert_eq!(w > 0, sleeps, "spin {spin:?}: {w} wake-ups");
+        let t0 = std::time::Instant::now();
+        b.finalize().unwrap();
+        assert!(t0.elapsed() < Duration::from_secs(5), "spin {spin:?}");
+        assert!(!b.has_progress_thread());
+    }
+}
+
+/// A peer sends as soon as the link is up. An endpoint built paused delivers nothing until its
+/// owner has registered the handler and started the thread, so the message is handled, not
+/// rejected. With the thread started at once (`Am::new`, what `Peers::new` did before) the
+/// message is rejected as an unknown handler: the first barrier of a 4-rank job with progress
+/// threads lost its message that way and timed out.
+#[test]
+fn a_paused_endpoint_delivers_nothing_before_its_handlers_exist() {
+    for paused in [true, false] {
+        let net = SimNet::new(SimConfig::new(2, 1, Delivery::Auto));
+        let s = NetSettings {
+            progress_thread: true,
+            ..NetSettings::default()
+        };
+        let a = if paused {
+            Am::new_paused(net.link(0), s).unwrap()
+        } else {
+            Am::new(net.link(0), s).unwrap()
+        };
+        let b = Am::new(net.link(1), NetSettings::default()).unwrap();
+        b.send_oneway(0, 7, b"early").unwrap();
+        // The owner is slow to register (descheduled, say).
+        std::thread::sleep(Duration::from_millis(100));
+        let got = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let g = got.clone();
+        a.register_oneway(7, move |_, p| {
+            assert_eq!(p, b"early");
+            g.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        });
+        a.start_progress_thread().unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while got.load(std::sync::atomic::Ordering::SeqCst) == 0
+            && a.stats().rejected_total() == 0
+            && std::time::Instant::now() < deadline
+        {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        if paused {
+            assert_eq!(got.load(std::sync::atomic::Ordering::SeqCst), 1);
+            assert_eq!(a.stats().rejected_total(), 0);
+        } else {
+            assert_eq!(
+                a.stats().rejected_total(),
+                1,
+                "started at once, the thread rejects the early message"
+            );
+        }
+        a.finalize().unwrap();
+        b.finalize().unwrap();
+    }
+}

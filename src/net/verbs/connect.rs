@@ -7,7 +7,8 @@
 //! N-1 sets of receive slots) are fine at the scales we target (tens to a few hundred ranks); a
 //! larger job would want SRQ or DC, which is a different link.
 
-use std::sync::atomic::{AtomicU32, AtomicU64};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize};
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -34,10 +35,21 @@ pub const LINK_TIMING: QpTiming = QpTiming {
     retry_cnt: 6,
     rnr_retry: 6,
     min_rnr_timer: 20,
+    // Set per peer at connection: see `LINK_RD_ATOMIC`.
+    rd_atomic: 1,
+    dest_rd_atomic: 1,
 };
+
+/// RDMA READs a link QP may have outstanding (capped by the device; the initiator side also by
+/// the peer's responder depth from its blob). With 1, every `Link::rdma` READ to a peer waits
+/// for the previous one: gets of one peer were serialised.
+const LINK_RD_ATOMIC: u32 = 16;
 
 /// Inline payload asked for; providers grant less (or refuse, then we ask for none).
 const WANT_INLINE: u32 = 256;
+
+/// `Link::max_rdma` never exceeds this (an SGE length is 32 bits; rxe's port maximum is 2 GiB).
+const MAX_RDMA_CAP: u32 = 1 << 31;
 
 /// How a `VerbsLink` is built.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -139,6 +151,12 @@ impl VerbsLink {
 
         let ctx = pd.context();
         let path = Path::discover(ctx, cfg.port, cfg.gid_index).map_err(dev)?;
+        // One RDMA op is one work request: longer transfers are refused, not split (the caller,
+        // Firehose, moves regions of at most a few hundred KiB).
+        let max_rdma = match ctx.query_port(cfg.port).map_err(dev)?.max_msg_sz {
+            0 => MAX_RDMA_CAP,
+            m => m.min(MAX_RDMA_CAP),
+        } as usize;
         let channel = CompChannel::create(ctx).map_err(dev)?;
         let cqe = |per_peer: u32| (per_peer * peers_n).max(1) as i32;
         let send_cq = Cq::create(ctx, cqe(sq_depth), Some(&channel)).map_err(dev)?;
@@ -187,10 +205,14 @@ impl VerbsLink {
             .unwrap_or(0)
             .min(max_msg);
 
+        let (init_max, resp_max) = ctx.rd_atomic_limits().map_err(dev)?;
+        let rd_init = LINK_RD_ATOMIC.min(init_max).clamp(1, 255) as u8;
+        let rd_resp = LINK_RD_ATOMIC.min(resp_max).clamp(1, 255) as u8;
         let blob = RankBlob {
             rank,
             size,
             lid: path.lid,
+            rd_atomic: u16::from(rd_resp),
             gid: path.gid,
             probe_addr: probe_buf.addr(),
             probe_rkey: probe_buf.rkey(),
@@ -227,8 +249,17 @@ impl VerbsLink {
                 lid: theirs.lid,
                 gid: theirs.gid,
             };
-            // Remote write: the peer's probes land in our probe words through this QP.
-            qp.connect_with(&path, psns[peer], Access::REMOTE_WRITE, &remote, cfg.timing)
+            // Remote write: the peer's probes land in our probe words through this QP, and its
+            // `Link::rdma` WRITEs and READs reach the regions we register for it (the MR's own
+            // flags then decide per region; the QP's flags only allow the kinds at all).
+            let access = Access::REMOTE_WRITE.union(Access::REMOTE_READ);
+            // Never more READs in flight than the peer said it serves (it would fail the QP).
+            let timing = QpTiming {
+                rd_atomic: rd_init.min(theirs.rd_atomic.clamp(1, 255) as u8),
+                dest_rd_atomic: rd_resp,
+                ..cfg.timing
+            };
+            qp.connect_with(&path, psns[peer], access, &remote, timing)
                 .map_err(dev)?;
             for slot in 0..recv_slots {
                 let off = (peer * recv_slots as usize + slot as usize) * max_msg;
@@ -242,7 +273,12 @@ impl VerbsLink {
                 // (the link drops QPs first); nothing touches it until its completion.
                 unsafe { qp.post_recv(id, sge) }.map_err(dev)?;
             }
-            peers.push(Some(Peer::new(qp, theirs.probe_addr, theirs.probe_rkey)));
+            peers.push(Some(Peer::new(
+                qp,
+                theirs.probe_addr,
+                theirs.probe_rkey,
+                sq_depth,
+            )));
         }
         // Nobody sends before every rank's QPs are at RTR with their slots posted.
         bootstrap.barrier().map_err(boot)?;
@@ -263,10 +299,17 @@ impl VerbsLink {
             sq_depth,
             signal_every,
             max_inline,
+            max_rdma,
             send_reap: Mutex::new(()),
+            rdma_queued: AtomicUsize::new(0),
+            signaled_posted: AtomicU64::new(0),
+            send_reaped: AtomicU64::new(0),
+            polls: AtomicU32::new(0),
+            rdma_done: Mutex::new(VecDeque::with_capacity(n * sq_depth as usize)),
             recv_stash: Mutex::new(Vec::with_capacity(POLL_BATCH)),
             lost_unreported: AtomicU32::new(0),
             len_errors: AtomicU64::new(0),
+            dropped: AtomicU64::new(0),
         })
     }
 }

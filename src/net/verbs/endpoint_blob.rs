@@ -8,11 +8,14 @@
 //!
 //! ```text
 //! 0  magic u32 "FHVL"   4  version u16   6  reserved u16 (0)
-//! 8  rank u32           12 size u32      16 lid u16      18 reserved u16 (0)
+//! 8  rank u32           12 size u32      16 lid u16      18 rd_atomic u16
 //! 20 gid [16]           36 probe_addr u64                44 probe_rkey u32
 //! 48 recv_depth u32     52 max_size u32
 //! 56 size x (qpn u32, psn u32)   (the entry for the rank itself is zero)
 //! ```
+//!
+//! `rd_atomic`: how many RDMA READs this rank's QPs serve at once (their `max_dest_rd_atomic`);
+//! a peer's QP must not have more outstanding toward it. Version 2 added it (was reserved).
 
 use std::fmt;
 
@@ -21,7 +24,7 @@ use crate::pin::verbs::Gid;
 
 const MAGIC: u32 = u32::from_le_bytes(*b"FHVL");
 /// Bump when the layout changes.
-pub const VERSION: u16 = 1;
+pub const VERSION: u16 = 2;
 const HEADER: usize = 56;
 const PER_PEER: usize = 8;
 
@@ -43,6 +46,8 @@ pub struct RankBlob {
     pub rank: Rank,
     pub size: u32,
     pub lid: u16,
+    /// RDMA READs this rank serves at once per QP (its responder depth, at least 1).
+    pub rd_atomic: u16,
     pub gid: Gid,
     /// Where peers RDMA WRITE their probes (8 bytes per peer, indexed by the writer's rank).
     pub probe_addr: u64,
@@ -67,7 +72,7 @@ impl RankBlob {
         b.extend_from_slice(&self.rank.to_le_bytes());
         b.extend_from_slice(&self.size.to_le_bytes());
         b.extend_from_slice(&self.lid.to_le_bytes());
-        b.extend_from_slice(&0u16.to_le_bytes());
+        b.extend_from_slice(&self.rd_atomic.to_le_bytes());
         b.extend_from_slice(&self.gid.0);
         b.extend_from_slice(&self.probe_addr.to_le_bytes());
         b.extend_from_slice(&self.probe_rkey.to_le_bytes());
@@ -109,6 +114,7 @@ impl RankBlob {
             rank: u32_at(8),
             size: u32_at(12),
             lid: u16_at(16),
+            rd_atomic: u16_at(18),
             gid: Gid(b[20..36].try_into().unwrap()),
             probe_addr: u64_at(36),
             probe_rkey: u32_at(44),
@@ -155,6 +161,7 @@ mod tests {
             rank,
             size,
             lid: 0x1234,
+            rd_atomic: 16 + rank as u16,
             gid: Gid([7; 16]),
             probe_addr: 0xdead_beef_0000 + u64::from(rank),
             probe_rkey: 0xabcd,
@@ -173,6 +180,13 @@ mod tests {
         let all: Vec<u8> = (0..4).flat_map(|r| sample(r, 4).encode()).collect();
         let got = RankBlob::decode_all(&all, 4).unwrap();
         assert_eq!(got, (0..4).map(|r| sample(r, 4)).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn responder_depth_sits_at_offset_18() {
+        let bytes = sample(3, 4).encode();
+        assert_eq!(u16::from_le_bytes([bytes[18], bytes[19]]), 19);
+        assert_eq!(RankBlob::decode(&bytes, 3, 4).unwrap().rd_atomic, 19);
     }
 
     #[test]

@@ -9,18 +9,32 @@
 //! The message path (`send`, `poll`) allocates nothing and makes no syscall of its own: one lock
 //! per send, one `ibv_post_send` (inline up to `max_inline`), CQ polls in batches of 16, one
 //! `ibv_post_recv` per delivered message. `wait` is the only place that sleeps.
+//!
+//! One-sided RDMA (`rdma`): a WRITE or READ work request on the peer's QP, always signaled, in
+//! the same send-queue accounting as sends and probes (so it waits for room like a send, and its
+//! completion frees room like a signaled send). Its wr_id is kind `Rdma` with the sequence
+//! number; the caller's token waits in the peer's token table (peer.rs). Whoever reaps the send
+//! CQ (`poll`, or `send`/`rdma` waiting for room) queues an `RdmaDone` in `rdma_done`; only
+//! `poll` delivers them, in CQ order, which is posting order per peer (RC). An error completion
+//! kills the QP (`RemoteAccess` for REM_ACCESS_ERR, else a device error), later ops on it come
+//! back as WR_FLUSH_ERR and are reported `PeerLost`. The peer's own `PeerLost` is held back until
+//! all its ops have been reported (at most `RDMA_FLUSH_GRACE`, for a device that never flushes).
+//! Ordering (RC): ops and sends to one peer execute in posting order, so a SEND after a WRITE
+//! is delivered after the write's data is placed; a READ's data is valid at its `RdmaDone`.
+//! `RdmaDone` and `Recv` events come from two CQs and are not ordered against each other.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::time::{Duration, Instant};
 
 use super::comp_channel::CompChannel;
 use super::cq::{Completion, Cq, POLL_BATCH};
 use super::peer::Peer;
-use super::qp::{SendFlags, Sge};
+use super::qp::{SendFlags, Sge, MAX_CHAIN};
 use super::reg_buf::RegBuf;
 use super::wr_id::{self, WrKind};
-use crate::net::{Link, LinkError, LinkEvent, Rank};
+use crate::net::{Link, LinkError, LinkEvent, Rank, RdmaKind, RdmaOp};
 use crate::pin::verbs::{Pd, VerbsError};
 use rdma_sys::ibv_wc_status;
 
@@ -29,6 +43,17 @@ use rdma_sys::ibv_wc_status;
 const SEND_QUEUE_STUCK: Duration = Duration::from_secs(30);
 /// At most this many CQ batches per `poll`, so one call cannot run forever under a storm.
 const MAX_BATCHES_PER_POLL: usize = 8;
+/// `poll` looks at the send CQ at least every this many calls even when no signaled work request
+/// is outstanding: a QP that broke flushes error completions for unsignaled ones too. (The same
+/// break also flushes the receive queue, which every `poll` drains, so a loss is seen anyway.)
+const SEND_CQ_POLL_EVERY: u32 = 32;
+/// How long a lost peer's `PeerLost` waits for the flush completions of its outstanding RDMA
+/// ops (so they are reported first). A device flushes within milliseconds; past this the loss
+/// is reported anyway, and a late flush still reports its op (after the `PeerLost`).
+pub const RDMA_FLUSH_GRACE: Duration = Duration::from_secs(5);
+
+/// A finished RDMA op, reaped and waiting for `poll` to deliver it.
+type RdmaDone = (Rank, u64, Result<(), LinkError>);
 
 /// The verbs RC link. Build it with `VerbsLink::new` (connect.rs).
 pub struct VerbsLink {
@@ -57,17 +82,41 @@ pub struct VerbsLink {
     pub(super) signal_every: u64,
     /// Inline limit the QPs actually got (0: every send is copied).
     pub(super) max_inline: usize,
+    /// `Link::max_rdma`: the port's maximum message size, capped at 2 GiB.
+    pub(super) max_rdma: usize,
+    /// RDMA completions reaped but not yet delivered by `poll` (pre-sized for every op that can
+    /// be outstanding at once; grows only if a caller posts long without polling).
+    pub(super) rdma_done: Mutex<VecDeque<RdmaDone>>,
+    /// Entries in `rdma_done` (bumped after a push): `poll` takes its lock only when non-zero.
+    pub(super) rdma_queued: AtomicUsize,
     /// Serialises send-CQ polls (the completed counters are written under it).
     pub(super) send_reap: Mutex<()>,
+    /// Signaled send-queue work requests posted, and send completions reaped: while they are
+    /// equal no completion is due, and `poll` skips the send CQ (but for every
+    /// `SEND_CQ_POLL_EVERY`-th call, for the error completions a broken QP flushes).
+    pub(super) signaled_posted: AtomicU64,
+    pub(super) send_reaped: AtomicU64,
+    /// `poll` calls, for `SEND_CQ_POLL_EVERY`.
+    pub(super) polls: AtomicU32,
     /// Receive completions `wait` pulled out of the CQ while checking for work; `poll` delivers
     /// them first. Capacity `POLL_BATCH`, never grows. The lock also serialises receive polls.
     pub(super) recv_stash: Mutex<Vec<Completion>>,
     pub(super) lost_unreported: AtomicU32,
     pub(super) len_errors: AtomicU64,
+    /// Completions neither delivered nor turned into a lost peer: an undecodable `wr_id`, a rank
+    /// or slot out of range, or a receive from a peer already reported lost. Only the last kind
+    /// can happen in a correct run, so tests assert 0 while every peer is alive.
+    pub(super) dropped: AtomicU64,
 }
 
 fn dev(e: VerbsError) -> LinkError {
     LinkError::Device(e.to_string())
+}
+
+/// `lock` that treats a poisoned lock as free (the queue stays consistent: every critical
+/// section is one push or pop).
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// `try_lock` that treats a poisoned lock as free (a panicking callback must not wedge the link).
@@ -90,6 +139,16 @@ impl VerbsLink {
     /// lost its peer). Always 0 between two `VerbsLink`s of the same settings.
     pub fn len_errors(&self) -> u64 {
         self.len_errors.load(Ordering::Relaxed)
+    }
+
+    /// Completions dropped without delivery (see the field): 0 while every peer is alive.
+    pub fn dropped_completions(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
+    }
+
+    fn drop_one(&self) -> usize {
+        self.dropped.fetch_add(1, Ordering::Relaxed);
+        0
     }
 
     /// Whether `peer` is still connected (as far as completions have shown so far).
@@ -122,13 +181,43 @@ impl VerbsLink {
         let mut batch = [Completion::default(); POLL_BATCH];
         loop {
             let n = self.send_cq.poll_batch(&mut batch).map_err(dev)?;
+            self.send_reaped.fetch_add(n as u64, Ordering::AcqRel);
             for c in &batch[..n] {
                 let Some((kind, peer, low)) = wr_id::decode(c.wr_id) else {
+                    self.drop_one();
                     continue;
                 };
-                let Ok(p) = self.peer(peer) else { continue };
+                let Ok(p) = self.peer(peer) else {
+                    self.drop_one();
+                    continue;
+                };
+                let seq = wr_id::full_seq(p.completed.load(Ordering::Acquire), low);
+                if kind == WrKind::Rdma {
+                    // Read the token before `completed` moves past `seq` (which frees its slot).
+                    let result = if c.is_success() {
+                        Ok(())
+                    } else if c.status == ibv_wc_status::IBV_WC_REM_ACCESS_ERR {
+                        Err(LinkError::RemoteAccess(peer))
+                    } else if c.status == ibv_wc_status::IBV_WC_WR_FLUSH_ERR {
+                        Err(LinkError::PeerLost(peer))
+                    } else {
+                        Err(LinkError::Device(format!(
+                            "RDMA to rank {peer}: {}",
+                            c.status_text()
+                        )))
+                    };
+                    if let Err(e) = &result {
+                        self.lose(peer, e.clone());
+                    }
+                    lock(&self.rdma_done).push_back((peer, p.token(seq), result));
+                    self.rdma_queued.fetch_add(1, Ordering::AcqRel);
+                    if c.is_success() {
+                        p.complete_through(seq);
+                    }
+                    continue;
+                }
                 if c.is_success() {
-                    p.complete_through(wr_id::full_seq(p.completed.load(Ordering::Acquire), low));
+                    p.complete_through(seq);
                 } else {
                     // RETRY_EXC_ERR (peer gone), then WR_FLUSH_ERR for everything behind it.
                     let what = if kind == WrKind::Probe {
@@ -187,24 +276,39 @@ impl VerbsLink {
         }
         let seq = *posted;
         let signaled = signaled || seq % self.signal_every == self.signal_every - 1;
+        if signaled {
+            // Counted before posting, so a completion can never be reaped before it is counted
+            // (a reaper that saw more reaped than posted would skip the CQ wrongly).
+            self.signaled_posted.fetch_add(1, Ordering::AcqRel);
+        }
         match post(p, seq, signaled) {
             Ok(()) => {
                 *posted = seq + 1;
                 Ok(())
             }
-            Err(_) if !p.is_alive() => Err(LinkError::PeerLost(peer)),
-            Err(e) => Err(dev(e)),
+            Err(e) => {
+                if signaled {
+                    self.signaled_posted.fetch_sub(1, Ordering::AcqRel);
+                }
+                Err(if p.is_alive() {
+                    dev(e)
+                } else {
+                    LinkError::PeerLost(peer)
+                })
+            }
         }
     }
 
     /// Deliver one receive completion (and post its slot again).
     fn deliver(&self, c: &Completion, on_event: &mut dyn FnMut(LinkEvent<'_>)) -> usize {
         let Some((WrKind::Recv, peer, slot)) = wr_id::decode(c.wr_id) else {
-            return 0;
+            return self.drop_one();
         };
-        let Ok(p) = self.peer(peer) else { return 0 };
+        let Ok(p) = self.peer(peer) else {
+            return self.drop_one();
+        };
         if slot >= self.recv_slots {
-            return 0;
+            return self.drop_one();
         }
         if !c.is_success() {
             if c.status == ibv_wc_status::IBV_WC_LOC_LEN_ERR {
@@ -219,7 +323,7 @@ impl VerbsLink {
             return 0;
         }
         if p.is_reported() {
-            return 0; // already reported lost: nothing more is delivered from it
+            return self.drop_one(); // already reported lost: nothing more is delivered from it
         }
         let len = c.byte_len as usize;
         if len > self.max_msg {
@@ -256,13 +360,53 @@ impl VerbsLink {
         1
     }
 
+    /// Deliver the RDMA completions queued when this call began (not those its callbacks'
+    /// ops add: a callback that posts again cannot keep one `poll` going forever).
+    fn deliver_rdma(&self, on_event: &mut dyn FnMut(LinkEvent<'_>)) -> usize {
+        if self.rdma_queued.load(Ordering::Acquire) == 0 {
+            return 0;
+        }
+        let queued = lock(&self.rdma_done).len();
+        let mut n = 0;
+        for _ in 0..queued {
+            let Some((peer, token, result)) = lock(&self.rdma_done).pop_front() else {
+                break;
+            };
+            self.rdma_queued.fetch_sub(1, Ordering::AcqRel);
+            on_event(LinkEvent::RdmaDone {
+                peer,
+                token,
+                result,
+            });
+            // Counted down only now: the peer's `PeerLost` must not overtake this report.
+            if let Ok(p) = self.peer(peer) {
+                p.rdma_outstanding.fetch_sub(1, Ordering::AcqRel);
+            }
+            n += 1;
+        }
+        n
+    }
+
+    /// Where the send-ring slot of work request `seq` to `peer` starts in `send_buf`.
+    fn ring_offset(&self, peer: Rank, seq: u64) -> usize {
+        let slot =
+            peer as usize * self.sq_depth as usize + (seq % u64::from(self.sq_depth)) as usize;
+        slot * self.max_msg
+    }
+
     fn report_lost(&self, on_event: &mut dyn FnMut(LinkEvent<'_>)) -> usize {
         if self.lost_unreported.load(Ordering::Acquire) == 0 {
             return 0;
         }
         let mut n = 0;
         for (r, p) in self.peers.iter().enumerate() {
-            if let Some(reason) = p.as_ref().and_then(Peer::take_report) {
+            let Some(p) = p.as_ref() else { continue };
+            let flushing = p.rdma_outstanding.load(Ordering::Acquire) > 0
+                && p.lost_at().is_some_and(|t| t.elapsed() < RDMA_FLUSH_GRACE);
+            if flushing {
+                continue; // its ops' flush completions come first
+            }
+            if let Some(reason) = p.take_report() {
                 self.lost_unreported.fetch_sub(1, Ordering::AcqRel);
                 on_event(LinkEvent::PeerLost {
                     peer: r as Rank,
@@ -313,9 +457,7 @@ impl Link for VerbsLink {
                 // the call) into the work request before returning.
                 return unsafe { p.qp.post_send_with(id, sge, flags) };
             }
-            let slot =
-                peer as usize * self.sq_depth as usize + (seq % u64::from(self.sq_depth)) as usize;
-            let off = slot * self.max_msg;
+            let off = self.ring_offset(peer, seq);
             // SAFETY: the ring slot lies inside `send_buf`; it is free: the work request that
             // used it last (seq - sq_depth) has completed (we hold room for `seq`), and only this
             // thread, holding the peer's lock, writes it now. `msg` cannot overlap it (the
@@ -334,9 +476,111 @@ impl Link for VerbsLink {
         })
     }
 
+    fn send_batch(&self, peer: Rank, msgs: &[&[u8]]) -> Result<(), LinkError> {
+        if let Some(m) = msgs.iter().find(|m| m.len() > self.max_msg) {
+            return Err(LinkError::TooLong {
+                len: m.len(),
+                max: self.max_msg,
+            });
+        }
+        let p = self.peer(peer)?;
+        let mut posted = p.posted.lock().unwrap_or_else(|e| e.into_inner());
+        let mut rest = msgs;
+        while !rest.is_empty() {
+            if !p.is_alive() {
+                return Err(LinkError::PeerLost(peer));
+            }
+            let room = u64::from(self.sq_depth) - (*posted - p.completed.load(Ordering::Acquire));
+            if room == 0 {
+                self.wait_for_room(peer, p, *posted)?;
+                continue;
+            }
+            let k = rest.len().min(MAX_CHAIN).min(room as usize);
+            let mut chain = [(
+                0u64,
+                Sge {
+                    addr: 0,
+                    len: 0,
+                    lkey: 0,
+                },
+                SendFlags::default(),
+            ); MAX_CHAIN];
+            for (i, m) in rest[..k].iter().enumerate() {
+                let seq = *posted + i as u64;
+                let signaled = seq % self.signal_every == self.signal_every - 1;
+                if signaled {
+                    self.signaled_posted.fetch_add(1, Ordering::AcqRel);
+                }
+                let inline = m.len() <= self.max_inline;
+                let sge = if inline {
+                    Sge {
+                        addr: m.as_ptr() as u64,
+                        len: m.len() as u32,
+                        lkey: 0,
+                    }
+                } else {
+                    let off = self.ring_offset(peer, seq);
+                    // SAFETY: as in `send`: the ring slot of `seq` is inside `send_buf` and free
+                    // (we hold room for `seq`, and the peer's `posted` lock); `m` is not in it.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(
+                            m.as_ptr(),
+                            self.send_buf.ptr().add(off),
+                            m.len(),
+                        )
+                    };
+                    Sge {
+                        addr: self.send_buf.addr() + off as u64,
+                        len: m.len() as u32,
+                        lkey: self.send_buf.lkey(),
+                    }
+                };
+                chain[i] = (
+                    wr_id::encode(WrKind::Send, peer, seq as u32),
+                    sge,
+                    SendFlags { signaled, inline },
+                );
+            }
+            // SAFETY: inline entries point at `msgs` (readable for the call, <= max_inline);
+            // the others at ring slots left untouched until their request completes (a slot is
+            // reused only once `completed` passed its sequence number).
+            match unsafe { p.qp.post_send_chain(&chain[..k]) } {
+                Ok(()) => {
+                    *posted += k as u64;
+                    rest = &rest[k..];
+                }
+                Err((n, e)) => {
+                    // The requests from `n` on were not posted: uncount their signaled ones.
+                    let unposted = (*posted + n as u64..*posted + k as u64)
+                        .filter(|seq| seq % self.signal_every == self.signal_every - 1)
+                        .count();
+                    self.signaled_posted
+                        .fetch_sub(unposted as u64, Ordering::AcqRel);
+                    *posted += n as u64;
+                    return Err(if p.is_alive() {
+                        dev(e)
+                    } else {
+                        LinkError::PeerLost(peer)
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn poll(&self, on_event: &mut dyn FnMut(LinkEvent<'_>)) -> Result<usize, LinkError> {
-        self.reap_send()?;
-        let mut n = 0;
+        // The send CQ only when a completion is due (or now and then, see SEND_CQ_POLL_EVERY):
+        // an empty CQ poll is a lock and a call into the provider on every progress call.
+        let due = self.signaled_posted.load(Ordering::Acquire)
+            != self.send_reaped.load(Ordering::Acquire);
+        // A plain load and store, not an atomic add: racing pollers may lose a count, which only
+        // shifts when the periodic look happens.
+        let k = self.polls.load(Ordering::Relaxed);
+        self.polls.store(k.wrapping_add(1), Ordering::Relaxed);
+        if due || k % SEND_CQ_POLL_EVERY == 0 {
+            self.reap_send()?;
+        }
+        let mut n = self.deliver_rdma(on_event);
         // The stash lock also serialises receive polls: slots are delivered and re-posted by one
         // thread at a time (a nested `poll` from a callback finds it taken and skips receives).
         if let Some(mut stash) = try_lock(&self.recv_stash) {
@@ -367,7 +611,9 @@ impl Link for VerbsLink {
         self.send_cq.req_notify().map_err(dev)?;
         self.recv_cq.req_notify().map_err(dev)?;
         self.reap_send()?;
-        if self.lost_unreported.load(Ordering::Acquire) > 0 {
+        if self.lost_unreported.load(Ordering::Acquire) > 0
+            || self.rdma_queued.load(Ordering::Acquire) > 0
+        {
             return Ok(());
         }
         match try_lock(&self.recv_stash) {
@@ -407,6 +653,49 @@ impl Link for VerbsLink {
             // setup; the destination is the word the peer registered (remote write) for our
             // probes and never reads as data.
             unsafe { p.qp.post_rdma_write_with(id, src, dst, p.probe_rkey, flags) }
+        })
+    }
+
+    fn max_rdma(&self) -> usize {
+        self.max_rdma
+    }
+
+    unsafe fn rdma(&self, peer: Rank, op: RdmaOp) -> Result<(), LinkError> {
+        if peer == self.rank {
+            return Err(LinkError::BadRank(peer));
+        }
+        self.peer(peer)?;
+        op.validate(self.max_rdma)?;
+        let local = Sge {
+            addr: op.local_addr,
+            len: op.len as u32, // <= max_rdma <= 2^31
+            lkey: op.lkey,
+        };
+        self.post(peer, true, |p, seq, _| {
+            let id = wr_id::encode(WrKind::Rdma, peer, seq as u32);
+            p.set_token(seq, op.token);
+            p.rdma_outstanding.fetch_add(1, Ordering::AcqRel);
+            let flags = SendFlags {
+                signaled: true, // the caller needs every completion
+                inline: false,
+            };
+            // SAFETY: `Link::rdma`'s contract: the local range is registered under `lkey` and
+            // left alone until the op's `RdmaDone`; the remote range is the target's, named by
+            // its rkey (a bad one fails the op at the target, never touches our memory).
+            let r = unsafe {
+                match op.kind {
+                    RdmaKind::Write => {
+                        p.qp.post_rdma_write_with(id, local, op.remote_addr, op.rkey, flags)
+                    }
+                    RdmaKind::Read => {
+                        p.qp.post_rdma_read_with(id, local, op.remote_addr, op.rkey, flags)
+                    }
+                }
+            };
+            if r.is_err() {
+                p.rdma_outstanding.fetch_sub(1, Ordering::AcqRel);
+            }
+            r
         })
     }
 }

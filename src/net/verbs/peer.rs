@@ -5,10 +5,16 @@
 //! number. Most are unsignaled; a signaled one completing means every earlier one on this QP has
 //! completed too (RC completes in order), so `completed` jumps to its sequence number + 1. A new
 //! work request may be posted while `posted - completed < sq_depth`, which also says a send-ring
-//! slot (`seq % sq_depth`) is free again.
+//! slot (`seq % sq_depth`) is free again, and so is the RDMA token slot of the same index.
+//!
+//! RDMA ops: the caller's 64-bit token is kept in `tokens[seq % sq_depth]` (written under the
+//! post lock before the work request is posted, read by the reaper at its completion, before
+//! `completed` moves past it). `rdma_outstanding` counts ops posted and not yet reported, so a
+//! lost peer's `PeerLost` can wait until its flushed ops have all been reported.
 
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Mutex, OnceLock};
+use std::time::Instant;
 
 use super::qp::Qp;
 use crate::net::LinkError;
@@ -29,19 +35,28 @@ pub(super) struct Peer {
     pub posted: Mutex<u64>,
     /// Every sequence number below this has completed (written only under the send-CQ lock).
     pub completed: AtomicU64,
+    /// RDMA tokens by `seq % sq_depth`.
+    tokens: Box<[AtomicU64]>,
+    /// RDMA ops posted whose `RdmaDone` has not been delivered yet.
+    pub rdma_outstanding: AtomicU32,
+    /// When the peer was marked lost (bounds how long its report waits for flushes).
+    lost_at: OnceLock<Instant>,
     state: AtomicU8,
     /// Why the peer was lost (written once, by the thread that moved ALIVE -> LOST).
     reason: Mutex<Option<LinkError>>,
 }
 
 impl Peer {
-    pub fn new(qp: Qp, probe_addr: u64, probe_rkey: u32) -> Self {
+    pub fn new(qp: Qp, probe_addr: u64, probe_rkey: u32, sq_depth: u32) -> Self {
         Peer {
             qp,
             probe_addr,
             probe_rkey,
             posted: Mutex::new(0),
             completed: AtomicU64::new(0),
+            tokens: (0..sq_depth.max(1)).map(|_| AtomicU64::new(0)).collect(),
+            rdma_outstanding: AtomicU32::new(0),
+            lost_at: OnceLock::new(),
             state: AtomicU8::new(ALIVE),
             reason: Mutex::new(None),
         }
@@ -68,6 +83,7 @@ impl Peer {
             .is_ok()
         {
             *r = Some(reason);
+            let _ = self.lost_at.set(Instant::now());
             true
         } else {
             false
@@ -86,6 +102,24 @@ impl Peer {
         } else {
             None
         }
+    }
+
+    /// When the peer was marked lost (`None` while alive).
+    pub fn lost_at(&self) -> Option<Instant> {
+        self.lost_at.get().copied()
+    }
+
+    /// Remember the token of the RDMA op about to be posted as `seq` (caller holds `posted`).
+    #[inline]
+    pub fn set_token(&self, seq: u64, token: u64) {
+        let i = (seq % self.tokens.len() as u64) as usize;
+        self.tokens[i].store(token, Ordering::Release);
+    }
+
+    /// The token of RDMA op `seq` (valid until `completed` passes `seq`).
+    #[inline]
+    pub fn token(&self, seq: u64) -> u64 {
+        self.tokens[(seq % self.tokens.len() as u64) as usize].load(Ordering::Acquire)
     }
 
     /// A signaled work request `seq` completed: so did everything before it.

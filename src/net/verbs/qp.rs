@@ -65,6 +65,11 @@ pub struct QpTiming {
     pub rnr_retry: u8,
     /// RNR NAK delay this QP asks senders to wait (IB encoding: 12 = 0.64 ms, 18 = 5.12 ms).
     pub min_rnr_timer: u8,
+    /// RDMA READs this QP may have outstanding as initiator (`max_rd_atomic`): at most the
+    /// peer's responder depth, or the peer fails the QP.
+    pub rd_atomic: u8,
+    /// RDMA READs this QP serves at once as responder (`max_dest_rd_atomic`).
+    pub dest_rd_atomic: u8,
 }
 
 impl Default for QpTiming {
@@ -75,6 +80,8 @@ impl Default for QpTiming {
             retry_cnt: RETRY_CNT,
             rnr_retry: RNR_RETRY,
             min_rnr_timer: MIN_RNR_TIMER,
+            rd_atomic: RD_ATOMIC,
+            dest_rd_atomic: RD_ATOMIC,
         }
     }
 }
@@ -92,8 +99,11 @@ const ACK_TIMEOUT: u8 = 14; // 4.096 us * 2^14 ~ 67 ms per retry
 const RETRY_CNT: u8 = 7;
 const RNR_RETRY: u8 = 7; // 7 = retry forever on receiver-not-ready
 const MIN_RNR_TIMER: u8 = 12; // 0.64 ms
-const RD_ATOMIC: u8 = 1; // outstanding RDMA READs; rxe and every HCA support at least 1
+/// Outstanding RDMA READs by default; rxe and every HCA support at least 1.
+pub const RD_ATOMIC: u8 = 1;
 const HOP_LIMIT: u8 = 64;
+/// Most work requests `post_send_chain` posts in one call.
+pub const MAX_CHAIN: usize = 16;
 
 /// The flags of the plain `post_*` calls: one completion each.
 const SIGNALED: SendFlags = SendFlags {
@@ -240,7 +250,7 @@ impl Qp {
         a.path_mtu = path.mtu;
         a.dest_qp_num = remote.qpn;
         a.rq_psn = remote.psn;
-        a.max_dest_rd_atomic = RD_ATOMIC;
+        a.max_dest_rd_atomic = timing.dest_rd_atomic.max(1);
         a.min_rnr_timer = timing.min_rnr_timer;
         a.ah_attr.dlid = remote.lid;
         a.ah_attr.sl = 0;
@@ -278,7 +288,7 @@ impl Qp {
         a.retry_cnt = timing.retry_cnt;
         a.rnr_retry = timing.rnr_retry;
         a.sq_psn = psn & 0xff_ffff;
-        a.max_rd_atomic = RD_ATOMIC;
+        a.max_rd_atomic = timing.rd_atomic.max(1);
         let m = mask::IBV_QP_STATE
             | mask::IBV_QP_TIMEOUT
             | mask::IBV_QP_RETRY_CNT
@@ -437,6 +447,75 @@ impl Qp {
         unsafe { self.post_send_wr(wr_id, ibv_wr_opcode::IBV_WR_SEND, local, None, flags) }
     }
 
+    /// SENDs of several messages as one chain of work requests: one `ibv_post_send`, so one
+    /// doorbell (with Soft-RoCE one system call) for all of them. At most `MAX_CHAIN` entries of
+    /// `(wr_id, local, flags)`. On error, `Err((posted, e))`: the first `posted` went to the send
+    /// queue (in order), the rest did not.
+    ///
+    /// # Safety
+    /// Each entry as `post_send_with`.
+    pub unsafe fn post_send_chain(
+        &self,
+        sends: &[(u64, Sge, SendFlags)],
+    ) -> Result<(), (usize, VerbsError)> {
+        let n = sends.len().min(MAX_CHAIN);
+        if n == 0 {
+            return Ok(());
+        }
+        // SAFETY: plain data (integers, pointers, unions of those); zero is valid for both.
+        let mut sges: [ibv_sge; MAX_CHAIN] = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        let mut wrs: [ibv_send_wr; MAX_CHAIN] = unsafe { std::mem::zeroed() };
+        for (i, &(wr_id, local, flags)) in sends[..n].iter().enumerate() {
+            sges[i] = ibv_sge {
+                addr: local.addr,
+                length: local.len,
+                lkey: local.lkey,
+            };
+            let mut f = 0;
+            if flags.signaled {
+                f |= ibv_send_flags::IBV_SEND_SIGNALED.0;
+            }
+            if flags.inline {
+                f |= ibv_send_flags::IBV_SEND_INLINE.0;
+            }
+            let wr = &mut wrs[i];
+            wr.wr_id = wr_id;
+            wr.num_sge = 1;
+            wr.opcode = ibv_wr_opcode::IBV_WR_SEND;
+            wr.send_flags = f;
+        }
+        let base = wrs.as_mut_ptr();
+        for i in 0..n {
+            // SAFETY: i < n <= MAX_CHAIN: inside both arrays, which do not move until the call
+            // below has returned.
+            unsafe {
+                (*base.add(i)).sg_list = sges.as_mut_ptr().add(i);
+                (*base.add(i)).next = if i + 1 < n {
+                    base.add(i + 1)
+                } else {
+                    std::ptr::null_mut()
+                };
+            }
+        }
+        let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
+        // SAFETY: the QP is alive; the chain and its SGEs live across the call (the provider
+        // copies them, and inline payloads, into the send queue before returning); buffer
+        // validity is the caller's contract.
+        let ret = unsafe { ibv_post_send(self.as_raw(), base, &mut bad) };
+        if ret != 0 {
+            // `bad` points at the first request not posted; everything before it was.
+            let posted = if bad.is_null() {
+                0
+            } else {
+                // SAFETY: the provider sets `bad` to an element of the chain we passed.
+                (unsafe { bad.offset_from(base) }).clamp(0, n as isize) as usize
+            };
+            return Err((posted, VerbsError::from_ret("ibv_post_send", ret)));
+        }
+        Ok(())
+    }
+
     /// RDMA WRITE `local` to `remote_addr` (covered by `rkey`), with `flags`.
     ///
     /// # Safety
@@ -455,6 +534,32 @@ impl Qp {
             self.post_send_wr(
                 wr_id,
                 ibv_wr_opcode::IBV_WR_RDMA_WRITE,
+                local,
+                Some((remote_addr, rkey)),
+                flags,
+            )
+        }
+    }
+
+    /// RDMA READ from `remote_addr` (covered by `rkey`) into `local`, with `flags` (`inline` is
+    /// meaningless for a READ and must be false).
+    ///
+    /// # Safety
+    /// As `post_rdma_read`.
+    pub unsafe fn post_rdma_read_with(
+        &self,
+        wr_id: u64,
+        local: Sge,
+        remote_addr: u64,
+        rkey: u32,
+        flags: SendFlags,
+    ) -> VerbsResult<()> {
+        debug_assert!(!flags.inline);
+        // SAFETY: forwarded contract.
+        unsafe {
+            self.post_send_wr(
+                wr_id,
+                ibv_wr_opcode::IBV_WR_RDMA_READ,
                 local,
                 Some((remote_addr, rkey)),
                 flags,

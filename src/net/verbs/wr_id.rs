@@ -1,8 +1,9 @@
 //! Work request ids: every completion must say which peer (and which receive slot or send) it is
 //! for without a lookup table, so the 64-bit `wr_id` packs `kind:2 | peer:30 | low:32`.
 //! `low` is the receive slot for a receive, and the low 32 bits of the per-peer send sequence
-//! number for a send or probe (the full number is rebuilt from the completed count: fewer than
-//! 2^32 sends are ever outstanding).
+//! number for a send, probe or RDMA op (the full number is rebuilt from the completed count:
+//! fewer than 2^32 sends are ever outstanding). An RDMA op's caller token (64 bits, no room here)
+//! sits in the peer's token table at `seq % sq_depth` (peer.rs), found again through `low`.
 
 use crate::net::Rank;
 
@@ -18,6 +19,8 @@ pub enum WrKind {
     Send = 1,
     /// An RDMA WRITE to the peer's probe word.
     Probe = 2,
+    /// A caller's RDMA WRITE or READ (`Link::rdma`), always signaled.
+    Rdma = 3,
 }
 
 /// Pack a work request id. `peer < MAX_RANKS`.
@@ -27,14 +30,15 @@ pub fn encode(kind: WrKind, peer: Rank, low: u32) -> u64 {
     ((kind as u64) << 62) | (u64::from(peer & (MAX_RANKS - 1)) << 32) | u64::from(low)
 }
 
-/// Unpack a work request id; `None` for a kind this link never posts (a corrupted id).
+/// Unpack a work request id. Every 2-bit kind is in use, so every id decodes; the caller still
+/// checks the peer and slot against its tables (`Option` is kept for a future kind that is not).
 #[inline]
 pub fn decode(wr_id: u64) -> Option<(WrKind, Rank, u32)> {
     let kind = match wr_id >> 62 {
         0 => WrKind::Recv,
         1 => WrKind::Send,
         2 => WrKind::Probe,
-        _ => return None,
+        _ => WrKind::Rdma,
     };
     Some((kind, ((wr_id >> 32) as u32) & (MAX_RANKS - 1), wr_id as u32))
 }
@@ -52,7 +56,7 @@ mod tests {
 
     #[test]
     fn round_trips_every_kind_and_extremes() {
-        for kind in [WrKind::Recv, WrKind::Send, WrKind::Probe] {
+        for kind in [WrKind::Recv, WrKind::Send, WrKind::Probe, WrKind::Rdma] {
             for peer in [0, 1, 3, MAX_RANKS - 1] {
                 for low in [0, 1, 63, u32::MAX] {
                     assert_eq!(decode(encode(kind, peer, low)), Some((kind, peer, low)));
@@ -71,8 +75,9 @@ mod tests {
     }
 
     #[test]
-    fn unknown_kind_is_rejected() {
-        assert_eq!(decode(3 << 62), None);
+    fn kind_three_is_rdma() {
+        assert_eq!(decode(3 << 62), Some((WrKind::Rdma, 0, 0)));
+        assert_eq!(decode(encode(WrKind::Rdma, 9, 4)).unwrap().0, WrKind::Rdma);
     }
 
     #[test]

@@ -5,8 +5,8 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 
 use rdma_sys::{
-    ___ibv_query_port, ibv_close_device, ibv_context, ibv_device, ibv_gid, ibv_open_device,
-    ibv_port_attr, ibv_port_state, ibv_query_gid,
+    ___ibv_query_port, ibv_close_device, ibv_context, ibv_device, ibv_device_attr, ibv_gid,
+    ibv_open_device, ibv_port_attr, ibv_port_state, ibv_query_device, ibv_query_gid,
 };
 
 use super::error::{VerbsError, VerbsResult};
@@ -49,6 +49,22 @@ impl Context {
     }
 
     /// Port attributes (ports are numbered from 1).
+    /// How many RDMA READs (and atomics) one QP may have outstanding: `(as initiator, as
+    /// responder)` = the device's `max_qp_init_rd_atom` and `max_qp_rd_atom`.
+    pub fn rd_atomic_limits(&self) -> VerbsResult<(u32, u32)> {
+        // SAFETY: ibv_device_attr is plain data; all-zero is a valid value.
+        let mut attr: ibv_device_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: the context is open and `attr` is a valid out-pointer.
+        let ret = unsafe { ibv_query_device(self.as_raw(), &mut attr) };
+        if ret != 0 {
+            return Err(VerbsError::from_ret("ibv_query_device", ret));
+        }
+        Ok((
+            attr.max_qp_init_rd_atom.max(0) as u32,
+            attr.max_qp_rd_atom.max(0) as u32,
+        ))
+    }
+
     pub fn query_port(&self, port: u8) -> VerbsResult<PortInfo> {
         // SAFETY: ibv_port_attr is plain data; all-zero is a valid value.
         let mut attr: ibv_port_attr = unsafe { std::mem::zeroed() };
@@ -64,6 +80,7 @@ impl Context {
             lid: attr.lid,
             link_layer: attr.link_layer,
             gid_tbl_len: attr.gid_tbl_len,
+            max_msg_sz: attr.max_msg_sz,
         })
     }
 
@@ -106,6 +123,8 @@ pub struct PortInfo {
     /// `IBV_LINK_LAYER_*` value.
     pub link_layer: u8,
     pub gid_tbl_len: i32,
+    /// Longest message (SEND or RDMA) the port carries, in bytes.
+    pub max_msg_sz: u32,
 }
 
 impl PortInfo {

@@ -10,6 +10,7 @@
 
 mod context;
 mod device;
+pub mod direct;
 mod error;
 mod mr;
 mod pd;

@@ -7,7 +7,9 @@
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-use rdma_sys::{ibv_dereg_mr, ibv_mr, ibv_reg_mr};
+use rdma_sys::ibv_mr;
+
+use super::direct::{dereg_mr, reg_mr};
 
 use super::error::{VerbsError, VerbsResult};
 use super::pd::Pd;
@@ -30,7 +32,7 @@ impl Mr {
     pub fn register(pd: &Arc<Pd>, addr: usize, len: usize, access: Access) -> VerbsResult<Self> {
         // SAFETY: the PD is alive (we hold an Arc); the kernel checks the range itself and the
         // call does not dereference `addr` in this process.
-        let raw = unsafe { ibv_reg_mr(pd.as_raw(), addr as *mut _, len, access.0 as i32) };
+        let raw = unsafe { reg_mr(pd.as_raw(), addr as *mut _, len, access.0 as i32) };
         let raw = NonNull::new(raw).ok_or_else(|| VerbsError::last("ibv_reg_mr"))?;
         Ok(Mr {
             raw,
@@ -72,6 +74,6 @@ impl Mr {
 impl Drop for Mr {
     fn drop(&mut self) {
         // SAFETY: `raw` came from ibv_reg_mr and is deregistered exactly once, here.
-        unsafe { ibv_dereg_mr(self.raw.as_ptr()) };
+        unsafe { dereg_mr(self.raw.as_ptr()) };
     }
 }

@@ -3,7 +3,9 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use rdma_sys::{ibv_dereg_mr, ibv_mr, ibv_pd, ibv_reg_mr};
+use rdma_sys::{ibv_mr, ibv_pd};
+
+use super::direct::{dereg_mr, reg_mr};
 
 use super::device::DeviceList;
 use super::pd::Pd;
@@ -86,7 +88,7 @@ impl Pinner for VerbsPinner {
         // SAFETY: `pd` is alive (owned Arc or the from_raw_pd contract); the kernel validates the
         // range and registration does not touch the bytes from this process.
         let mr: *mut ibv_mr =
-            unsafe { ibv_reg_mr(self.pd, addr as *mut _, len, verbs_access(access) as i32) };
+            unsafe { reg_mr(self.pd, addr as *mut _, len, verbs_access(access) as i32) };
         if mr.is_null() {
             let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
             return Err(map_reg_errno(errno));
@@ -105,7 +107,7 @@ impl Pinner for VerbsPinner {
         // drops its page references, so this is safe after invalidation.
         // SAFETY: the token is an `ibv_mr *` returned by `pin` and, per the trait contract,
         // unpinned exactly once.
-        let ret = unsafe { ibv_dereg_mr(pinned.token as *mut ibv_mr) };
+        let ret = unsafe { dereg_mr(pinned.token as *mut ibv_mr) };
         if ret != 0 {
             self.dereg_failures.fetch_add(1, Ordering::Relaxed);
         }

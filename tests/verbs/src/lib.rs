@@ -2,6 +2,7 @@
 //! check, and the exit-code convention (0 pass, 77 skip, 1 fail) the suite scripts read.
 
 pub mod buffer;
+pub mod link_ranks;
 pub mod pattern;
 
 /// Exit code for "passed".

@@ -26,6 +26,19 @@ const FLOOD: u16 = 2;
 
 fn fail(msg: String) -> ! {
     eprintln!("FAIL: {msg}");
+    // mpirun may kill the job before it has forwarded this rank's last stderr line, so a test
+    // that must see the failure reads it from FH_TEST_FAIL_LOG instead.
+    if let Some(path) = std::env::var_os("FH_TEST_FAIL_LOG") {
+        use std::io::Write;
+        if let Ok(mut f) = std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(path)
+        {
+            let _ = writeln!(f, "FAIL: {msg}");
+            let _ = f.sync_all();
+        }
+    }
     std::process::exit(1);
 }
 

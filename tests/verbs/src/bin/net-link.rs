@@ -16,15 +16,16 @@
 //! FH_AM_RECV_DEPTH / FH_AM_MAX_SIZE (the link's settings), FH_TEST_MSGS (per pair, default 150).
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use firehose::net::bootstrap::local::{LocalBootstrap, LocalGroup};
-use firehose::net::verbs::{gid_index_from_env, LinkSettings, VerbsLink, VerbsLinkConfig};
+use firehose::net::bootstrap::local::LocalBootstrap;
+use firehose::net::verbs::VerbsLink;
 use firehose::net::{Bootstrap, Link, LinkError, LinkEvent, Rank};
 use firehose::pin::verbs::Context;
+use firehose_verbs_tests::link_ranks::{env_num, run_ranks, LinkEnv};
 use firehose_verbs_tests::pattern::{compare, pattern};
-use firehose_verbs_tests::{EXIT_FAIL, EXIT_PASS};
+use firehose_verbs_tests::EXIT_FAIL;
 
 const RANKS: u32 = 4;
 const DEAD: Rank = 3;
@@ -41,31 +42,16 @@ const LOST_WITHIN: Duration = Duration::from_secs(8);
 static BREAK_ONCE: AtomicBool = AtomicBool::new(false);
 
 struct Options {
-    device: Option<String>,
-    cfg: VerbsLinkConfig,
+    link: LinkEnv,
     msgs: u32,
 }
 
 fn options() -> Result<Options, String> {
-    let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
-    let num = |k: &str, d: u64| -> Result<u64, String> {
-        env(k).map_or(Ok(d), |v| {
-            v.parse().map_err(|_| format!("{k}={v:?} is not a number"))
-        })
-    };
-    if env("FH_TEST_BREAK").is_some_and(|v| v != "0") {
-        BREAK_ONCE.store(true, Ordering::SeqCst);
-    }
-    let port = u8::try_from(num("FH_IB_PORT", 1)?).map_err(|_| "FH_IB_PORT out of range")?;
+    let link = LinkEnv::from_env()?;
+    BREAK_ONCE.store(link.break_requested, Ordering::SeqCst);
     Ok(Options {
-        device: env("FH_DEVICE").or_else(|| env("FH_RDMA_DEV")),
-        cfg: VerbsLinkConfig {
-            port,
-            gid_index: gid_index_from_env().map_err(|e| e.to_string())?,
-            settings: LinkSettings::from_env().map_err(|e| e.to_string())?,
-            ..VerbsLinkConfig::default()
-        },
-        msgs: num("FH_TEST_MSGS", 150)? as u32,
+        msgs: env_num("FH_TEST_MSGS", 150)? as u32,
+        link,
     })
 }
 
@@ -74,45 +60,20 @@ fn main() {
 }
 
 fn run() -> i32 {
-    let opts = match options() {
-        Ok(o) => o,
+    match options() {
+        Ok(o) => run_ranks(
+            "net-link",
+            RANKS,
+            o.link.device.clone().as_deref(),
+            Duration::from_secs(600),
+            o,
+            rank_main,
+        ),
         Err(e) => {
             println!("FAIL: {e}");
-            return EXIT_FAIL;
-        }
-    };
-    // No device at all is a skip; a device that exists but cannot be used is a failure.
-    let ctx = match firehose_verbs_tests::open_device_or_verdict(opts.device.as_deref()) {
-        Ok(c) => c,
-        Err(code) => return code,
-    };
-    let opts = Arc::new(opts);
-    let (tx, rx) = mpsc::channel();
-    for b in LocalGroup::new(RANKS) {
-        let (ctx, opts, tx) = (Arc::clone(&ctx), Arc::clone(&opts), tx.clone());
-        std::thread::spawn(move || {
-            let rank = b.rank();
-            let r = rank_main(&ctx, b, &opts).map_err(|e| format!("rank {rank}: {e}"));
-            let _ = tx.send(r);
-        });
-    }
-    drop(tx);
-    // The first failure ends the run: the other ranks may be blocked in a collective forever.
-    for _ in 0..RANKS {
-        match rx.recv_timeout(Duration::from_secs(600)) {
-            Ok(Ok(summary)) => println!("{summary}"),
-            Ok(Err(e)) => {
-                println!("FAIL: {e}");
-                return EXIT_FAIL;
-            }
-            Err(_) => {
-                println!("FAIL: a rank neither finished nor failed in 600 s");
-                return EXIT_FAIL;
-            }
+            EXIT_FAIL
         }
     }
-    println!("PASS: net-link on {} ({RANKS} ranks)", ctx.name());
-    EXIT_PASS
 }
 
 fn barrier(b: &mut LocalBootstrap) -> Result<(), String> {
@@ -123,7 +84,7 @@ fn rank_main(ctx: &Arc<Context>, mut b: LocalBootstrap, opts: &Options) -> Resul
     let rank = b.rank();
     let pd = ctx.alloc_pd().map_err(|e| e.to_string())?;
     let link =
-        VerbsLink::new(&pd, &mut b, &opts.cfg).map_err(|e| format!("VerbsLink::new: {e}"))?;
+        VerbsLink::new(&pd, &mut b, &opts.link.cfg).map_err(|e| format!("VerbsLink::new: {e}"))?;
     let max = link.max_msg();
     let mut notes = format!(
         "rank {rank}: max_msg {max}, recv_slots {}, max_inline {}",
@@ -182,11 +143,16 @@ fn rank_main(ctx: &Arc<Context>, mut b: LocalBootstrap, opts: &Options) -> Resul
     if rank == DEAD {
         drop(link);
         barrier(&mut b)?; // the others start probing now
+        barrier(&mut b)?; // they have all seen the loss
         barrier(&mut b)?; // they are done
         return Ok(notes + "; dropped its link");
     }
     barrier(&mut b)?;
     notes += &detect_lost(&link)?;
+    // Nobody sends before every survivor has seen the loss: `detect_lost` treats any message as
+    // unexpected (without this barrier a fast survivor's first storm message was swallowed by a
+    // slow one's "reported once" polling: the intermittent "order: got seq 1, expected 0").
+    barrier(&mut b)?;
     let alive: Vec<Rank> = all.iter().copied().filter(|&r| r != DEAD).collect();
     let n = storm(&link, &alive, opts.msgs.min(20), 1)?;
     notes += &format!("; {n} msgs among survivors");
@@ -270,10 +236,17 @@ fn storm(link: &VerbsLink, peers: &[Rank], msgs: u32, round: u32) -> Result<u32,
                 LinkEvent::PeerLost { peer, reason } => {
                     errors.push(format!("unexpected PeerLost({peer}): {reason}"))
                 }
+                LinkEvent::RdmaDone { peer, token, .. } => {
+                    errors.push(format!("RdmaDone({peer}, {token}) with no RDMA posted"))
+                }
             })
             .map_err(|e| format!("poll: {e}"))?;
         if let Some(e) = errors.first() {
-            return Err(e.clone());
+            return Err(format!(
+                "{e} (completions dropped by the link so far: {}; {})",
+                link.dropped_completions(),
+                what_came_next(link)
+            ));
         }
         for &p in peers {
             let s = &mut st[p as usize];
@@ -289,6 +262,12 @@ fn storm(link: &VerbsLink, peers: &[Rank], msgs: u32, round: u32) -> Result<u32,
             s.expected == msgs && s.acked == msgs
         });
         if done {
+            if round == 0 && link.dropped_completions() != 0 {
+                return Err(format!(
+                    "the link dropped {} completions while every peer was alive",
+                    link.dropped_completions()
+                ));
+            }
             return Ok(st.iter().map(|s| s.expected).sum());
         }
         if Instant::now() > deadline {
@@ -306,6 +285,24 @@ fn storm(link: &VerbsLink, peers: &[Rank], msgs: u32, round: u32) -> Result<u32,
                 .map_err(|e| format!("wait: {e}"))?;
         }
     }
+}
+
+/// After a failed check: what arrives in the next two seconds, as `peer:seq` of data messages,
+/// so a failure report tells a message that came late (reordered) from one that never came.
+fn what_came_next(link: &VerbsLink) -> String {
+    let mut seen = Vec::new();
+    let end = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < end && seen.len() < 40 {
+        let _ = link.poll(&mut |ev| {
+            if let LinkEvent::Recv { peer, data } = ev {
+                if data.first() == Some(&DATA) && data.len() >= HEADER {
+                    let seq = u32::from_le_bytes(data[5..9].try_into().unwrap());
+                    seen.push(format!("{peer}:{seq}/{}", data.len()));
+                }
+            }
+        });
+    }
+    format!("data messages after it: [{}]", seen.join(" "))
 }
 
 /// Check one received message against what its sender must have sent next.
@@ -340,7 +337,8 @@ fn check(
             }
             if seq != s.expected {
                 return Err(format!(
-                    "order: from {peer} got seq {seq}, expected {}",
+                    "order: from {peer} got seq {seq} ({} bytes), expected {}",
+                    data.len(),
                     s.expected
                 ));
             }
@@ -570,14 +568,17 @@ fn detect_lost(link: &VerbsLink) -> Result<String, String> {
         LinkError::PeerLost(DEAD),
         "probe lost rank",
     )?;
-    // Reported once: more polling brings no second report.
+    // Reported once: more polling brings no second report (and no message: nobody sends now).
     for _ in 0..5 {
-        link.poll(&mut |ev| {
-            if matches!(ev, LinkEvent::PeerLost { .. }) {
-                reports += 1
-            }
+        let mut bad = None;
+        link.poll(&mut |ev| match ev {
+            LinkEvent::PeerLost { .. } => reports += 1,
+            other => bad = Some(format!("{other:?}")),
         })
         .map_err(|e| format!("poll: {e}"))?;
+        if let Some(b) = bad {
+            return Err(format!("after PeerLost({DEAD}): unexpected {b}"));
+        }
         link.wait(Duration::from_millis(20))
             .map_err(|e| format!("wait: {e}"))?;
     }

@@ -1,0 +1,342 @@
+//! helper_bench: the helper thread (seed 001, issue 11) against the lazy cache and against no
+//! cache, on seed 001's Figure 1 microbenchmark and on communication skeletons with the structure
+//! of NAS CG and MG, side by side in one run, on one backend.
+//!
+//! A "communication" is what a pinning-based transport does with a user buffer: register it,
+//! let the NIC read it (here: a copy of the buffer into a peer buffer, the DMA's memory traffic),
+//! deregister it. Communication time is the sum over all communications of that whole span, so
+//! pins on the critical path count and the computation between them does not. Computation is a
+//! busy loop of the given length. Modes:
+//! - `nocache`: every registration pinned and unpinned (a cache with `max_regions = 0`);
+//! - `lazy`: the pin-down cache as it is (regions stay pinned until evicted);
+//! - `helper`: the same cache with the helper thread, forced on (`Placement::Anywhere`: the
+//!   placement policy would keep it off on a loaded 2-core host; the header says what the policy
+//!   said).
+//!
+//! Pinned bytes are recorded at every pin and unpin of the backend (exact, the same way for every
+//! mode); time-averaged over the run. Modes run in rotating order over `--reps` repetitions;
+//! medians are reported. `--series DIR` writes each mode's pinned-bytes series of the last
+//! repetition as CSV (`scripts/bench-helper` plots them).
+
+#[path = "../../cli.rs"]
+mod cli;
+#[path = "../../memlock.rs"]
+mod memlock;
+mod model;
+mod recorder;
+mod report;
+mod workload;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use firehose::cache::{Cache, Limits};
+use firehose::helper::{self, Helper, HelperConfig, HelperStats, Placement};
+use firehose::pin::{Access, Pinner};
+
+use recorder::{PinnedLog, Recorder};
+use workload::Program;
+
+pub struct Args {
+    quick: bool,
+    json: bool,
+    reps: usize,
+    backend: String,
+    series: Option<std::path::PathBuf>,
+    json_file: Option<std::path::PathBuf>,
+    only: Option<String>,
+}
+
+const USAGE: &str = "\
+usage: helper_bench [--quick] [--json] [--reps 3] [--backend mlock|verbs] [--series DIR]
+                    [--json-file PATH] [--only fig1|cg|mg]
+  The helper thread vs the lazy cache vs no cache on seed 001's Figure 1 and on NAS CG / MG
+  communication skeletons: communication time, time-averaged and peak pinned bytes, the
+  helper's predictions; measured here, then modelled (the planner on a modelled clock with
+  the costs calibrated here). --series DIR: pinned bytes over time as CSV, one file per run.
+  --json-file PATH: the JSON document there as well as the table on stdout.
+";
+
+fn parse() -> Result<Args, String> {
+    use lexopt::prelude::*;
+    let mut a = Args {
+        quick: false,
+        json: false,
+        reps: 3,
+        backend: "mlock".into(),
+        series: None,
+        json_file: None,
+        only: None,
+    };
+    let mut p = lexopt::Parser::from_env();
+    cli::finish((|| {
+        while let Some(arg) = p.next()? {
+            match arg {
+                Long("quick") => a.quick = true,
+                Long("json") => a.json = true,
+                Long("reps") => a.reps = cli::num(&mut p, "--reps")?,
+                Long("backend") => a.backend = p.value()?.string()?,
+                Long("series") => a.series = Some(p.value()?.string()?.into()),
+                Long("json-file") => a.json_file = Some(p.value()?.string()?.into()),
+                Long("only") => a.only = Some(p.value()?.string()?),
+                Short('h') | Long("help") => return Ok(None),
+                _ => return Err(arg.unexpected()),
+            }
+        }
+        if a.reps == 0 {
+            return Err("--reps must be > 0".into());
+        }
+        Ok(Some(()))
+    })())?;
+    Ok(a)
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    NoCache,
+    Lazy,
+    Helper,
+}
+
+impl Mode {
+    pub const ALL: [Mode; 3] = [Mode::NoCache, Mode::Lazy, Mode::Helper];
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::NoCache => "nocache",
+            Mode::Lazy => "lazy",
+            Mode::Helper => "helper",
+        }
+    }
+}
+
+/// One run of one program in one mode.
+pub struct Run {
+    pub comm_ns: u64,
+    pub total_ns: u64,
+    pub pinned: PinnedLog,
+    pub helper: Option<HelperStats>,
+}
+
+/// Private anonymous memory, touched (resident, as communication buffers are).
+struct Mem {
+    addr: usize,
+    len: usize,
+}
+
+impl Mem {
+    fn new(len: usize) -> Mem {
+        // SAFETY: a fresh anonymous mapping; checked below.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED, "mmap {len}");
+        // SAFETY: writable mapping of `len` bytes.
+        unsafe { std::ptr::write_bytes(p.cast::<u8>(), 7, len) };
+        Mem {
+            addr: p as usize,
+            len,
+        }
+    }
+}
+
+impl Drop for Mem {
+    fn drop(&mut self) {
+        // SAFETY: our own mapping.
+        unsafe { libc::munmap(self.addr as *mut libc::c_void, self.len) };
+    }
+}
+
+fn spin(us: u64) {
+    let t = Instant::now();
+    let d = Duration::from_micros(us);
+    while t.elapsed() < d {
+        std::hint::spin_loop();
+    }
+}
+
+const ACCESS: Access = Access(1 | 4); // local write, remote read: a send buffer
+
+fn run(p: &Program, mode: Mode, backend: &Arc<dyn Pinner>) -> Run {
+    let rec = Recorder::new(backend.clone());
+    let limits = Limits {
+        max_pinned: 1 << 40,
+        max_regions: if mode == Mode::NoCache { 0 } else { 16384 },
+    };
+    let pinner: Arc<dyn Pinner> = if mode == Mode::Helper {
+        helper::wrap_backend(rec.clone())
+    } else {
+        rec.clone()
+    };
+    let cache = Cache::new(pinner, limits, None);
+    let h = if mode == Mode::Helper {
+        let h = Helper::start(
+            &cache,
+            HelperConfig {
+                placement: Placement::Anywhere,
+                ..HelperConfig::default()
+            },
+        );
+        // Wait for its calibration (its pins are not the program's).
+        let t = Instant::now();
+        while h.stats().elapsed_ns == 0 && t.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        h
+    } else {
+        Helper::off("not this mode")
+    };
+    let bufs: Vec<Mem> = p.bufs.iter().map(|&l| Mem::new(l)).collect();
+    let peer = Mem::new(*p.bufs.iter().max().unwrap());
+    rec.start();
+    let t_start = Instant::now();
+    let mut comm = Duration::ZERO;
+    for s in &p.steps {
+        let b = &bufs[s.buf];
+        let t0 = Instant::now();
+        let reg = h
+            .register(&cache, s.site, b.addr, b.len, ACCESS)
+            .expect("register");
+        // SAFETY: both are live mappings of at least `b.len` bytes, distinct.
+        unsafe { std::ptr::copy_nonoverlapping(b.addr as *const u8, peer.addr as *mut u8, b.len) };
+        h.deregister(&cache, reg.handle).expect("deregister");
+        comm += t0.elapsed();
+        spin(s.compute_us);
+    }
+    let total = t_start.elapsed();
+    let pinned = rec.finish();
+    let helper = (mode == Mode::Helper).then(|| h.stats());
+    drop(h);
+    drop(cache);
+    Run {
+        comm_ns: comm.as_nanos() as u64,
+        total_ns: total.as_nanos() as u64,
+        pinned,
+        helper,
+    }
+}
+
+fn open_backend(name: &str) -> Result<Arc<dyn Pinner>, String> {
+    match name {
+        "mlock" => Ok(Arc::new(firehose::pin::mlock::MlockPinner::new())),
+        "verbs" => {
+            use firehose::pin::verbs::{open_device, VerbsPinner};
+            let pd = open_device(None)
+                .and_then(|ctx| ctx.alloc_pd())
+                .map_err(|e| format!("verbs backend: {e:?}"))?;
+            Ok(Arc::new(VerbsPinner::new(pd)))
+        }
+        other => Err(format!("unknown backend {other:?} (mlock or verbs)")),
+    }
+}
+
+fn main() {
+    let args = match parse() {
+        Ok(a) => a,
+        Err(e) if e.is_empty() => {
+            print!("{USAGE}");
+            return;
+        }
+        Err(e) => {
+            eprintln!("helper_bench: {e}\n{USAGE}");
+            std::process::exit(2);
+        }
+    };
+    let memlock = memlock::raise();
+    let backend = match open_backend(&args.backend) {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("helper_bench: {e}");
+            std::process::exit(1);
+        }
+    };
+    let placement = match helper::placement::decide(Placement::Auto) {
+        Ok(_) => "an idle core is available".to_string(),
+        Err(why) => why,
+    };
+    let programs: Vec<Program> = [
+        workload::figure1(args.quick),
+        workload::cg(args.quick),
+        workload::mg(args.quick),
+    ]
+    .into_iter()
+    .filter(|p| match args.only.as_deref() {
+        None => true,
+        Some(o) => o == p.name,
+    })
+    .collect();
+    let costs = model::costs(&backend);
+    let mut modelled = Vec::new();
+    for p in &programs {
+        let steps = model::steps(p);
+        let runs: Vec<(Mode, firehose::helper::sim::Outcome)> = Mode::ALL
+            .iter()
+            .map(|&m| (m, model::run(&steps, m, costs)))
+            .collect();
+        if let Some(dir) = &args.series {
+            if let Err(e) = report::write_model_series(dir, p, &runs) {
+                eprintln!("helper_bench: --series {}: {e}", dir.display());
+                std::process::exit(1);
+            }
+        }
+        modelled.push(report::summarize_model(&runs));
+    }
+    let mut results = Vec::new();
+    for p in &programs {
+        let mut runs: Vec<(Mode, Run)> = Vec::new();
+        for rep in 0..args.reps {
+            for i in 0..Mode::ALL.len() {
+                let mode = Mode::ALL[(i + rep) % Mode::ALL.len()];
+                if !args.json {
+                    eprintln!(
+                        "{}: {} (rep {}/{})",
+                        p.name,
+                        mode.name(),
+                        rep + 1,
+                        args.reps
+                    );
+                }
+                runs.push((mode, run(p, mode, &backend)));
+            }
+        }
+        if let Some(dir) = &args.series {
+            if let Err(e) = report::write_series(dir, p, &runs) {
+                eprintln!("helper_bench: --series {}: {e}", dir.display());
+                std::process::exit(1);
+            }
+        }
+        results.push(report::summarize(p, &runs));
+    }
+    let header = report::Header {
+        backend: backend.name().to_string(),
+        memlock: memlock.describe(),
+        placement,
+        reps: args.reps,
+        quick: args.quick,
+        costs: format!(
+            "pin {:.1} us + {:.3} us/page, unpin {:.1} us + {:.3} us/page",
+            costs.pin.0 as f64 / 1e3,
+            costs.pin.1 as f64 / 1e3,
+            costs.unpin.0 as f64 / 1e3,
+            costs.unpin.1 as f64 / 1e3
+        ),
+    };
+    let doc = report::json(&header, &programs, &results, &modelled);
+    if let Some(path) = &args.json_file {
+        if let Err(e) = std::fs::write(path, &doc) {
+            eprintln!("helper_bench: --json-file {}: {e}", path.display());
+            std::process::exit(1);
+        }
+    }
+    if args.json {
+        println!("{doc}");
+    } else {
+        print!("{}", report::table(&header, &programs, &results, &modelled));
+    }
+}

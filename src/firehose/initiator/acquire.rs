@@ -1,0 +1,205 @@
+//! The hot path: `acquire` on a hit and `release`, plus the refcount helpers everything uses.
+
+use super::{Initiator, Op, OpState};
+use crate::firehose::error::FhError;
+use crate::firehose::small::Inline2;
+use crate::firehose::stats::FirehoseStats;
+use crate::firehose::{Acquire, OpId, Outbox, Seg, Segs};
+use crate::net::Rank;
+
+/// Appends `[cur, seg_end)` with `rkey`, merged into the previous segment when contiguous with
+/// the same key.
+#[inline]
+pub(crate) fn push_seg(segs: &mut Segs, cur: u64, seg_end: u64, rkey: u32) {
+    if let Some(prev) = segs.last_mut() {
+        if prev.rkey == rkey && prev.raddr + prev.len as u64 == cur {
+            prev.len += (seg_end - cur) as usize;
+            return;
+        }
+    }
+    segs.push(Seg {
+        raddr: cur,
+        len: (seg_end - cur) as usize,
+        rkey,
+    });
+}
+
+impl Initiator {
+    #[allow(clippy::too_many_arguments)]
+    pub fn acquire(
+        &mut self,
+        op: OpId,
+        peer: Rank,
+        raddr: u64,
+        len: usize,
+        small_put: Option<&[u8]>,
+        out: &mut Outbox,
+        st: &mut FirehoseStats,
+    ) -> Result<Acquire, FhError> {
+        if len == 0 {
+            return Err(FhError::ZeroLength);
+        }
+        let end = raddr.checked_add(len as u64).ok_or(FhError::Overflow)?;
+        let Some(p) = self.peers.get(peer as usize) else {
+            return Err(FhError::BadRank(peer));
+        };
+        if peer == self.me {
+            return Err(FhError::SelfRank);
+        }
+        if len > self.max_op_len {
+            return Err(FhError::TooLong {
+                max: self.max_op_len,
+            });
+        }
+        if small_put.is_some_and(|d| d.len() != len) {
+            return Err(FhError::PutLength);
+        }
+        if p.lost {
+            return Err(FhError::PeerLost(peer));
+        }
+        if self.ops.contains_key(&op) {
+            return Err(FhError::DuplicateOp);
+        }
+        // Hit path: one map lookup per region spanned.
+        let (mut b, last) = self.bucket_span(raddr, len);
+        let mut cur = raddr;
+        let mut segs = Segs::default();
+        let mut fhs = Inline2::<u32>::default();
+        let hit = loop {
+            let Some(&id) = p.map.get(&b) else {
+                break false;
+            };
+            let fh = &self.fhs[id as usize];
+            let fh_end = fh.start + fh.nb as u64;
+            let seg_end = if fh_end > last {
+                end
+            } else {
+                fh_end << self.shift
+            };
+            push_seg(&mut segs, cur, seg_end, fh.rkey);
+            if !fhs.contains(&id) {
+                fhs.push(id);
+            }
+            if fh_end > last {
+                break true;
+            }
+            b = fh_end;
+            cur = seg_end;
+        };
+        if hit {
+            for &id in fhs.iter() {
+                self.take_ref(id);
+            }
+            self.ops.insert(
+                op,
+                Op {
+                    peer,
+                    raddr,
+                    len,
+                    fhs,
+                    state: OpState::Active,
+                    epoch: 0,
+                },
+            );
+            st.hits += 1;
+            return Ok(Acquire::Hit(segs));
+        }
+        st.misses += 1;
+        if let Some(data) = small_put.filter(|d| d.len() <= self.small_put_max) {
+            self.put_in_move(op, peer, raddr, data, out, st);
+            return Ok(Acquire::DoneInMove);
+        }
+        self.ops.insert(
+            op,
+            Op {
+                peer,
+                raddr,
+                len,
+                fhs: Inline2::default(),
+                state: OpState::Waiting { outstanding: 0 },
+                epoch: 0,
+            },
+        );
+        self.advance(op, false, out, st);
+        // A new op queued behind blocked ones drops its holds into the FIFO: that may be
+        // what the head of the queue was waiting for.
+        self.after_budget_change(peer, out, st);
+        Ok(Acquire::Pending)
+    }
+
+    pub fn release(
+        &mut self,
+        op: OpId,
+        out: &mut Outbox,
+        st: &mut FirehoseStats,
+    ) -> Result<(), FhError> {
+        match self.ops.get(&op) {
+            Some(o) if o.state == OpState::Active => {}
+            _ => return Err(FhError::UnknownOp),
+        }
+        let o = self.ops.remove(&op).expect("checked");
+        for &id in o.fhs.iter() {
+            self.drop_ref(id);
+        }
+        let p = &self.peers[o.peer as usize];
+        if !p.blocked.is_empty() || p.cut.is_some() || !p.acks.is_empty() {
+            self.after_budget_change(o.peer, out, st);
+        }
+        Ok(())
+    }
+
+    /// One more ref on firehose `id` (out of the unused FIFO if it was there).
+    #[inline]
+    pub(crate) fn take_ref(&mut self, id: u32) {
+        let fh = &mut self.fhs[id as usize];
+        fh.refs += 1;
+        if fh.refs == 1 {
+            let p = &mut self.peers[fh.peer as usize];
+            if self.links.remove(&mut p.fifo, id) {
+                p.fifo_buckets -= fh.nb as u64;
+            }
+        }
+    }
+
+    /// One ref less; at zero the firehose goes to its peer's unused FIFO, or, revoked, is
+    /// acked and forgotten.
+    #[inline]
+    pub(crate) fn drop_ref(&mut self, id: u32) {
+        let fh = &mut self.fhs[id as usize];
+        fh.refs -= 1;
+        if fh.refs == 0 {
+            if fh.revoked {
+                self.forget(id, true);
+            } else {
+                let p = &mut self.peers[fh.peer as usize];
+                self.links.push_back(&mut p.fifo, id);
+                p.fifo_buckets += fh.nb as u64;
+            }
+        }
+    }
+
+    /// Drops a firehose with no refs and out of the FIFO: its charge goes; a revoked one is
+    /// acked (unless its peer is lost).
+    pub(crate) fn forget(&mut self, id: u32, ack: bool) {
+        let fh = self.fhs[id as usize];
+        debug_assert_eq!(fh.refs, 0);
+        let p = &mut self.peers[fh.peer as usize];
+        p.by_handle.remove(&fh.handle);
+        p.charged -= fh.nb as u64;
+        if ack && !p.lost {
+            p.acks.push(fh.handle);
+        }
+        self.fh_free.push(id);
+    }
+
+    /// Removes the bucket-map entries that still point at `id`.
+    pub(crate) fn unmap(&mut self, id: u32) {
+        let fh = self.fhs[id as usize];
+        let p = &mut self.peers[fh.peer as usize];
+        for b in fh.start..fh.start + fh.nb as u64 {
+            if p.map.get(&b) == Some(&id) {
+                p.map.remove(&b);
+            }
+        }
+    }
+}

@@ -1,0 +1,203 @@
+//! The initiator side: this rank's firehoses on its peers' memory and the ops that use them.
+//!
+//! Owns the firehose slab (one entry per region a target granted us), per peer the bucket map
+//! (bucket -> firehose covering it), the FIFO of unused firehoses (refcount 0), the charge
+//! (buckets of firehoses not yet released + reservations of pins in flight) against the quota
+//! F, the pins in flight ("hit pending" joins them) and the ops blocked for want of quota;
+//! the op table; the event queue.
+//!
+//! Op life: `acquire` -> hit (Active, refs held) | Waiting (pins in flight, holds refs on what
+//! is covered so it cannot be evicted) | Blocked (its new pins do not fit the quota yet; holds
+//! nothing, so blocked ops never deadlock each other) | PutInMove (rides in a move, no refs).
+//! Waiting -> all its pins answered -> covered: Ready event, Active | else advance again.
+//! Active -> `release`.
+
+mod acquire;
+mod advance;
+mod messages;
+
+use super::fifo::{Links, List};
+use super::small::{Inline2, IntMap};
+use super::{Event, FirehoseConfig, OpId};
+use crate::net::Rank;
+use std::collections::{HashMap, VecDeque};
+
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Fh {
+    pub peer: Rank,
+    pub handle: u64,
+    pub start: u64,
+    pub nb: u32,
+    pub rkey: u32,
+    pub refs: u32,
+    /// The target revoked it: out of the bucket map; ack once refs reach 0.
+    pub revoked: bool,
+}
+
+#[derive(Debug)]
+pub(crate) struct Pin {
+    pub chunk: u64,
+    pub need_lo: u64,
+    pub need_hi: u64,
+    pub waiters: Vec<(OpId, u32)>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum OpState {
+    Active,
+    Waiting { outstanding: u32 },
+    Blocked,
+    PutInMove,
+}
+
+#[derive(Debug)]
+pub(crate) struct Op {
+    pub peer: Rank,
+    pub raddr: u64,
+    pub len: usize,
+    /// Firehoses this op holds a ref on (Active or Waiting).
+    pub fhs: Inline2<u32>,
+    pub state: OpState,
+    /// Bumped when the op leaves Waiting, so stale waiter entries of pins are skipped.
+    pub epoch: u32,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct PeerI {
+    pub map: IntMap<u64, u32>,
+    /// Target-chosen handles: SipHash (peer-controlled keys).
+    pub by_handle: HashMap<u64, u32>,
+    pub fifo: List,
+    pub fifo_buckets: u64,
+    pub charged: u64,
+    pub quota: u64,
+    /// Pins in flight by chunk (several may share a chunk with different needed runs).
+    pub pending: IntMap<u64, Inline2<u32>>,
+    pub blocked: VecDeque<OpId>,
+    pub lost: bool,
+    /// REVOKE_ACKs to send before anything else goes to this peer.
+    pub acks: Vec<u64>,
+    /// Adaptive: a QUOTA_WANT is outstanding.
+    pub want_sent: bool,
+    /// Request id of the last move with pins or a put sent to this peer (ids go up by one).
+    pub last_req: u32,
+    /// Adaptive: the target cut our quota to this; ack once `charged` fits.
+    pub cut: Option<u64>,
+}
+
+#[derive(Debug)]
+pub(crate) struct MoveRec {
+    pub pins: Vec<u32>,
+    pub put_op: Option<OpId>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Initiator {
+    pub me: Rank,
+    pub shift: u32,
+    pub r: u32,
+    pub max_op_len: usize,
+    pub small_put_max: usize,
+    pub max_msg: usize,
+    pub adaptive: bool,
+    pub peers: Vec<PeerI>,
+    pub fhs: Vec<Fh>,
+    pub fh_free: Vec<u32>,
+    pub links: Links,
+    pub pins: Vec<Option<Pin>>,
+    pub pin_free: Vec<u32>,
+    /// (peer, request id) -> what the move asked. Peer-chosen keys in replies: SipHash.
+    pub moves: HashMap<(Rank, u32), MoveRec>,
+    pub ops: IntMap<OpId, Op>,
+    pub events: VecDeque<Event>,
+    /// Ops failed since the stats were last updated (`take_failures`).
+    pub failed: u64,
+}
+
+impl Initiator {
+    pub fn new(cfg: &FirehoseConfig) -> Self {
+        let f = cfg.firehoses_per_peer();
+        Initiator {
+            me: cfg.rank,
+            shift: cfg.bucket_size.trailing_zeros(),
+            r: cfg.region_buckets(),
+            max_op_len: cfg.max_op_len(),
+            small_put_max: cfg.small_put_max,
+            max_msg: cfg.max_msg,
+            adaptive: cfg.adaptive,
+            peers: (0..cfg.size)
+                .map(|_| PeerI {
+                    quota: f,
+                    ..PeerI::default()
+                })
+                .collect(),
+            fhs: Vec::new(),
+            fh_free: Vec::new(),
+            links: Links::default(),
+            pins: Vec::new(),
+            pin_free: Vec::new(),
+            moves: HashMap::new(),
+            ops: IntMap::default(),
+            events: VecDeque::new(),
+            failed: 0,
+        }
+    }
+
+    /// Buckets of `[raddr, raddr + len)`: first and last (inclusive).
+    pub fn bucket_span(&self, raddr: u64, len: usize) -> (u64, u64) {
+        (
+            raddr >> self.shift,
+            (raddr + (len as u64 - 1)) >> self.shift,
+        )
+    }
+}
+
+impl Initiator {
+    pub fn check(&self) -> Result<(), String> {
+        let free: std::collections::HashSet<u32> = self.fh_free.iter().copied().collect();
+        for (i, p) in self.peers.iter().enumerate() {
+            let mut held = 0u64;
+            let mut fifo = 0u64;
+            for &id in p.by_handle.values() {
+                if free.contains(&id) {
+                    return Err(format!("peer {i}: freed firehose {id} still by handle"));
+                }
+                let fh = &self.fhs[id as usize];
+                held += fh.nb as u64;
+                if self.links.is_linked(id) {
+                    fifo += fh.nb as u64;
+                    if fh.refs != 0 || fh.revoked {
+                        return Err(format!("firehose {id} in FIFO with refs {}", fh.refs));
+                    }
+                } else if fh.refs == 0 && !p.lost {
+                    return Err(format!("firehose {id} unused but not in the FIFO"));
+                }
+            }
+            let reserved: u64 = self
+                .moves
+                .iter()
+                .filter(|(k, _)| k.0 == i as Rank)
+                .map(|(_, m)| m.pins.len() as u64 * self.r as u64)
+                .sum();
+            if held + reserved != p.charged || fifo != p.fifo_buckets {
+                return Err(format!(
+                    "peer {i}: charged {} != held {held} + reserved {reserved}; fifo {fifo}/{}",
+                    p.charged, p.fifo_buckets
+                ));
+            }
+            if p.charged > p.quota && p.cut.is_none() {
+                return Err(format!(
+                    "peer {i}: charged {} > quota {}",
+                    p.charged, p.quota
+                ));
+            }
+            for (&b, &id) in &p.map {
+                let fh = &self.fhs[id as usize];
+                if fh.revoked || b < fh.start || b >= fh.start + fh.nb as u64 {
+                    return Err(format!("peer {i}: bucket {b} maps to a wrong firehose"));
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,296 @@
+//! Firehose (Bell & Bonachea, IPDPS 2003) as a sans-IO state machine: remote pinning managed
+//! by the initiator, bounded per peer, negotiated by a message only on a miss.
+//!
+//! Owns: this rank's firehoses on its peers (initiator side, `initiator/`), the regions peers
+//! pinned here (target side, `target/`: region table, victim FIFO, revocations, adaptive
+//! quotas), the message format (`wire.rs`), the settings (`config.rs`).
+//! May call: `crate::net::Rank`, `crate::config::parse_size`, `crate::status`. Never: `net::am`,
+//! verbs, `cache`, clocks, threads. A driver (the net layer) feeds events in and carries
+//! messages and RDMA out; it wraps a `Firehose` in a Mutex (`Firehose: Send`).
+//!
+//! # API (one `Firehose` per rank, every call `&mut self`, none blocks)
+//!
+//! Initiator:
+//! - `acquire(op, peer, raddr, len, small_put)`: `Hit(segs)`: post one RDMA per segment
+//!   (`raddr, len, rkey`; adjacent buckets of one region merged), then `release(op)`.
+//!   `Pending`: a move was queued (or joined: "hit pending"); an `Event::Ready { op, segs }` or
+//!   `Event::Failed` follows. `DoneInMove`: the put rides in the move; `Event::PutDone` (or
+//!   `Failed`) follows, no `release`. `small_put` (the payload, `len` bytes) only matters on
+//!   a miss and when `len <= small_put_max`; otherwise it is ignored (Hit/Pending: the driver
+//!   writes by RDMA). A put in a move still carries pins for its chunks when the quota allows,
+//!   so the next op there hits. Errors change nothing: zero length, overflow, bad rank,
+//!   own rank (the driver copies locally), longer than `max_op_len` (the driver splits),
+//!   duplicate op id, lost peer.
+//! - `release(op)` after the RDMA of a `Hit`/`Ready` completed; unknown or repeated: error.
+//! - `poll_event()`: `Ready`, `Failed { error }` (`FhError::Remote(Unmapped)` when the target
+//!   could not pin: `FH_ERR_REMOTE_FAULT` via `FhError::status`; `PeerLost`), `PutDone`.
+//!
+//! Target and both:
+//! - `handle_message(from, bytes, pins)`: every Firehose message. A malformed or
+//!   out-of-protocol message is a `WireError` and changes nothing (validated before applied).
+//! - `poll_transmit()`: `(rank, bytes)` to send, in order. **Delivery must be FIFO per pair
+//!   of ranks** (one RC QP, all Firehose messages through it): the race reasoning relies on it.
+//! - `invalidate(addr, len, pins)` when this rank's memory is unmapped; `invalidation_done`.
+//! - `peer_lost(rank, pins)`: the driver lost a peer.
+//!
+//! # The bound
+//! Each peer may hold at most its quota F = M / (bucket × (size − 1)) buckets here (regions
+//! counted in full, checked at the target for every move), quotas sum to <= M, victims are
+//! trimmed to MAXVICTIM: pinned bytes <= M + MAXVICTIM at all times.
+//!
+//! # Invalidation guarantee
+//! Once `invalidation_done(id)` is true, no peer holds a firehose on a region that overlapped
+//! the range when `invalidate` was called, and those regions are unpinned: an op acquired
+//! afterwards by any peer misses there, and its move pins whatever is mapped then (the new
+//! pages) or fails with `Remote(Unmapped)`. Ops acquired before that may still write the old
+//! pages; so the driver must not let the unmap complete (or the address be reused) until
+//! `invalidation_done`, if puts issued after the unmap returned must never land in old pages.
+//! Races: a move in flight toward us when we invalidate is served after the invalidate and
+//! never gets a revoking region (fresh pin or error); a grant we sent before the invalidate
+//! reaches the holder before our REVOKE (FIFO), so the holder revokes what it just installed;
+//! a holder's release crossing our REVOKE counts as its ack, and the holder ignores a REVOKE
+//! for a handle it no longer has. Handles are never reused, so no message can be confused
+//! with a later region at the same address (they act as the generation numbers).
+//!
+//! Not modelled here: local-side pinning (the pin-down cache does that).
+
+pub mod config;
+pub mod error;
+mod fifo;
+mod initiator;
+mod small;
+pub mod stats;
+mod target;
+pub mod wire;
+
+pub use config::{FhConfigError, FirehoseConfig};
+pub use error::{FhError, PinFailure, WireError};
+pub use small::{Inline2, IntMap};
+pub use stats::FirehoseStats;
+pub use target::InvalId;
+
+use crate::net::Rank;
+use std::collections::VecDeque;
+
+/// The driver's name for an op (unique among its unfinished ops).
+pub type OpId = u64;
+
+/// One RDMA to post: `len` bytes at the target's `raddr`, through key `rkey`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Seg {
+    pub raddr: u64,
+    pub len: usize,
+    pub rkey: u32,
+}
+
+/// Segments of an op, in address order (one or two inline).
+pub type Segs = Inline2<Seg>;
+
+/// What `acquire` decided.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Acquire {
+    Hit(Segs),
+    Pending,
+    DoneInMove,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    Ready { op: OpId, segs: Segs },
+    Failed { op: OpId, error: FhError },
+    PutDone { op: OpId },
+}
+
+/// What the driver does for the target side: pin/unpin with the device, and write the
+/// payload of a put that rode in a move (the range may be unpinned; unmapped is an error).
+pub trait RegionPins {
+    fn pin(&mut self, addr: u64, len: usize) -> Result<u32, PinFailure>;
+    fn unpin(&mut self, addr: u64, len: usize, rkey: u32);
+    fn write(&mut self, addr: u64, data: &[u8]) -> Result<(), PinFailure>;
+}
+
+pub(crate) type Outbox = VecDeque<(Rank, Vec<u8>)>;
+
+/// One rank's Firehose state machine.
+#[derive(Debug)]
+pub struct Firehose {
+    cfg: FirehoseConfig,
+    init: initiator::Initiator,
+    target: target::Target,
+    out: Outbox,
+    stats: FirehoseStats,
+}
+
+impl Firehose {
+    pub fn new(cfg: FirehoseConfig) -> Result<Self, FhConfigError> {
+        cfg.validate()?;
+        Ok(Firehose {
+            init: initiator::Initiator::new(&cfg),
+            target: target::Target::new(&cfg),
+            cfg,
+            out: VecDeque::new(),
+            stats: FirehoseStats::default(),
+        })
+    }
+
+    pub fn config(&self) -> &FirehoseConfig {
+        &self.cfg
+    }
+
+    pub fn acquire(
+        &mut self,
+        op: OpId,
+        peer: Rank,
+        raddr: u64,
+        len: usize,
+        small_put: Option<&[u8]>,
+    ) -> Result<Acquire, FhError> {
+        let r = self.init.acquire(
+            op,
+            peer,
+            raddr,
+            len,
+            small_put,
+            &mut self.out,
+            &mut self.stats,
+        );
+        self.stats.failures += self.init.take_failures();
+        r
+    }
+
+    pub fn release(&mut self, op: OpId) -> Result<(), FhError> {
+        let r = self.init.release(op, &mut self.out, &mut self.stats);
+        self.stats.failures += self.init.take_failures();
+        r
+    }
+
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.init.events.pop_front()
+    }
+
+    pub fn poll_transmit(&mut self) -> Option<(Rank, Vec<u8>)> {
+        self.out.pop_front()
+    }
+
+    pub fn handle_message(
+        &mut self,
+        from: Rank,
+        bytes: &[u8],
+        pins: &mut dyn RegionPins,
+    ) -> Result<(), WireError> {
+        if from >= self.cfg.size || from == self.cfg.rank {
+            return Err(WireError::BadSender(from));
+        }
+        if self.target.peers[from as usize].lost || self.init.peers[from as usize].lost {
+            return Err(WireError::PeerLost(from));
+        }
+        let (st, out) = (&mut self.stats, &mut self.out);
+        match wire::decode(bytes)? {
+            wire::Msg::Move {
+                req,
+                releases,
+                pins: p,
+                put,
+            } => self
+                .target
+                .handle_move(from, req, &releases, &p, put, pins, out, st),
+            wire::Msg::Reply { req, grants, put } => {
+                self.init.handle_reply(from, req, &grants, put, out, st)
+            }
+            wire::Msg::Revoke(hs) => {
+                self.init.handle_revoke(from, &hs, out, st);
+                self.stats.failures += self.init.take_failures();
+                Ok(())
+            }
+            wire::Msg::RevokeAck(hs) => self.target.handle_revoke_ack(from, &hs, pins, out, st),
+            wire::Msg::QuotaWant(w) => self.target.handle_quota_want(from, w, out, st),
+            wire::Msg::QuotaSet { quota, cut } => {
+                self.init.handle_quota_set(from, quota, cut, out, st)
+            }
+            wire::Msg::QuotaAck(q) => self.target.handle_quota_ack(from, q, out, st),
+        }
+    }
+
+    /// This rank's `[addr, addr + len)` is being unmapped: see the module docs.
+    pub fn invalidate(&mut self, addr: u64, len: usize, pins: &mut dyn RegionPins) -> InvalId {
+        self.target
+            .invalidate(addr, len, pins, &mut self.out, &mut self.stats)
+    }
+
+    pub fn invalidation_done(&self, id: InvalId) -> bool {
+        self.target.inval.is_done(id)
+    }
+
+    /// Invalidations still waiting for acks.
+    pub fn invalidations_pending(&self) -> usize {
+        self.target.inval.unfinished()
+    }
+
+    /// The driver lost `peer`: it counts as having acked every revoke; our ops to it fail
+    /// with `FhError::PeerLost` (Active ones stay until released); its messages are refused.
+    pub fn peer_lost(&mut self, peer: Rank, pins: &mut dyn RegionPins) {
+        if peer >= self.cfg.size || peer == self.cfg.rank {
+            return;
+        }
+        self.init.peer_lost(peer, &mut self.stats);
+        self.target.peer_lost(peer, pins, &mut self.stats);
+    }
+
+    pub fn stats(&self) -> FirehoseStats {
+        self.stats
+    }
+
+    /// Bytes pinned here now (equals `stats().pinned_bytes`).
+    pub fn pinned_bytes(&self) -> u64 {
+        self.target.bytes(self.target.pinned_buckets)
+    }
+
+    /// Ops not finished (for drivers and tests: zero once everything drained and released).
+    pub fn ops_in_flight(&self) -> usize {
+        self.init.ops.len()
+    }
+}
+
+impl Firehose {
+    /// Consistency of the bookkeeping (tests and the simulation call it after every step):
+    /// the bound, charges equal the regions held, victims equal the unheld regions, the
+    /// initiator's charge covers its firehoses and reservations and stays within its quota
+    /// (except while a quota cut is being settled).
+    #[doc(hidden)]
+    pub fn check_invariants(&self) -> Result<(), String> {
+        self.target.check()?;
+        self.init.check()
+    }
+}
+
+impl Firehose {
+    /// The state of op `op` and its peer's queues, for test failure messages.
+    #[doc(hidden)]
+    pub fn debug_op(&self, op: OpId) -> String {
+        match self.init.ops.get(&op) {
+            None => "gone".into(),
+            Some(o) => {
+                let p = &self.init.peers[o.peer as usize];
+                format!(
+                    "{o:?} peer: charged {} quota {} fifo {} blocked {:?} pending {:?} cut {:?} want {}",
+                    p.charged, p.quota, p.fifo_buckets, p.blocked, p.pending, p.cut, p.want_sent
+                )
+            }
+        }
+    }
+}
+
+impl Firehose {
+    #[doc(hidden)]
+    pub fn debug_peer(&self, peer: Rank) -> String {
+        let p = &self.init.peers[peer as usize];
+        format!(
+            "charged {} quota {} fifo {} cut {:?} want {}",
+            p.charged, p.quota, p.fifo_buckets, p.cut, p.want_sent
+        )
+    }
+    #[doc(hidden)]
+    pub fn debug_target(&self) -> String {
+        format!("{:?}", self.target.peers)
+    }
+}

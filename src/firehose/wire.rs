@@ -1,0 +1,481 @@
+//! The Firehose messages on the wire: tagged, versioned, little-endian, length-checked.
+//!
+//! ```text
+//! every message: version u8 (=1), kind u8, then the body of its kind
+//! MOVE       req u32, n_release u16, n_pin u16, has_put u8,
+//!            n_release × handle u64,
+//!            n_pin × (start bucket u64, n buckets u32, need offset u32, need count u32),
+//!            [put: remote addr u64, len u16, len bytes]
+//! REPLY      req u32, n u16, has_put u8, n × (code u8, handle u64, start u64, nb u32, rkey u32),
+//!            [put code u8]                      (code 0 = pinned; else a `RemoteError` code and
+//!                                                 the other fields zero)
+//! REVOKE     n u16, n × handle u64              (target -> holder: stop using these regions)
+//! REVOKE_ACK n u16, n × handle u64              (holder -> target: released, forget them)
+//! QUOTA_WANT want u64                           (adaptive: holder is out of firehoses)
+//! QUOTA_SET  quota u64, cut u8                  (adaptive: target sets the holder's quota;
+//!                                                 a cut asks for an ack)
+//! QUOTA_ACK  quota u64                          (adaptive: the quota the holder accepted)
+//! ```
+//!
+//! Decoding checks lengths, counts against the bytes present, reserved values and trailing
+//! bytes; semantic checks (known ids, quotas) belong to the receiving side. Encoding is
+//! infallible: callers bound counts so messages stay under `max_msg`.
+
+use super::error::WireError;
+
+pub const VERSION: u8 = 1;
+pub const MOVE_FIXED: usize = 2 + 4 + 2 + 2 + 1;
+pub const RELEASE_LEN: usize = 8;
+pub const PIN_LEN: usize = 20;
+pub const PUT_FIXED: usize = 8 + 2;
+pub const REPLY_FIXED: usize = 2 + 4 + 2 + 1 + 1;
+pub const GRANT_LEN: usize = 1 + 8 + 8 + 4 + 4;
+pub const LIST_FIXED: usize = 2 + 2;
+pub const HANDLE_LEN: usize = 8;
+
+const K_MOVE: u8 = 1;
+const K_REPLY: u8 = 2;
+const K_REVOKE: u8 = 3;
+const K_REVOKE_ACK: u8 = 4;
+const K_QUOTA_WANT: u8 = 5;
+const K_QUOTA_SET: u8 = 6;
+const K_QUOTA_ACK: u8 = 7;
+
+/// One pin asked for: the aligned range `[start, start + nb)` it may cover, of which the
+/// buckets `[start + need_off, start + need_off + need_n)` must be covered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PinReq {
+    pub start: u64,
+    pub nb: u32,
+    pub need_off: u32,
+    pub need_n: u32,
+}
+
+/// Why a target could not pin (or write a put): the reply's code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RemoteError {
+    /// Part of the range is not mapped in the target (EFAULT).
+    Unmapped = 1,
+    /// The target is out of pinnable memory or keys.
+    NoMemory = 2,
+    /// Any other failure of the target's pinning backend.
+    PinFailed = 3,
+}
+
+impl RemoteError {
+    fn from_u8(c: u8) -> Option<Self> {
+        match c {
+            1 => Some(RemoteError::Unmapped),
+            2 => Some(RemoteError::NoMemory),
+            3 => Some(RemoteError::PinFailed),
+            _ => None,
+        }
+    }
+}
+
+/// A region granted for a pin: the target's handle (never reused), its buckets and key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Grant {
+    pub handle: u64,
+    pub start: u64,
+    pub nb: u32,
+    pub rkey: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Msg<'a> {
+    Move {
+        req: u32,
+        releases: Vec<u64>,
+        pins: Vec<PinReq>,
+        put: Option<(u64, &'a [u8])>,
+    },
+    Reply {
+        req: u32,
+        grants: Vec<Result<Grant, RemoteError>>,
+        put: Option<Result<(), RemoteError>>,
+    },
+    Revoke(Vec<u64>),
+    RevokeAck(Vec<u64>),
+    QuotaWant(u64),
+    QuotaSet {
+        quota: u64,
+        cut: bool,
+    },
+    QuotaAck(u64),
+}
+
+struct Rd<'a> {
+    b: &'a [u8],
+}
+
+impl<'a> Rd<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], WireError> {
+        if self.b.len() < n {
+            return Err(WireError::Truncated);
+        }
+        let (h, t) = self.b.split_at(n);
+        self.b = t;
+        Ok(h)
+    }
+    fn u8(&mut self) -> Result<u8, WireError> {
+        Ok(self.take(1)?[0])
+    }
+    fn u16(&mut self) -> Result<u16, WireError> {
+        Ok(u16::from_le_bytes(self.take(2)?.try_into().unwrap()))
+    }
+    fn u32(&mut self) -> Result<u32, WireError> {
+        Ok(u32::from_le_bytes(self.take(4)?.try_into().unwrap()))
+    }
+    fn u64(&mut self) -> Result<u64, WireError> {
+        Ok(u64::from_le_bytes(self.take(8)?.try_into().unwrap()))
+    }
+    /// A count of `each`-byte items that must be present in full (checked before allocating).
+    fn count(&mut self, each: usize) -> Result<usize, WireError> {
+        let n = self.u16()? as usize;
+        if n * each > self.b.len() {
+            return Err(WireError::Truncated);
+        }
+        Ok(n)
+    }
+    fn handles(&mut self) -> Result<Vec<u64>, WireError> {
+        let n = self.count(HANDLE_LEN)?;
+        (0..n).map(|_| self.u64()).collect()
+    }
+    fn flag(&mut self) -> Result<bool, WireError> {
+        match self.u8()? {
+            0 => Ok(false),
+            1 => Ok(true),
+            _ => Err(WireError::Malformed),
+        }
+    }
+}
+
+/// Parses one message; any defect is an error and nothing is returned.
+pub fn decode(bytes: &[u8]) -> Result<Msg<'_>, WireError> {
+    let mut r = Rd { b: bytes };
+    if r.u8()? != VERSION {
+        return Err(WireError::BadVersion);
+    }
+    let msg = match r.u8()? {
+        K_MOVE => {
+            let req = r.u32()?;
+            let n_rel = r.u16()? as usize;
+            let n_pin = r.u16()? as usize;
+            let has_put = r.flag()?;
+            if n_rel * RELEASE_LEN + n_pin * PIN_LEN > r.b.len() {
+                return Err(WireError::Truncated);
+            }
+            let releases = (0..n_rel).map(|_| r.u64()).collect::<Result<_, _>>()?;
+            let mut pins = Vec::with_capacity(n_pin);
+            for _ in 0..n_pin {
+                pins.push(PinReq {
+                    start: r.u64()?,
+                    nb: r.u32()?,
+                    need_off: r.u32()?,
+                    need_n: r.u32()?,
+                });
+            }
+            let put = if has_put {
+                let addr = r.u64()?;
+                let n = r.u16()? as usize;
+                Some((addr, r.take(n)?))
+            } else {
+                None
+            };
+            Msg::Move {
+                req,
+                releases,
+                pins,
+                put,
+            }
+        }
+        K_REPLY => {
+            let req = r.u32()?;
+            let n = r.count(GRANT_LEN)?;
+            let has_put = r.flag()?;
+            let mut grants = Vec::with_capacity(n);
+            for _ in 0..n {
+                let code = r.u8()?;
+                let g = Grant {
+                    handle: r.u64()?,
+                    start: r.u64()?,
+                    nb: r.u32()?,
+                    rkey: r.u32()?,
+                };
+                grants.push(if code == 0 {
+                    Ok(g)
+                } else if g
+                    == (Grant {
+                        handle: 0,
+                        start: 0,
+                        nb: 0,
+                        rkey: 0,
+                    })
+                {
+                    Err(RemoteError::from_u8(code).ok_or(WireError::Malformed)?)
+                } else {
+                    return Err(WireError::Malformed);
+                });
+            }
+            let put = if has_put {
+                Some(match r.u8()? {
+                    0 => Ok(()),
+                    c => Err(RemoteError::from_u8(c).ok_or(WireError::Malformed)?),
+                })
+            } else {
+                None
+            };
+            Msg::Reply { req, grants, put }
+        }
+        K_REVOKE => Msg::Revoke(r.handles()?),
+        K_REVOKE_ACK => Msg::RevokeAck(r.handles()?),
+        K_QUOTA_WANT => Msg::QuotaWant(r.u64()?),
+        K_QUOTA_SET => Msg::QuotaSet {
+            quota: r.u64()?,
+            cut: r.flag()?,
+        },
+        K_QUOTA_ACK => Msg::QuotaAck(r.u64()?),
+        _ => return Err(WireError::UnknownKind),
+    };
+    if !r.b.is_empty() {
+        return Err(WireError::TrailingBytes);
+    }
+    Ok(msg)
+}
+
+/// Serializes `m`. Counts must fit in u16 and a put in u16 bytes (callers bound them).
+pub fn encode(m: &Msg<'_>) -> Vec<u8> {
+    let mut v = Vec::with_capacity(64);
+    v.push(VERSION);
+    let handles = |v: &mut Vec<u8>, hs: &[u64]| {
+        v.extend_from_slice(&(hs.len() as u16).to_le_bytes());
+        for h in hs {
+            v.extend_from_slice(&h.to_le_bytes());
+        }
+    };
+    match m {
+        Msg::Move {
+            req,
+            releases,
+            pins,
+            put,
+        } => {
+            v.push(K_MOVE);
+            v.extend_from_slice(&req.to_le_bytes());
+            v.extend_from_slice(&(releases.len() as u16).to_le_bytes());
+            v.extend_from_slice(&(pins.len() as u16).to_le_bytes());
+            v.push(put.is_some() as u8);
+            for h in releases {
+                v.extend_from_slice(&h.to_le_bytes());
+            }
+            for p in pins {
+                v.extend_from_slice(&p.start.to_le_bytes());
+                v.extend_from_slice(&p.nb.to_le_bytes());
+                v.extend_from_slice(&p.need_off.to_le_bytes());
+                v.extend_from_slice(&p.need_n.to_le_bytes());
+            }
+            if let Some((addr, data)) = put {
+                v.extend_from_slice(&addr.to_le_bytes());
+                v.extend_from_slice(&(data.len() as u16).to_le_bytes());
+                v.extend_from_slice(data);
+            }
+        }
+        Msg::Reply { req, grants, put } => {
+            v.push(K_REPLY);
+            v.extend_from_slice(&req.to_le_bytes());
+            v.extend_from_slice(&(grants.len() as u16).to_le_bytes());
+            v.push(put.is_some() as u8);
+            for g in grants {
+                let (code, g) = match g {
+                    Ok(g) => (0, *g),
+                    Err(e) => (
+                        *e as u8,
+                        Grant {
+                            handle: 0,
+                            start: 0,
+                            nb: 0,
+                            rkey: 0,
+                        },
+                    ),
+                };
+                v.push(code);
+                v.extend_from_slice(&g.handle.to_le_bytes());
+                v.extend_from_slice(&g.start.to_le_bytes());
+                v.extend_from_slice(&g.nb.to_le_bytes());
+                v.extend_from_slice(&g.rkey.to_le_bytes());
+            }
+            if let Some(p) = put {
+                v.push(match p {
+                    Ok(()) => 0,
+                    Err(e) => *e as u8,
+                });
+            }
+        }
+        Msg::Revoke(hs) => {
+            v.push(K_REVOKE);
+            handles(&mut v, hs);
+        }
+        Msg::RevokeAck(hs) => {
+            v.push(K_REVOKE_ACK);
+            handles(&mut v, hs);
+        }
+        Msg::QuotaWant(w) => {
+            v.push(K_QUOTA_WANT);
+            v.extend_from_slice(&w.to_le_bytes());
+        }
+        Msg::QuotaSet { quota, cut } => {
+            v.push(K_QUOTA_SET);
+            v.extend_from_slice(&quota.to_le_bytes());
+            v.push(*cut as u8);
+        }
+        Msg::QuotaAck(q) => {
+            v.push(K_QUOTA_ACK);
+            v.extend_from_slice(&q.to_le_bytes());
+        }
+    }
+    v
+}
+
+/// Handles per REVOKE / REVOKE_ACK message under `max_msg`.
+pub fn handles_per_msg(max_msg: usize) -> usize {
+    ((max_msg - LIST_FIXED) / HANDLE_LEN).min(u16::MAX as usize)
+}
+
+/// Pins per move under `max_msg`, so that both the move and its reply fit.
+pub fn pins_per_move(max_msg: usize) -> usize {
+    ((max_msg - MOVE_FIXED) / PIN_LEN)
+        .min((max_msg - REPLY_FIXED) / GRANT_LEN)
+        .min(u16::MAX as usize)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn all() -> Vec<Msg<'static>> {
+        vec![
+            Msg::Move {
+                req: 7,
+                releases: vec![1, u64::MAX],
+                pins: vec![PinReq {
+                    start: 64,
+                    nb: 32,
+                    need_off: 3,
+                    need_n: 2,
+                }],
+                put: Some((0x1000, b"hello")),
+            },
+            Msg::Move {
+                req: 0,
+                releases: vec![],
+                pins: vec![],
+                put: None,
+            },
+            Msg::Reply {
+                req: 9,
+                grants: vec![
+                    Ok(Grant {
+                        handle: 5,
+                        start: 64,
+                        nb: 32,
+                        rkey: 77,
+                    }),
+                    Err(RemoteError::Unmapped),
+                ],
+                put: Some(Err(RemoteError::NoMemory)),
+            },
+            Msg::Reply {
+                req: 1,
+                grants: vec![],
+                put: None,
+            },
+            Msg::Revoke(vec![1, 2, 3]),
+            Msg::RevokeAck(vec![]),
+            Msg::QuotaWant(12),
+            Msg::QuotaSet {
+                quota: 99,
+                cut: true,
+            },
+            Msg::QuotaAck(98),
+        ]
+    }
+
+    #[test]
+    fn round_trip_and_every_truncation_fails() {
+        for m in all() {
+            let b = encode(&m);
+            assert_eq!(decode(&b).unwrap(), m);
+            for n in 0..b.len() {
+                assert!(decode(&b[..n]).is_err(), "{m:?} cut at {n}");
+            }
+            let mut long = b.clone();
+            long.push(0);
+            assert_eq!(decode(&long), Err(WireError::TrailingBytes));
+        }
+    }
+
+    #[test]
+    fn bad_header_and_fields() {
+        assert_eq!(decode(&[2, 1]), Err(WireError::BadVersion));
+        assert_eq!(decode(&[1, 0]), Err(WireError::UnknownKind));
+        assert_eq!(decode(&[1, 99]), Err(WireError::UnknownKind));
+        // A huge count with few bytes behind it is truncated, not an allocation.
+        assert_eq!(decode(&[1, 3, 0xff, 0xff, 0, 0]), Err(WireError::Truncated));
+        let mut b = encode(&Msg::QuotaSet {
+            quota: 1,
+            cut: false,
+        });
+        *b.last_mut().unwrap() = 2;
+        assert_eq!(decode(&b), Err(WireError::Malformed));
+        // An error grant with nonzero fields, and an unknown error code.
+        let mut b = encode(&Msg::Reply {
+            req: 1,
+            grants: vec![Err(RemoteError::Unmapped)],
+            put: None,
+        });
+        b[10] = 1;
+        assert_eq!(decode(&b), Err(WireError::Malformed));
+        let mut b = encode(&Msg::Reply {
+            req: 1,
+            grants: vec![Err(RemoteError::Unmapped)],
+            put: None,
+        });
+        b[9] = 9;
+        assert_eq!(decode(&b), Err(WireError::Malformed));
+    }
+
+    #[test]
+    fn bounds_fit_max_msg() {
+        let max = super::super::config::DEFAULT_MAX_MSG;
+        let n = pins_per_move(max);
+        let pins = vec![
+            PinReq {
+                start: 0,
+                nb: 1,
+                need_off: 0,
+                need_n: 1
+            };
+            n
+        ];
+        let m = Msg::Move {
+            req: 1,
+            releases: vec![],
+            pins,
+            put: None,
+        };
+        assert!(encode(&m).len() <= max);
+        let grants = vec![Err(RemoteError::Unmapped); n];
+        assert!(
+            encode(&Msg::Reply {
+                req: 1,
+                grants,
+                put: Some(Ok(()))
+            })
+            .len()
+                <= max
+        );
+        let hs = vec![0; handles_per_msg(max)];
+        assert!(encode(&Msg::Revoke(hs)).len() <= max);
+    }
+}

@@ -1,0 +1,721 @@
+//! The helper's decisions, sans-IO (seed 001, section 3.2): fed with the callers' events and the
+//! time, it answers "pin this region now" or "unpin this one now"; the helper thread
+//! (`thread.rs`) carries the actions out on the cache and reports back how long they took. No
+//! thread, no clock, no cache in here, so the simulations in `sim_tests.rs` drive it exactly.
+//!
+//! Per region (a page-aligned range plus access bits) it tracks the holders (uses minus
+//! releases), the signatures it was used under, and what the helper did to it last. When a
+//! region falls idle the *deregistration condition* is checked: with `next` the earliest
+//! predicted use among its signatures (predictions already overdue by more than their tolerance
+//! are ignored), unpin when
+//!
+//! ```text
+//!     now + t_unpin + t_pin + t_event + slack <= next      (the paper's inequality (1))
+//! ```
+//!
+//! and queue the region in the registration queue (`rq.rs`) with deadline `next - slack`. A
+//! region with no prediction at all is unpinned at once (the paper: it may never be used again).
+//! Otherwise it stays pinned and is looked at again when its prediction is overdue, so a wrong
+//! prediction (the last iteration of an inner loop looks like every other one) costs only that
+//! delay. A region the helper pinned whose use does not come is treated the same way.
+//!
+//! Classification of every use, for the stats: *early* (the helper's pin was done before the
+//! caller asked), *late* (the helper had planned the pin, or pinned it too late, and the caller
+//! paid), *unpredicted* (the helper unpinned it with no prediction and the caller pinned again:
+//! the price of learning).
+
+use std::cmp::Reverse;
+use std::collections::{BTreeSet, BinaryHeap, HashMap};
+
+use super::cost::CostModel;
+use super::events::{Event, Key, Use};
+use super::predictor::{Prediction, Predictor, PredictorConfig, PredictorStats};
+use super::rq::RegQueue;
+use super::signature::CallPoint;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PlannerConfig {
+    pub predictor: PredictorConfig,
+    /// Pins are planned to finish this long before the predicted use (ns); the measured lateness
+    /// of the helper's wake-ups is added on top (`observe_wake`).
+    pub slack_ns: u64,
+    /// Planned cost of handling one event between two pins (the paper's t_hash + t_cache...).
+    pub event_ns: u64,
+    /// log2 of the page size (the cost model counts pages).
+    pub page_shift: u32,
+    /// Regions tracked at most (idle ones with nothing planned are forgotten first).
+    pub max_regions: usize,
+    /// Cap on the measured wake-up lateness added to the slack (ns; 0: fixed slack). A helper
+    /// that wakes later than this keeps missing deadlines: the placement policy exists to avoid
+    /// that (a helper needs an idle core), the cap keeps it useful where it runs anyway.
+    pub max_lateness_ns: u64,
+    /// A region with no prediction yet is unpinned once it has been idle this long (ns). The
+    /// paper unpins at once (a buffer used once should not stay pinned); waiting a little keeps
+    /// loops that are still being learned from paying a pin per iteration (in the MG skeleton:
+    /// +9.5 % communication time with 0, +2.2 % with 5 ms, modelled).
+    pub unpredicted_idle_ns: u64,
+}
+
+impl Default for PlannerConfig {
+    fn default() -> Self {
+        PlannerConfig {
+            predictor: PredictorConfig::default(),
+            slack_ns: 300_000,
+            event_ns: 5_000,
+            page_shift: 12,
+            max_regions: 1 << 16,
+            max_lateness_ns: 2_000_000,
+            unpredicted_idle_ns: 5_000_000,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// Pin the region ahead of its predicted use (`Cache::prefetch`); report with `pinned`.
+    Pin(Key),
+    /// Unpin the idle region (`Cache::evict_range`); report with `unpinned`.
+    Unpin(Key),
+}
+
+/// What the helper last did to a region, as far as it knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PinState {
+    /// A caller used it; it stays cached (lazily) until the helper decides otherwise.
+    Cached,
+    /// The helper unpinned it; `planned`: a pin is queued before its predicted use.
+    Unpinned { planned: bool },
+    /// The helper pinned it (finished at `at`) and no use came since.
+    HelperPinned { at: u64 },
+    /// Not pinned by the cache as far as the helper knows (its unpin or pin found nothing):
+    /// nothing to do until the next use.
+    Gone,
+}
+
+/// Signatures remembered per region (most recent first).
+const SIGS: usize = 8;
+
+#[derive(Debug, Clone)]
+struct Region {
+    holders: u32,
+    pin: PinState,
+    sigs: [u64; SIGS],
+    nsigs: usize,
+    /// The pending re-evaluation (0: none); entries of the check heap that differ are stale.
+    check_at: u64,
+    /// Signature and time of the latest use.
+    last: (u64, u64),
+    /// When it fell idle (its last release).
+    idle_since: u64,
+}
+
+impl Region {
+    fn new() -> Region {
+        Region {
+            holders: 0,
+            pin: PinState::Gone,
+            sigs: [0; SIGS],
+            nsigs: 0,
+            check_at: 0,
+            last: (0, 0),
+            idle_since: 0,
+        }
+    }
+
+    fn add_sig(&mut self, sig: u64) {
+        let n = self.nsigs;
+        if let Some(i) = self.sigs[..n].iter().position(|&s| s == sig) {
+            self.sigs[..=i].rotate_right(1);
+        } else {
+            self.sigs.rotate_right(1);
+            self.sigs[0] = sig;
+            self.nsigs = (n + 1).min(SIGS);
+        }
+    }
+}
+
+/// Counters since creation.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PlannerStats {
+    pub predictor: PredictorStats,
+    /// Uses seen (registrations at or above the helper's size threshold).
+    pub uses: u64,
+    /// Uses the helper's pin was ready for.
+    pub early: u64,
+    /// Uses that came before the helper's planned pin (or while it was pinning).
+    pub late: u64,
+    /// Uses of regions the helper unpinned without a prediction (learning).
+    pub unpredicted: u64,
+    /// Sum over early uses of how long the pin was ready before the use (ns).
+    pub early_lead_ns: u64,
+    pub helper_pins: u64,
+    pub helper_unpins: u64,
+    pub helper_pin_failures: u64,
+    /// Uses where the caller pinned on its own thread, and the time those callers waited (ns).
+    pub caller_pins: u64,
+    pub caller_pin_wait_ns: u64,
+    /// Time every tracked registration took, hits included (ns).
+    pub caller_wait_ns: u64,
+    /// Releases of handles the helper never saw used (below the threshold, or a dropped event).
+    pub unknown_releases: u64,
+    /// Regions tracked now, and queued for a pin now.
+    pub regions: u64,
+    pub queued: u64,
+}
+
+pub struct Planner {
+    cfg: PlannerConfig,
+    predictor: Predictor,
+    pub cost: CostModel,
+    regions: HashMap<Key, Region>,
+    /// The same keys ordered by start, and the longest, for `on_unmapped`'s range query.
+    by_start: BTreeSet<Key>,
+    max_len: usize,
+    handles: HashMap<u64, Key>,
+    rq: RegQueue<Key>,
+    checks: BinaryHeap<Reverse<(u64, Key)>>,
+    /// Largest recent lateness of the helper's wake-ups (halves every `LATENESS_HALF_LIFE`),
+    /// and when it was last updated.
+    late_max: u64,
+    late_at: u64,
+    stats: PlannerStats,
+}
+
+/// The measured lateness halves this often (ns): one preemption should not widen the slack for
+/// long, a loaded machine keeps it wide.
+const LATENESS_HALF_LIFE: u64 = 100_000_000;
+
+/// Handles tracked at most: past that the table starts over (only a flood of lost releases can
+/// get there; the regions involved then stay lazily cached).
+const MAX_HANDLES: usize = 1 << 20;
+
+impl Planner {
+    pub fn new(cfg: PlannerConfig, cost: CostModel) -> Planner {
+        Planner {
+            cfg,
+            predictor: Predictor::new(cfg.predictor),
+            cost,
+            regions: HashMap::new(),
+            by_start: BTreeSet::new(),
+            max_len: 0,
+            handles: HashMap::new(),
+            rq: RegQueue::default(),
+            checks: BinaryHeap::new(),
+            late_max: 0,
+            late_at: 0,
+            stats: PlannerStats::default(),
+        }
+    }
+
+    /// Current slack: the configured lead plus the recent worst wake-up lateness.
+    pub fn slack(&self) -> u64 {
+        self.cfg.slack_ns + self.late_max
+    }
+
+    /// The helper meant to wake at `intended` and woke at `actual`.
+    pub fn observe_wake(&mut self, intended: u64, actual: u64) {
+        let late = actual
+            .saturating_sub(intended)
+            .min(self.cfg.max_lateness_ns);
+        let halvings = actual.saturating_sub(self.late_at) / LATENESS_HALF_LIFE;
+        let decayed = self.late_max.checked_shr(halvings as u32).unwrap_or(0);
+        self.late_max = late.max(decayed);
+        if halvings > 0 || late >= decayed {
+            self.late_at = actual;
+        }
+    }
+
+    pub fn stats(&self) -> PlannerStats {
+        PlannerStats {
+            predictor: self.predictor.stats(),
+            regions: self.regions.len() as u64,
+            queued: self.rq.len() as u64,
+            ..self.stats
+        }
+    }
+
+    fn pages(&self, k: &Key) -> u64 {
+        (k.len() >> self.cfg.page_shift) as u64
+    }
+
+    fn check(&mut self, key: Key, at: u64) {
+        if let Some(r) = self.regions.get_mut(&key) {
+            r.check_at = at.max(1);
+            self.checks.push(Reverse((r.check_at, key)));
+        }
+    }
+
+    pub fn on_event(&mut self, ev: Event) {
+        match ev {
+            Event::Use(u) => self.on_use(u),
+            Event::Release { handle, t } => self.on_release(handle, t),
+        }
+    }
+
+    fn on_use(&mut self, u: Use) {
+        let sig = self.predictor.observe(
+            u.tid,
+            CallPoint {
+                site: u.site,
+                addr: u.key.start,
+            },
+            u.t,
+        );
+        if self.handles.len() >= MAX_HANDLES {
+            self.handles.clear();
+        }
+        self.handles.insert(u.handle, u.key);
+        if self.regions.len() >= self.cfg.max_regions && !self.regions.contains_key(&u.key) {
+            self.forget_idle();
+        }
+        let st = &mut self.stats;
+        st.uses += 1;
+        st.caller_wait_ns += u.wait_ns;
+        if u.pinned_here {
+            st.caller_pins += 1;
+            st.caller_pin_wait_ns += u.wait_ns;
+        }
+        if !self.regions.contains_key(&u.key) {
+            self.by_start.insert(u.key);
+            self.max_len = self.max_len.max(u.key.len());
+        }
+        let r = self.regions.entry(u.key).or_insert_with(Region::new);
+        r.add_sig(sig);
+        r.last = (sig, u.t);
+        r.holders += 1;
+        r.check_at = 0;
+        match r.pin {
+            PinState::HelperPinned { at } if !u.pinned_here && at <= u.t => {
+                st.early += 1;
+                st.early_lead_ns += u.t - at;
+            }
+            PinState::HelperPinned { .. } | PinState::Unpinned { planned: true } => st.late += 1,
+            PinState::Unpinned { planned: false } => st.unpredicted += 1,
+            PinState::Cached | PinState::Gone => {}
+        }
+        r.pin = PinState::Cached;
+        self.rq.remove(u.key);
+    }
+
+    fn on_release(&mut self, handle: u64, t: u64) {
+        let Some(key) = self.handles.remove(&handle) else {
+            self.stats.unknown_releases += 1;
+            return;
+        };
+        let Some(r) = self.regions.get_mut(&key) else {
+            return;
+        };
+        r.holders = r.holders.saturating_sub(1);
+        if r.holders == 0 {
+            r.idle_since = t;
+            self.check(key, t);
+        }
+    }
+
+    /// Drop idle regions with nothing planned (bounded memory).
+    fn forget_idle(&mut self) {
+        self.regions.retain(|_, r| {
+            r.holders > 0
+                || matches!(
+                    r.pin,
+                    PinState::Cached
+                        | PinState::HelperPinned { .. }
+                        | PinState::Unpinned { planned: true }
+                )
+        });
+        let regions = &self.regions;
+        self.by_start.retain(|k| regions.contains_key(k));
+    }
+
+    /// The memory of `[start, end)` went away (an unmap, reported by the monitor). Idle regions
+    /// overlapping it are not pinned ahead again until a caller registers them again: the
+    /// application freed or is reshaping that memory, and a pin of its new pages made on a guess
+    /// would split the new owner's mapping (an `mremap` of it would then fail), for a use that
+    /// may never come. (Correctness does not depend on this: the cache invalidates regions the
+    /// helper pinned like any other.)
+    pub fn on_unmapped(&mut self, start: usize, end: usize) {
+        let lo = start.saturating_sub(self.max_len);
+        let hits: Vec<Key> = self
+            .by_start
+            .range(
+                Key {
+                    start: lo,
+                    end: 0,
+                    access: 0,
+                }..Key {
+                    start: end,
+                    end: 0,
+                    access: 0,
+                },
+            )
+            .filter(|k| k.end > start)
+            .copied()
+            .collect();
+        for k in hits {
+            if let Some(r) = self.regions.get_mut(&k) {
+                if r.holders == 0 {
+                    r.pin = PinState::Gone;
+                    r.check_at = 0;
+                    self.rq.remove(k);
+                }
+            }
+        }
+    }
+
+    /// Unmaps were reported faster than the helper took them: forget every idle region's plan.
+    pub fn on_unmapped_everything(&mut self) {
+        self.on_unmapped(0, usize::MAX);
+    }
+
+    /// Earliest predicted use of `key` that is not overdue at `now`. Candidates: the next
+    /// occurrence of each signature the region was used under, and the region's next use after
+    /// its latest one (`Predictor::next_after`).
+    fn next_use(&self, r: &Region, now: u64) -> Option<Prediction> {
+        r.sigs[..r.nsigs]
+            .iter()
+            .filter_map(|&s| self.predictor.next(s))
+            .chain(self.predictor.next_after(r.last.0, r.last.1))
+            .filter(|p| self.overdue_at(p) >= now)
+            .min()
+    }
+
+    /// When a prediction stops counting: its expected time plus the tolerance and the slack.
+    fn overdue_at(&self, p: &Prediction) -> u64 {
+        p.expected + p.period * self.cfg.predictor.tolerance_pct / 100 + self.slack()
+    }
+
+    /// When the helper should next call `poll` (ns), if anything is scheduled.
+    pub fn next_wakeup(&mut self) -> Option<u64> {
+        // Drop stale checks first (a use or a newer check replaced them).
+        while let Some(&Reverse((t, key))) = self.checks.peek() {
+            if self.regions.get(&key).is_some_and(|r| r.check_at == t) {
+                break;
+            }
+            self.checks.pop();
+        }
+        let check = self.checks.peek().map(|Reverse((t, _))| *t);
+        match (self.rq.next_start(), check) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// The next action due at `now`, if any. Pins (deadlines) come first.
+    pub fn poll(&mut self, now: u64) -> Option<Action> {
+        while let Some(item) = self.rq.pop_due(now) {
+            let Some(r) = self.regions.get(&item.key) else {
+                continue;
+            };
+            if r.holders == 0 && r.pin == (PinState::Unpinned { planned: true }) {
+                return Some(Action::Pin(item.key));
+            }
+        }
+        while let Some(&Reverse((t, key))) = self.checks.peek() {
+            if t > now {
+                break;
+            }
+            self.checks.pop();
+            if let Some(a) = self.evaluate(key, t, now) {
+                return Some(a);
+            }
+        }
+        None
+    }
+
+    /// The deregistration condition for an idle region (see the module docs).
+    fn evaluate(&mut self, key: Key, check_at: u64, now: u64) -> Option<Action> {
+        let r = self.regions.get(&key)?;
+        if r.check_at != check_at || r.holders > 0 {
+            return None; // stale check, or in use again
+        }
+        if !matches!(r.pin, PinState::Cached | PinState::HelperPinned { .. }) {
+            return None;
+        }
+        let pages = self.pages(&key);
+        let slack = self.slack();
+        let next = self.next_use(r, now);
+        let r = self.regions.get_mut(&key)?;
+        r.check_at = 0;
+        let Some(p) = next else {
+            let unpin_at = r.idle_since.saturating_add(self.cfg.unpredicted_idle_ns);
+            if now < unpin_at {
+                self.check(key, unpin_at);
+                return None;
+            }
+            r.pin = PinState::Unpinned { planned: false };
+            return Some(Action::Unpin(key));
+        };
+        let next = p.earliest;
+        let t_pin = self.cost.pin_ns(pages) + self.cfg.event_ns;
+        let t_unpin = self.cost.unpin_ns(pages);
+        if now + t_unpin + t_pin + slack <= next {
+            r.pin = PinState::Unpinned { planned: true };
+            self.rq.insert(key, next - slack, t_pin);
+            return Some(Action::Unpin(key));
+        }
+        // Too close to unpin: look again once this prediction is overdue.
+        let at = self.overdue_at(&p) + 1;
+        self.check(key, at);
+        None
+    }
+
+    /// Report of an `Action::Pin` that ran from `t0` to `t1`: `Ok(true)` pinned, `Ok(false)`
+    /// already cached, `Err` the backend refused (memory gone, no room).
+    pub fn pinned(&mut self, key: Key, res: Result<bool, ()>, t0: u64, t1: u64) {
+        let pages = self.pages(&key);
+        let Some(r) = self.regions.get(&key) else {
+            return;
+        };
+        let overdue = self.next_use(r, t1).map(|p| self.overdue_at(&p) + 1);
+        let Some(r) = self.regions.get_mut(&key) else {
+            return;
+        };
+        match res {
+            Ok(fresh) => {
+                if fresh {
+                    self.stats.helper_pins += 1;
+                    self.cost.pin.add(pages, t1.saturating_sub(t0));
+                }
+                r.pin = PinState::HelperPinned { at: t1 };
+                // If the use does not come, look again once it is overdue.
+                self.check(key, overdue.unwrap_or(t1));
+            }
+            Err(()) => {
+                self.stats.helper_pin_failures += 1;
+                r.pin = PinState::Gone;
+            }
+        }
+    }
+
+    /// Report of an `Action::Unpin` that ran from `t0` to `t1` and unpinned `bytes` (0: nothing
+    /// idle was cached there: in use after all, or already invalidated).
+    pub fn unpinned(&mut self, key: Key, bytes: usize, t0: u64, t1: u64) {
+        let pages = self.pages(&key);
+        if bytes > 0 {
+            self.stats.helper_unpins += 1;
+            self.cost.unpin.add(pages, t1.saturating_sub(t0));
+            return;
+        }
+        if let Some(r) = self.regions.get_mut(&key) {
+            if r.holders == 0 {
+                r.pin = PinState::Gone;
+            }
+        }
+        self.rq.remove(key);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+
+    fn key(n: usize) -> Key {
+        Key {
+            start: n << 20,
+            end: (n << 20) + (64 << 12),
+            access: 1,
+        }
+    }
+
+    fn planner() -> Planner {
+        Planner::new(
+            PlannerConfig {
+                slack_ns: 100_000,
+                unpredicted_idle_ns: 0,
+                ..Default::default()
+            },
+            CostModel::fixed((20_000, 100), (5_000, 50)),
+        )
+    }
+
+    fn use_at(p: &mut Planner, k: Key, handle: u64, t: u64, pinned_here: bool) {
+        p.on_event(Event::Use(Use {
+            tid: 1,
+            site: 42,
+            key: k,
+            handle,
+            t,
+            wait_ns: if pinned_here { 50_000 } else { 100 },
+            pinned_here,
+        }));
+    }
+
+    #[test]
+    fn unpredicted_region_is_unpinned_at_release() {
+        let mut p = planner();
+        use_at(&mut p, key(1), 1, 0, true);
+        assert_eq!(p.poll(MS), None, "in use");
+        p.on_event(Event::Release { handle: 1, t: MS });
+        assert_eq!(p.poll(MS), Some(Action::Unpin(key(1))));
+        p.unpinned(key(1), 64 << 12, MS, MS + 10);
+        assert_eq!(p.poll(2 * MS), None);
+        assert_eq!(p.next_wakeup(), None, "nothing planned");
+        use_at(&mut p, key(1), 2, 10 * MS, true);
+        assert_eq!(p.stats().unpredicted, 1);
+    }
+
+    #[test]
+    fn predicted_region_is_unpinned_and_pinned_before_its_use() {
+        let mut p = planner();
+        // Same call site, same buffer, every 10 ms: learned after the third use.
+        let mut h = 0;
+        for i in 0..4 {
+            h += 1;
+            use_at(&mut p, key(1), h, i * 10 * MS, true);
+            p.on_event(Event::Release {
+                handle: h,
+                t: i * 10 * MS + MS,
+            });
+            while let Some(a) = p.poll(i * 10 * MS + MS) {
+                if let Action::Unpin(k) = a {
+                    p.unpinned(k, k.len(), 0, 0);
+                }
+            }
+        }
+        // After the use at 30 ms: next predicted at 40 ms, pin due before it.
+        let wake = p.next_wakeup().unwrap();
+        assert!(wake > 31 * MS && wake < 40 * MS, "{wake}");
+        assert_eq!(p.poll(wake - 1), None);
+        assert_eq!(p.poll(wake), Some(Action::Pin(key(1))));
+        p.pinned(key(1), Ok(true), wake, wake + 50_000);
+        use_at(&mut p, key(1), 99, 40 * MS, false);
+        let s = p.stats();
+        assert_eq!((s.early, s.late, s.helper_pins), (1, 0, 1));
+        assert!(s.early_lead_ns > 0 && s.early_lead_ns < 2 * MS, "{s:?}");
+    }
+
+    #[test]
+    fn a_use_that_comes_first_cancels_the_planned_pin_and_counts_late() {
+        let mut p = planner();
+        let mut h = 0;
+        for i in 0..4 {
+            h += 1;
+            use_at(&mut p, key(1), h, i * 10 * MS, true);
+            p.on_event(Event::Release {
+                handle: h,
+                t: i * 10 * MS + MS,
+            });
+            while let Some(a) = p.poll(i * 10 * MS + MS) {
+                if let Action::Unpin(k) = a {
+                    p.unpinned(k, k.len(), 0, 0);
+                }
+            }
+        }
+        assert_eq!(p.stats().queued, 1);
+        use_at(&mut p, key(1), 100, 35 * MS, true); // earlier than predicted
+        assert_eq!(p.stats().queued, 0);
+        assert_eq!(p.stats().late, 1);
+        assert_eq!(p.poll(40 * MS), None, "no pin for a region in use");
+    }
+
+    #[test]
+    fn too_close_stays_pinned_and_is_rechecked_when_overdue() {
+        let mut p = planner();
+        // Period 100 us: unpin + pin + slack (~157 us) do not fit.
+        let mut h = 0;
+        let period = 100_000;
+        for i in 0..5 {
+            h += 1;
+            use_at(&mut p, key(1), h, i * period, i == 0);
+            p.on_event(Event::Release {
+                handle: h,
+                t: i * period + 10_000,
+            });
+            let a = p.poll(i * period + 10_000);
+            if i < 3 {
+                // Learning: no prediction yet, unpinned; the next use pins again.
+                assert_eq!(a, Some(Action::Unpin(key(1))), "use {i}");
+                p.unpinned(key(1), key(1).len(), 0, 0);
+            } else {
+                assert_eq!(a, None, "use {i}: kept");
+            }
+        }
+        // The use at 1.0 ms never comes: once overdue, the region is unpinned.
+        let wake = p.next_wakeup().unwrap();
+        assert!(wake > 5 * period && wake < 7 * period, "{wake}");
+        assert_eq!(p.poll(wake), Some(Action::Unpin(key(1))));
+    }
+
+    #[test]
+    fn unpin_that_found_nothing_cancels_the_plan() {
+        let mut p = planner();
+        use_at(&mut p, key(2), 1, 0, true);
+        p.on_event(Event::Release { handle: 1, t: 1 });
+        assert_eq!(p.poll(1), Some(Action::Unpin(key(2))));
+        p.unpinned(key(2), 0, 1, 2);
+        assert_eq!(p.stats().helper_unpins, 0);
+        use_at(&mut p, key(2), 2, 5 * MS, true);
+        assert_eq!(p.stats().unpredicted, 0, "the helper did not unpin it");
+    }
+
+    #[test]
+    fn an_unmap_cancels_the_plan_until_the_next_use() {
+        let mut p = planner();
+        let mut h = 0;
+        for i in 0..4 {
+            h += 1;
+            use_at(&mut p, key(1), h, i * 10 * MS, true);
+            p.on_event(Event::Release {
+                handle: h,
+                t: i * 10 * MS + MS,
+            });
+            while let Some(a) = p.poll(i * 10 * MS + MS) {
+                if let Action::Unpin(k) = a {
+                    p.unpinned(k, k.len(), 0, 0);
+                }
+            }
+        }
+        assert_eq!(p.stats().queued, 1);
+        // An unmap of another range changes nothing; one overlapping the buffer's end does.
+        p.on_unmapped(key(1).end, key(1).end + 4096);
+        assert_eq!(p.stats().queued, 1);
+        p.on_unmapped(key(1).end - 4096, key(1).end + 4096);
+        assert_eq!(p.stats().queued, 0);
+        assert_eq!(p.poll(40 * MS), None, "no pin of memory that went away");
+        // The next use re-arms it (a use of a Gone region is neither late nor unpredicted).
+        use_at(&mut p, key(1), 50, 40 * MS, true);
+        assert_eq!((p.stats().late, p.stats().unpredicted), (0, 3));
+    }
+
+    #[test]
+    fn an_unpredicted_region_waits_its_idle_time() {
+        let mut p = Planner::new(
+            PlannerConfig {
+                unpredicted_idle_ns: 5 * MS,
+                ..Default::default()
+            },
+            CostModel::fixed((20_000, 100), (5_000, 50)),
+        );
+        use_at(&mut p, key(3), 1, 0, true);
+        p.on_event(Event::Release { handle: 1, t: MS });
+        assert_eq!(p.poll(MS), None, "no prediction: kept for now");
+        assert_eq!(p.next_wakeup(), Some(6 * MS));
+        assert_eq!(p.poll(6 * MS - 1), None);
+        assert_eq!(p.poll(6 * MS), Some(Action::Unpin(key(3))));
+    }
+
+    #[test]
+    fn unknown_release_is_counted_and_ignored() {
+        let mut p = planner();
+        p.on_event(Event::Release { handle: 77, t: 0 });
+        assert_eq!(p.stats().unknown_releases, 1);
+        assert_eq!(p.poll(MS), None);
+    }
+
+    #[test]
+    fn wake_lateness_widens_the_slack_capped_and_decays() {
+        let mut p = planner();
+        assert_eq!(p.slack(), 100_000);
+        p.observe_wake(10 * MS, 11 * MS);
+        assert_eq!(p.slack(), 100_000 + MS);
+        p.observe_wake(20 * MS, 60 * MS);
+        assert_eq!(p.slack(), 100_000 + 2 * MS, "capped");
+        // On time for a second: ten half-lives.
+        for i in 1..=1000 {
+            p.observe_wake(60 * MS + i * MS, 60 * MS + i * MS);
+        }
+        assert!(p.slack() < 100_000 + 10_000, "{}", p.slack());
+    }
+}

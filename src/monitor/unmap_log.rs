@@ -1,0 +1,155 @@
+//! The unmaps in progress through the patched libc entries, for the helper thread's `prefetch`.
+//!
+//! Why: a patched `munmap` first invalidates, then unmaps. A caller that registers memory while
+//! another of its threads frees it is using memory after free (the application's bug), but the
+//! helper pins memory nobody asked for at that moment: if its pin lands between a hook's
+//! invalidation and the system call (the hook's filter found nothing cached, then the helper
+//! inserted and pinned), it holds the old pages and the next registration of the new memory at
+//! that address would hit it. So every patched unmap is logged from before its invalidation
+//! until after its system call, and the helper's prefetch (`Cache::prefetch` through
+//! `helper`) checks the log: it does not pin a range that an unmap in flight overlaps, and after
+//! pinning it drops the region again if an overlapping unmap began meanwhile.
+//!
+//! Hook-safe: a fixed ring of 64 slots written with atomics only. A slot that was overwritten
+//! (more than 64 unmaps since) or is being written counts as overlapping: the answers err on
+//! "raced", which costs a caller a synchronous pin, never a stale registration.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::SeqCst};
+
+const SLOTS: usize = 64;
+
+struct Slot {
+    /// seq + 1 of the unmap written here (0: none yet).
+    begun: AtomicU64,
+    start: AtomicUsize,
+    end: AtomicUsize,
+    /// seq + 1 once that unmap's system call returned.
+    ended: AtomicU64,
+}
+
+#[allow(clippy::declare_interior_mutable_const)]
+const EMPTY: Slot = Slot {
+    begun: AtomicU64::new(0),
+    start: AtomicUsize::new(0),
+    end: AtomicUsize::new(0),
+    ended: AtomicU64::new(0),
+};
+
+static LOG: [Slot; SLOTS] = [EMPTY; SLOTS];
+static NEXT: AtomicU64 = AtomicU64::new(0);
+static IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
+
+/// An unmap of `[start, end)` is about to be announced and carried out.
+pub fn begin(start: usize, end: usize) -> u64 {
+    IN_FLIGHT.fetch_add(1, SeqCst);
+    let seq = NEXT.fetch_add(1, SeqCst);
+    let s = &LOG[seq as usize % SLOTS];
+    s.begun.store(0, SeqCst);
+    s.start.store(start, SeqCst);
+    s.end.store(end, SeqCst);
+    s.begun.store(seq + 1, SeqCst);
+    seq
+}
+
+/// The system call of unmap `seq` returned.
+pub fn end(seq: u64) {
+    LOG[seq as usize % SLOTS].ended.store(seq + 1, SeqCst);
+    IN_FLIGHT.fetch_sub(1, SeqCst);
+}
+
+/// A point in the log to check against later (`begun_since`).
+pub fn mark() -> u64 {
+    NEXT.load(SeqCst)
+}
+
+/// The slot of `seq` as it stands: `Some((start, end, ended))`, or `None` when it holds another
+/// unmap or is being written.
+fn read(seq: u64) -> Option<(usize, usize, bool)> {
+    let s = &LOG[seq as usize % SLOTS];
+    if s.begun.load(SeqCst) != seq + 1 {
+        return None;
+    }
+    let (a, b) = (s.start.load(SeqCst), s.end.load(SeqCst));
+    let ended = s.ended.load(SeqCst) == seq + 1;
+    // Still the same unmap after reading its range (a writer clears `begun` first).
+    (s.begun.load(SeqCst) == seq + 1).then_some((a, b, ended))
+}
+
+/// Whether an unmap overlapping `[start, end)` is in flight now (or might be: unknown slots).
+pub fn in_flight_overlapping(start: usize, end: usize) -> bool {
+    let pending = IN_FLIGHT.load(SeqCst);
+    if pending == 0 {
+        return false;
+    }
+    let next = NEXT.load(SeqCst);
+    let mut seen = 0;
+    for seq in next.saturating_sub(SLOTS as u64)..next {
+        match read(seq) {
+            None => return true,
+            Some((_, _, true)) => {}
+            Some((a, b, false)) => {
+                if a < end && start < b {
+                    return true;
+                }
+                seen += 1;
+            }
+        }
+    }
+    // An unmap older than the ring is still running: unknown range.
+    seen < pending
+}
+
+/// Whether an unmap overlapping `[start, end)` began since `mark` (or might have).
+pub fn begun_since(mark: u64, start: usize, end: usize) -> bool {
+    let next = NEXT.load(SeqCst);
+    if next.saturating_sub(mark) > SLOTS as u64 {
+        return true;
+    }
+    (mark..next).any(|seq| match read(seq) {
+        None => true,
+        Some((a, b, _)) => a < end && start < b,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // The log is process-wide and other tests unmap memory through the hooks meanwhile: use
+    // ranges no one else has (high, made-up addresses) and only assert what they cannot change.
+    const BASE: usize = 0x7eee_0000_0000;
+
+    #[test]
+    fn in_flight_and_since() {
+        let (a, b) = (BASE, BASE + 0x10000);
+        let m = mark();
+        let seq = begin(a, b);
+        assert!(in_flight_overlapping(a + 0x1000, a + 0x2000));
+        assert!(begun_since(m, a, a + 0x1000));
+        end(seq);
+        assert!(
+            begun_since(m, a, a + 0x1000),
+            "began since the mark, ended or not"
+        );
+        let m2 = mark();
+        // Ours is no longer in flight, and nothing began since m2 in our range (others' unmaps
+        // elsewhere may be logged, but only an unknown slot could answer true here).
+        if !in_flight_overlapping(b, b + 0x1000) {
+            assert!(!in_flight_overlapping(a, b) || IN_FLIGHT.load(SeqCst) > 0);
+        }
+        let _ = begun_since(m2, a, b);
+    }
+
+    #[test]
+    fn a_flood_of_unmaps_answers_raced() {
+        let m = mark();
+        for i in 0..SLOTS + 1 {
+            let s = begin(
+                BASE + 0x100_0000 + i * 4096,
+                BASE + 0x100_0000 + (i + 1) * 4096,
+            );
+            end(s);
+        }
+        assert!(begun_since(m, 0, 4096), "overwritten: unknown, so raced");
+    }
+}

@@ -1,0 +1,595 @@
+//! `Rma`: puts and gets to any rank, over Firehose. Carries out what the algorithm asks for:
+//! its messages go out as one-way active messages (id `FIREHOSE_AM`), its segments become
+//! RDMA WRITEs/READs on the link, and the completions come back through the endpoint's RDMA
+//! handler. The caller's buffer is registered through the pin-down cache.
+//!
+//! Locks, in order: `engine` (the algorithm and the target's pins) -> the AM endpoint's own
+//! locks (Firehose messages are sent *under* `engine`, because the algorithm relies on them
+//! leaving in the order it produced them); `ops` is a leaf. RDMA is posted, events are handled
+//! and cache calls are made with neither lock held.
+//!
+//! Remote invalidation (`super::revoke`): the `fh-revoke` worker drives the algorithm through
+//! `RmaDriver` (invalidate, progress, `invalidation_done`); every public entry and `with_core`
+//! mark the thread as inside the library, so a memory hook firing there never waits for that
+//! worker (which needs these locks).
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::{Duration, Instant};
+
+use super::ops::{Chunk, Finished, Ops, Request};
+use super::probe::IdleProbe;
+use super::revoke::{self, Revocation, RevokeSettings, RevokeStats};
+use super::self_copy::{self, Dir};
+use super::target_pins::TargetPins;
+use crate::cache::Cache;
+use crate::firehose::{
+    Acquire, Event, FhError, Firehose, FirehoseConfig, InvalId, RegionPins, Seg,
+};
+use crate::net::{LinkError, Peers, Rank, RdmaKind, RdmaOp};
+use crate::pin::Access;
+use crate::status::{fh_status, FhResult};
+
+/// The active-message id of every Firehose message.
+pub const FIREHOSE_AM: u16 = 0xFE00;
+
+/// Counters of the driver itself (the algorithm counts the rest).
+#[derive(Debug, Default)]
+struct Counters {
+    puts: AtomicU64,
+    gets: AtomicU64,
+    self_ops: AtomicU64,
+    rejected: AtomicU64,
+    rdma_posted: AtomicU64,
+}
+
+/// A snapshot of `Rma::stats`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RmaStats {
+    pub fh: crate::firehose::FirehoseStats,
+    pub puts: u64,
+    pub gets: u64,
+    /// Operations on this rank's own memory (copied, no network).
+    pub self_ops: u64,
+    /// Firehose messages from peers that were malformed or out of protocol (dropped).
+    pub rejected: u64,
+    pub rdma_posted: u64,
+    /// Remote invalidation (all zero when it is off or in a job of one).
+    pub revoke: RevokeStats,
+}
+
+struct Engine {
+    fh: Firehose,
+    /// `None` in a job of one (nothing is ever pinned for a peer).
+    pins: Option<TargetPins>,
+}
+
+/// Pins for a job of one: never called (the algorithm has no peers), refuse if it is.
+struct NoPins;
+impl RegionPins for NoPins {
+    fn pin(&mut self, _: u64, _: usize) -> Result<u32, crate::firehose::PinFailure> {
+        Err(crate::firehose::PinFailure::Other)
+    }
+    fn unpin(&mut self, _: u64, _: usize, _: u32) {}
+    fn write(&mut self, _: u64, _: &[u8]) -> Result<(), crate::firehose::PinFailure> {
+        Err(crate::firehose::PinFailure::Other)
+    }
+}
+
+/// Puts and gets of one context. Build with `Rma::new` (registers the endpoint handlers).
+pub struct Rma {
+    peers: Arc<Peers>,
+    engine: Mutex<Engine>,
+    ops: Mutex<Ops>,
+    /// Registers the caller's buffers (`None` in a job of one: every op is a local copy).
+    local: Option<Arc<Cache>>,
+    rank: Rank,
+    size: u32,
+    /// Longest chunk: Firehose's `max_op_len`, capped by the link's longest RDMA.
+    max_chunk: usize,
+    small_put_max: usize,
+    counters: Counters,
+    /// Peers the endpoint declared lost, not yet told to the algorithm (a leaf lock).
+    lost: Mutex<Vec<Rank>>,
+    /// Remote invalidation (`None`: off, or a job of one). Stopped first when the `Rma` goes.
+    revoke: Mutex<Option<Revocation>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The C status of a failed op.
+fn status_of(e: FhError) -> fh_status {
+    e.status()
+}
+
+fn link_status(e: &LinkError) -> fh_status {
+    match e {
+        LinkError::ZeroLength => fh_status::FH_ERR_ZERO_LENGTH,
+        LinkError::Overflow => fh_status::FH_ERR_OVERFLOW,
+        LinkError::BadRank(_) => fh_status::FH_ERR_BAD_RANK,
+        LinkError::TooLong { .. } => fh_status::FH_ERR_TOO_LARGE,
+        LinkError::Closed => fh_status::FH_ERR_FINALIZED,
+        // A remote access error breaks the connection (RC); so does a device error.
+        _ => fh_status::FH_ERR_PEER_LOST,
+    }
+}
+
+impl Rma {
+    /// Puts and gets over `peers`. `local` registers the caller's buffers on the link's
+    /// protection domain (required with more than one rank). Registers the Firehose message
+    /// handler, the RDMA completion handler and the peer-loss handler on the endpoint.
+    pub fn new(peers: Arc<Peers>, local: Option<Arc<Cache>>) -> FhResult<Arc<Rma>> {
+        let (rank, size) = (peers.rank(), peers.size());
+        let mut cfg = FirehoseConfig::from_env(rank, size).map_err(|e| {
+            eprintln!("firehose: {}: {}", e.var, e.msg);
+            fh_status::FH_ERR_BAD_CONFIG
+        })?;
+        cfg.max_msg = cfg.max_msg.min(peers.am().max_payload());
+        let fh = Firehose::new(cfg).map_err(|e| {
+            eprintln!("firehose: {}: {}", e.var, e.msg);
+            fh_status::FH_ERR_BAD_CONFIG
+        })?;
+        let rs = RevokeSettings::from_env()?;
+        let mut revocation =
+            (size > 1 && rs.enabled).then(|| Revocation::new(rs, revoke::queue::DEFAULT_SLOTS));
+        let pins = match peers.pd() {
+            Some(pd) if size > 1 => Some(TargetPins::new(
+                pd.clone(),
+                revocation.as_ref().map(|r| r.pinned()),
+            )),
+            _ => None,
+        };
+        if size > 1 && (pins.is_none() || local.is_none()) {
+            return Err(fh_status::FH_ERR_NO_DEVICE);
+        }
+        let max_rdma = peers.link().max_rdma();
+        let max_chunk = if size > 1 {
+            fh.config().max_op_len().min(max_rdma).max(1)
+        } else {
+            usize::MAX
+        };
+        let rma = Arc::new(Rma {
+            small_put_max: fh.config().small_put_max,
+            engine: Mutex::new(Engine { fh, pins }),
+            ops: Mutex::new(Ops::default()),
+            local,
+            rank,
+            size,
+            max_chunk,
+            counters: Counters::default(),
+            lost: Mutex::new(Vec::new()),
+            revoke: Mutex::new(None),
+            peers,
+        });
+        rma.install_handlers();
+        if let Some(r) = revocation.as_mut() {
+            r.start(Box::new(RmaDriver(Arc::downgrade(&rma))))?;
+        }
+        *lock(&rma.revoke) = revocation;
+        Ok(rma)
+    }
+
+    /// The endpoint keeps the handlers; they hold the `Rma` weakly (it holds the endpoint).
+    fn install_handlers(self: &Arc<Self>) {
+        let am = self.peers.am();
+        let w: Weak<Rma> = Arc::downgrade(self);
+        am.register_oneway(FIREHOSE_AM, move |from, data| {
+            if let Some(r) = w.upgrade() {
+                r.on_message(from, data);
+            }
+        });
+        let w: Weak<Rma> = Arc::downgrade(self);
+        am.set_rdma_handler(Some(Box::new(move |_peer, token, result| {
+            if let Some(r) = w.upgrade() {
+                let err = result.err().map(|e| link_status(&e));
+                r.seg_done(token, err);
+            }
+        })));
+        // Only recorded here (the endpoint may call it inside a send made under `engine`);
+        // `progress` tells the algorithm.
+        let w: Weak<Rma> = Arc::downgrade(self);
+        am.set_peer_lost_handler(Some(Box::new(move |peer| {
+            if let Some(r) = w.upgrade() {
+                lock(&r.lost).push(peer);
+            }
+        })));
+    }
+
+    pub fn peers(&self) -> &Arc<Peers> {
+        &self.peers
+    }
+
+    /// Runs `f` on the algorithm under the engine lock, sends the messages it produced (still
+    /// under the lock: they must leave in order), then handles its events without the lock.
+    fn with_core<R>(&self, f: impl FnOnce(&mut Firehose, &mut dyn RegionPins) -> R) -> R {
+        let _inside = crate::inside::enter();
+        let mut events = Vec::new();
+        let r = {
+            let mut g = lock(&self.engine);
+            let Engine { fh, pins } = &mut *g;
+            let r = match pins {
+                Some(p) => f(fh, p),
+                None => f(fh, &mut NoPins),
+            };
+            while let Some((to, msg)) = fh.poll_transmit() {
+                // A failed send means the peer is lost (or we finalized): the loss handler
+                // tells the algorithm, which fails what waited on it.
+                let _ = self.peers.am().send_oneway(to, FIREHOSE_AM, &msg);
+            }
+            while let Some(ev) = fh.poll_event() {
+                events.push(ev);
+            }
+            r
+        };
+        for ev in events {
+            self.on_event(ev);
+        }
+        r
+    }
+
+    fn on_message(&self, from: Rank, data: &[u8]) {
+        if self
+            .with_core(|fh, pins| fh.handle_message(from, data, pins))
+            .is_err()
+        {
+            self.counters.rejected.fetch_add(1, Relaxed);
+        }
+    }
+
+    fn on_event(&self, ev: Event) {
+        match ev {
+            Event::Ready { op, segs } => self.post_segs(op, &segs),
+            Event::Failed { op, error } => {
+                let f = lock(&self.ops).finish_chunk(op, Some(status_of(error)));
+                self.after(op, f);
+            }
+            Event::PutDone { op } => {
+                let f = lock(&self.ops).finish_chunk(op, None);
+                self.after(op, f);
+            }
+        }
+    }
+
+    /// What finishing a chunk left to do: release its firehoses, release the local buffer.
+    fn after(&self, op: u64, f: Option<Finished>) {
+        let Some(f) = f else { return };
+        if f.release {
+            // Cannot fail for an op that holds references (the table says it does).
+            let _ = self.with_core(|fh, _| fh.release(op));
+        }
+        if let (Some(h), Some(c)) = (f.dereg, &self.local) {
+            let _ = c.deregister(h);
+        }
+    }
+
+    fn seg_done(&self, chunk: u64, err: Option<fh_status>) {
+        let f = lock(&self.ops).seg_done(chunk, err);
+        self.after(chunk, f);
+    }
+
+    /// Posts one RDMA per segment of chunk `op` (its firehoses are held until the last ends).
+    fn post_segs(&self, op: u64, segs: &[Seg]) {
+        let c = {
+            let mut ops = lock(&self.ops);
+            let Some(c) = ops.chunks.get_mut(&op) else {
+                return; // cannot happen: a chunk leaves the table only when it is over
+            };
+            c.holds_refs = true;
+            c.segs_left = segs.len() as u32;
+            c.clone()
+        };
+        if segs.is_empty() {
+            self.seg_done_empty(op);
+            return;
+        }
+        for s in segs {
+            let off = s.raddr - c.raddr;
+            let rop = RdmaOp {
+                kind: c.kind,
+                local_addr: c.local + off,
+                lkey: c.lkey,
+                len: s.len,
+                remote_addr: s.raddr,
+                rkey: s.rkey,
+                token: op,
+            };
+            self.counters.rdma_posted.fetch_add(1, Relaxed);
+            // SAFETY: the local range lies in the caller's buffer, registered under `lkey` by
+            // the cache until the request ends (after this op's last completion); the caller
+            // does not touch it until then (fh_put_nb/fh_get_nb contract). The remote range is
+            // inside a region the target pinned for us, held until `release`.
+            if let Err(e) = unsafe { self.peers.link().rdma(c.peer, rop) } {
+                self.seg_done(op, Some(link_status(&e)));
+            }
+        }
+    }
+
+    fn seg_done_empty(&self, op: u64) {
+        let f = lock(&self.ops).finish_chunk(op, None);
+        self.after(op, f);
+    }
+
+    /// Starts a put (`local` -> `raddr` at `peer`) or a get (`raddr` at `peer` -> `local`).
+    /// Returns the request id (non-zero). `implicit`: no handle, `quiet` collects it.
+    ///
+    /// # Safety
+    /// `local` is valid for `len` bytes (readable for a put, writable for a get) and is not
+    /// touched by the caller until the request is done.
+    pub unsafe fn start(
+        &self,
+        kind: RdmaKind,
+        peer: Rank,
+        raddr: u64,
+        local: *mut u8,
+        len: usize,
+        implicit: bool,
+    ) -> FhResult<u64> {
+        let _inside = crate::inside::enter();
+        if local.is_null() {
+            return Err(fh_status::FH_ERR_NULL);
+        }
+        if len == 0 {
+            return Err(fh_status::FH_ERR_ZERO_LENGTH);
+        }
+        if raddr.checked_add(len as u64).is_none() || (local as usize).checked_add(len).is_none() {
+            return Err(fh_status::FH_ERR_OVERFLOW);
+        }
+        if peer >= self.size {
+            return Err(fh_status::FH_ERR_BAD_RANK);
+        }
+        match kind {
+            RdmaKind::Write => self.counters.puts.fetch_add(1, Relaxed),
+            RdmaKind::Read => self.counters.gets.fetch_add(1, Relaxed),
+        };
+        if peer == self.rank {
+            self.counters.self_ops.fetch_add(1, Relaxed);
+            let dir = if kind == RdmaKind::Write {
+                Dir::Put
+            } else {
+                Dir::Get
+            };
+            // SAFETY: forwarded contract on `local`; `raddr` is checked by the kernel.
+            let r = unsafe { self_copy::copy(dir, local, raddr, len) };
+            return Ok(self.done_request(r, implicit));
+        }
+        let cache = self.local.as_ref().ok_or(fh_status::FH_ERR_NO_DEVICE)?;
+        let reg = cache.register(local as usize, len, Access::LOCAL_WRITE)?;
+        let n = len.div_ceil(self.max_chunk);
+        let (req, first) = {
+            let mut ops = lock(&self.ops);
+            let req = ops.id();
+            ops.reqs.insert(
+                req,
+                Request {
+                    chunks_left: n as u32,
+                    reg: Some(reg.handle),
+                    error: None,
+                    implicit,
+                    done: false,
+                },
+            );
+            let mut first = 0;
+            for i in 0..n {
+                let off = i * self.max_chunk;
+                let id = ops.id();
+                if i == 0 {
+                    first = id;
+                }
+                ops.chunks.insert(
+                    id,
+                    Chunk {
+                        req,
+                        peer,
+                        kind,
+                        local: local as u64 + off as u64,
+                        lkey: reg.lkey,
+                        raddr: raddr + off as u64,
+                        segs_left: 0,
+                        holds_refs: false,
+                        error: None,
+                    },
+                );
+            }
+            (req, first)
+        };
+        // Chunk ids are consecutive (one table lock handed them out).
+        for i in 0..n as u64 {
+            let id = first + i;
+            let off = (i as usize) * self.max_chunk;
+            let clen = (len - off).min(self.max_chunk);
+            let c_raddr = raddr + off as u64;
+            let small = (kind == RdmaKind::Write && clen <= self.small_put_max).then(|| {
+                // SAFETY: inside the caller's buffer, readable for a put (contract).
+                unsafe { std::slice::from_raw_parts(local.add(off), clen) }
+            });
+            match self.with_core(|fh, _| fh.acquire(id, peer, c_raddr, clen, small)) {
+                Ok(Acquire::Hit(segs)) => self.post_segs(id, &segs),
+                Ok(Acquire::Pending) | Ok(Acquire::DoneInMove) => {}
+                Err(e) => {
+                    let f = lock(&self.ops).finish_chunk(id, Some(status_of(e)));
+                    self.after(id, f);
+                }
+            }
+        }
+        Ok(req)
+    }
+
+    /// A request that finished at once (a local copy).
+    fn done_request(&self, r: FhResult<()>, implicit: bool) -> u64 {
+        let mut ops = lock(&self.ops);
+        let req = ops.id();
+        if implicit {
+            if let Err(e) = r {
+                ops.implicit_error.get_or_insert(e);
+            }
+        } else {
+            ops.reqs.insert(
+                req,
+                Request {
+                    chunks_left: 0,
+                    reg: None,
+                    error: r.err(),
+                    implicit: false,
+                    done: true,
+                },
+            );
+        }
+        req
+    }
+
+    /// Progresses once; the request's result if it is done (its handle is then spent).
+    pub fn test(&self, req: u64) -> FhResult<Option<FhResult<()>>> {
+        let _inside = crate::inside::enter();
+        if let Some(r) = lock(&self.ops).take_if_done(req)? {
+            return Ok(Some(r));
+        }
+        self.progress()?;
+        lock(&self.ops).take_if_done(req)
+    }
+
+    /// Progresses until the request is done; returns its result (the handle is then spent).
+    pub fn wait(&self, req: u64) -> FhResult<()> {
+        let _inside = crate::inside::enter();
+        let mut probe = Probe::new(self.peers.settings().probe);
+        loop {
+            if let Some(r) = lock(&self.ops).take_if_done(req)? {
+                return r;
+            }
+            if self.progress()? == 0 {
+                probe.tick(self);
+                std::thread::yield_now();
+            }
+        }
+    }
+
+    /// Progresses until every request of this context is done; returns the first error of an
+    /// implicit (handle-less) request since the last `quiet`.
+    pub fn quiet(&self) -> FhResult<()> {
+        let _inside = crate::inside::enter();
+        let mut probe = Probe::new(self.peers.settings().probe);
+        loop {
+            {
+                let mut ops = lock(&self.ops);
+                if ops.running() == 0 {
+                    return ops.implicit_error.take().map_or(Ok(()), Err);
+                }
+            }
+            if self.progress()? == 0 {
+                probe.tick(self);
+                std::thread::yield_now();
+            }
+        }
+    }
+
+    /// Progresses the endpoint (handlers, completions), then tells the algorithm about peers
+    /// lost meanwhile (their ops fail).
+    pub fn progress(&self) -> FhResult<usize> {
+        let _inside = crate::inside::enter();
+        let n = self.peers.am().progress()?;
+        let lost = std::mem::take(&mut *lock(&self.lost));
+        for p in &lost {
+            self.with_core(|fh, pins| fh.peer_lost(*p, pins));
+        }
+        Ok(n + lost.len())
+    }
+
+    /// Peers that running chunks wait on.
+    fn waited_peers(&self) -> Vec<Rank> {
+        let ops = lock(&self.ops);
+        let mut v: Vec<Rank> = ops.chunks.values().map(|c| c.peer).collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
+
+    pub fn stats(&self) -> RmaStats {
+        let fh = lock(&self.engine).fh.stats();
+        RmaStats {
+            fh,
+            puts: self.counters.puts.load(Relaxed),
+            gets: self.counters.gets.load(Relaxed),
+            self_ops: self.counters.self_ops.load(Relaxed),
+            rejected: self.counters.rejected.load(Relaxed),
+            rdma_posted: self.counters.rdma_posted.load(Relaxed),
+            revoke: lock(&self.revoke)
+                .as_ref()
+                .map_or_else(RevokeStats::default, |r| r.stats()),
+        }
+    }
+}
+
+impl Drop for Rma {
+    fn drop(&mut self) {
+        // Before the engine (and its pins) go: no waiter, no listener call, no worker left.
+        if let Some(mut r) = lock(&self.revoke).take() {
+            r.stop();
+        }
+    }
+}
+
+/// The `fh-revoke` worker's way into the `Rma` (weak: the worker never keeps a context alive).
+struct RmaDriver(Weak<Rma>);
+
+impl revoke::Driver for RmaDriver {
+    fn invalidate(&self, addr: u64, len: u64) -> Option<InvalId> {
+        let r = self.0.upgrade()?;
+        let len = usize::try_from(len).unwrap_or(usize::MAX);
+        Some(r.with_core(|fh, pins| fh.invalidate(addr, len, pins)))
+    }
+
+    fn is_done(&self, id: InvalId) -> Option<bool> {
+        let r = self.0.upgrade()?;
+        let done = lock(&r.engine).fh.invalidation_done(id);
+        Some(done)
+    }
+
+    fn progress(&self) -> Option<usize> {
+        let r = self.0.upgrade()?;
+        match r.progress() {
+            Ok(n) => Some(n),
+            Err(fh_status::FH_ERR_FINALIZED) => None,
+            Err(_) => Some(0),
+        }
+    }
+
+    fn wait_link(&self, d: Duration) {
+        if let Some(r) = self.0.upgrade() {
+            let _ = r.peers.link().wait(d);
+        }
+    }
+
+    fn probe_peers(&self) {
+        if let Some(r) = self.0.upgrade() {
+            for p in (0..r.size).filter(|&p| p != r.rank) {
+                let _ = r.peers.link().probe(p);
+            }
+        }
+    }
+
+    fn probe_every(&self) -> Duration {
+        self.0
+            .upgrade()
+            .map_or(Duration::from_secs(1), |r| r.peers.settings().probe)
+    }
+}
+
+/// While waiting: probe the peers we wait on every probe interval, so a dead one turns into
+/// `PeerLost` (and failed ops) instead of a wait forever.
+struct Probe(IdleProbe);
+
+impl Probe {
+    fn new(every: Duration) -> Self {
+        Probe(IdleProbe::new(every))
+    }
+
+    fn tick(&mut self, rma: &Rma) {
+        if !self.0.idle_tick(Instant::now) {
+            return;
+        }
+        for p in rma.waited_peers() {
+            let _ = rma.peers.link().probe(p);
+        }
+    }
+}

@@ -1,0 +1,21 @@
+//! Remote memory access: `fh_put` / `fh_get` to any address of any rank. The I/O half of
+//! Firehose: it feeds the sans-IO algorithm (`crate::firehose`) with requests, messages and
+//! completions, and carries out what it asks for (active messages, RDMA, pins at the target).
+//!
+//! Owns: the operation table (non-blocking handles), the target's remote-pinned regions, the
+//! local registrations of the caller's buffers (through the pin-down cache).
+//! May call: `firehose` (the algorithm), `net` (peers, active messages, one-sided link ops),
+//! `cache` (local registration), `pin::verbs` (memory regions for remote pins), `monitor`
+//! (subscribe the revoke listener, userfaultfd watches of remote pins), `inside`, `status`.
+//!
+//! `revoke/`: remote invalidation wired to the memory monitor (memory this rank unmaps is
+//! revoked from every peer's firehoses before the unmap returns).
+
+pub mod engine;
+mod ops;
+mod probe;
+pub mod revoke;
+pub mod self_copy;
+pub mod target_pins;
+
+pub use engine::{Rma, RmaStats, FIREHOSE_AM};

@@ -1,0 +1,122 @@
+//! Unfinished operations. A *request* is what the caller started (`fh_put_nb`, ...) and holds a
+//! handle to; it is cut into *chunks* of at most Firehose's `max_op_len`, each one Firehose op
+//! (its `OpId` is the chunk id) that becomes one or more RDMA segments. A request is done when
+//! its last chunk is; its first error is its result.
+
+use crate::firehose::IntMap;
+use crate::net::{Rank, RdmaKind};
+use crate::status::{fh_status, FhResult};
+
+/// One Firehose op: a piece of a request.
+#[derive(Debug, Clone)]
+pub struct Chunk {
+    pub req: u64,
+    pub peer: Rank,
+    pub kind: RdmaKind,
+    /// Local buffer of this chunk and its key (from the request's registration).
+    pub local: u64,
+    pub lkey: u32,
+    pub raddr: u64,
+    /// RDMA segments posted and not yet completed.
+    pub segs_left: u32,
+    /// Holds firehose references (a `Hit`/`Ready`): `release` it when the segments are done.
+    pub holds_refs: bool,
+    pub error: Option<fh_status>,
+}
+
+/// What the caller started.
+#[derive(Debug)]
+pub struct Request {
+    pub chunks_left: u32,
+    /// The pin-down cache handle of the local buffer (released when the request is done).
+    pub reg: Option<u64>,
+    pub error: Option<fh_status>,
+    /// No handle was given out: `fh_quiet` collects it.
+    pub implicit: bool,
+    pub done: bool,
+}
+
+#[derive(Debug, Default)]
+pub struct Ops {
+    next: u64,
+    // Multiplicative hashing, not SipHash: these two tables are touched ~7 times per put on the
+    // hit path (start, post, completion, release, wait); the ids are ours (sequential), and a
+    // made-up handle from a caller can only miss.
+    pub reqs: IntMap<u64, Request>,
+    pub chunks: IntMap<u64, Chunk>,
+    /// First error of an implicit request since the last `fh_quiet`.
+    pub implicit_error: Option<fh_status>,
+}
+
+/// What finishing a chunk left to do outside the table's lock.
+pub struct Finished {
+    /// The chunk held firehose references: release its op.
+    pub release: bool,
+    /// The request is done and this registration must be released in the cache.
+    pub dereg: Option<u64>,
+}
+
+impl Ops {
+    /// A fresh id (never reused, never 0: 0 is no handle in C).
+    pub fn id(&mut self) -> u64 {
+        self.next += 1;
+        self.next
+    }
+
+    /// Record one completed segment of `chunk`; `Some` when it was the chunk's last.
+    pub fn seg_done(&mut self, chunk: u64, err: Option<fh_status>) -> Option<Finished> {
+        let c = self.chunks.get_mut(&chunk)?;
+        if c.error.is_none() {
+            c.error = err;
+        }
+        c.segs_left = c.segs_left.saturating_sub(1);
+        if c.segs_left > 0 {
+            return None;
+        }
+        self.finish_chunk(chunk, None)
+    }
+
+    /// Chunk `chunk` is over (all its segments done, or failed before any was posted).
+    pub fn finish_chunk(&mut self, chunk: u64, err: Option<fh_status>) -> Option<Finished> {
+        let c = self.chunks.remove(&chunk)?;
+        let err = c.error.or(err);
+        let req = self.reqs.get_mut(&c.req)?;
+        if req.error.is_none() {
+            req.error = err;
+        }
+        req.chunks_left -= 1;
+        let mut dereg = None;
+        if req.chunks_left == 0 {
+            req.done = true;
+            dereg = req.reg.take();
+            if req.implicit {
+                let r = self.reqs.remove(&c.req).expect("present");
+                if self.implicit_error.is_none() {
+                    self.implicit_error = r.error;
+                }
+            }
+        }
+        Some(Finished {
+            release: c.holds_refs,
+            dereg,
+        })
+    }
+
+    /// The result of a done request, removing it; `None` while it runs; unknown: an error.
+    pub fn take_if_done(&mut self, req: u64) -> FhResult<Option<FhResult<()>>> {
+        match self.reqs.get(&req) {
+            None => Err(fh_status::FH_ERR_UNKNOWN_HANDLE),
+            Some(r) if r.implicit => Err(fh_status::FH_ERR_UNKNOWN_HANDLE),
+            Some(r) if !r.done => Ok(None),
+            Some(_) => {
+                let r = self.reqs.remove(&req).expect("present");
+                Ok(Some(r.error.map_or(Ok(()), Err)))
+            }
+        }
+    }
+
+    /// Requests not yet done (explicit and implicit).
+    pub fn running(&self) -> usize {
+        self.reqs.values().filter(|r| !r.done).count()
+    }
+}

@@ -1,0 +1,77 @@
+//! The memory listener: runs inside `munmap` & co. (hook context) and decides, with no
+//! allocation and no lock, whether the unmapped range touches memory pinned for peers; if it
+//! does, it queues the range for the worker and, when allowed, waits until the revoke is over.
+//!
+//! When it may wait ([`UnmapEvent::Done`] only: after the system call, before the application
+//! sees it return): never on a thread inside the library (`crate::inside`: it may hold a lock the
+//! worker needs), never in a forked child (no worker there), never with a zero timeout.
+//! `Before` is ignored (the check after the call also catches a pin made during the call);
+//! `Late` (userfaultfd: the unmapping thread is already released) and `Told`
+//! (`fh_notify_unmapped`, documented as never blocking) only queue.
+
+use super::pinned::Overlap;
+use super::queue::Waited;
+use super::Shared;
+use crate::seam::{MemoryListener, UnmapEvent};
+use std::sync::atomic::Ordering::{Relaxed, SeqCst};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Tries at a read hold of the pinned table: a thread that may wait can afford to spin longer
+/// than one that must not (the uffd reader, the library's own threads).
+const TRIES_WAITING: u32 = 4096;
+const TRIES_QUICK: u32 = 64;
+
+pub(crate) struct RevokeListener(pub Arc<Shared>);
+
+impl MemoryListener for RevokeListener {
+    fn on_unmap(&self, _addr: usize, _len: usize) {
+        // Only `on_event` is used: see the module docs.
+    }
+
+    fn on_event(&self, addr: usize, len: usize, ev: UnmapEvent) {
+        let may_wait = match ev {
+            UnmapEvent::Before => return,
+            UnmapEvent::Done => !crate::inside::is_inside(),
+            UnmapEvent::Late | UnmapEvent::Told => false,
+        };
+        self.0.unmapped(addr as u64, len as u64, may_wait);
+    }
+
+    fn wants_done(&self) -> bool {
+        true
+    }
+
+    fn forked(&self) {
+        // In the child: the worker and the connections are the parent's.
+        self.0.forked.store(true, SeqCst);
+    }
+}
+
+impl Shared {
+    /// `[addr, addr + len)` lost its pages. Hook-safe.
+    pub(crate) fn unmapped(&self, addr: u64, len: u64, may_wait: bool) {
+        if self.forked.load(SeqCst) || self.queue.is_closed() {
+            return;
+        }
+        let tries = if may_wait { TRIES_WAITING } else { TRIES_QUICK };
+        if self.pinned.overlaps(addr, len, tries) == Overlap::No {
+            self.stats.fast_returns.fetch_add(1, Relaxed);
+            return;
+        }
+        let wait = may_wait && !self.settings.timeout.is_zero();
+        let ticket = self.queue.push(addr, len, !wait);
+        if !wait {
+            self.stats.detached.fetch_add(1, Relaxed);
+            return;
+        }
+        self.stats.waits.fetch_add(1, Relaxed);
+        let t0 = Instant::now(); // clock_gettime through the vDSO: no allocation
+        if self.queue.wait(ticket, self.settings.timeout) == Waited::TimedOut {
+            self.stats.timeouts.fetch_add(1, Relaxed);
+        }
+        let ns = t0.elapsed().as_nanos().min(u64::MAX as u128) as u64;
+        self.stats.wait_ns.fetch_add(ns, Relaxed);
+        self.stats.wait_ns_max.fetch_max(ns, Relaxed);
+    }
+}

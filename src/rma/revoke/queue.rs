@@ -1,0 +1,408 @@
+//! Hook -> worker: the ranges whose firehoses must be revoked, in a fixed array of slots
+//! allocated once (the hook side never allocates, never locks; it sleeps on a futex).
+//!
+//! A slot's `state` word is its whole protocol (and the futex its waiter sleeps on):
+//! `FREE` -> (pusher) `CLAIMED` -> `QUEUED` -> (worker) `WORKING` -> `DONE` -> (waiter) `FREE`.
+//! `ORPHAN` is or-ed in when nobody waits (pushed detached, or the waiter gave up): then the
+//! worker frees the slot itself when the revoke is over. A waiter that gives up and a worker
+//! that finishes race on one compare-exchange, so exactly one of them frees the slot.
+//!
+//! When every slot is taken, a push asks for a *sweep* instead: the worker revokes everything
+//! peers hold here (always enough, never wrong, just expensive) and publishes the number of the
+//! last request it covered, which the overflowing waiter sleeps on.
+
+use super::futex;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::SeqCst};
+use std::time::{Duration, Instant};
+
+/// Slots of a queue made by `Revocation` (waiters at once before sweeps take over).
+pub const DEFAULT_SLOTS: usize = 64;
+
+const FREE: u32 = 0;
+const CLAIMED: u32 = 1;
+const QUEUED: u32 = 2;
+const WORKING: u32 = 3;
+const DONE: u32 = 4;
+const ORPHAN: u32 = 0x100;
+/// A waiter re-checks `closed` at least this often (a close between its check and its sleep
+/// changes no word it sleeps on).
+const SLICE: Duration = Duration::from_millis(50);
+
+#[derive(Default)]
+struct Slot {
+    state: AtomicU32,
+    addr: AtomicU64,
+    len: AtomicU64,
+}
+
+/// What a push got: a slot, or a sweep request (the queue was full).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ticket {
+    Slot(usize),
+    Sweep(u32),
+}
+
+/// How a wait ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Waited {
+    Done,
+    TimedOut,
+    /// The queue was closed (the context is going away): nothing more will be revoked.
+    Closed,
+}
+
+pub struct RevokeQueue {
+    slots: Box<[Slot]>,
+    /// Bumped by every push: the worker sleeps on it.
+    work: AtomicU32,
+    /// Sweep requests so far (the last one's number).
+    sweep_asked: AtomicU32,
+    /// The number of the last request a finished sweep covered: overflow waiters sleep on it.
+    sweep_done: AtomicU32,
+    closed: AtomicBool,
+}
+
+impl std::fmt::Debug for RevokeQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "RevokeQueue({} slots)", self.slots.len())
+    }
+}
+
+/// `a` is at or past `b` on a wrapping counter.
+fn reached(a: u32, b: u32) -> bool {
+    a.wrapping_sub(b) as i32 >= 0
+}
+
+impl RevokeQueue {
+    pub fn new(slots: usize) -> Self {
+        RevokeQueue {
+            slots: (0..slots.max(1)).map(|_| Slot::default()).collect(),
+            work: AtomicU32::new(0),
+            sweep_asked: AtomicU32::new(0),
+            sweep_done: AtomicU32::new(0),
+            closed: AtomicBool::new(false),
+        }
+    }
+
+    fn kick(&self) {
+        self.work.fetch_add(1, SeqCst);
+        futex::wake(&self.work, 1);
+    }
+
+    /// Hook side: queues a revoke of `[addr, addr + len)`. `detached`: nobody will wait for it.
+    /// No allocation, no lock.
+    pub fn push(&self, addr: u64, len: u64, detached: bool) -> Ticket {
+        for (i, s) in self.slots.iter().enumerate() {
+            if s.state.load(SeqCst) == FREE
+                && s.state
+                    .compare_exchange(FREE, CLAIMED, SeqCst, SeqCst)
+                    .is_ok()
+            {
+                s.addr.store(addr, SeqCst);
+                s.len.store(len, SeqCst);
+                let orphan = if detached { ORPHAN } else { 0 };
+                s.state.store(QUEUED | orphan, SeqCst);
+                self.kick();
+                return Ticket::Slot(i);
+            }
+        }
+        let req = self.sweep_asked.fetch_add(1, SeqCst).wrapping_add(1);
+        self.kick();
+        Ticket::Sweep(req)
+    }
+
+    /// Hook side: sleeps until the ticket's revoke is over, at most `timeout`. A slot is freed
+    /// here (or handed to the worker to free). No allocation, no lock.
+    pub fn wait(&self, t: Ticket, timeout: Duration) -> Waited {
+        let start = Instant::now();
+        match t {
+            Ticket::Slot(i) => {
+                let s = &self.slots[i];
+                loop {
+                    let st = s.state.load(SeqCst);
+                    if st == DONE {
+                        s.state.store(FREE, SeqCst);
+                        return Waited::Done;
+                    }
+                    let closed = self.closed.load(SeqCst);
+                    let left = timeout.saturating_sub(start.elapsed());
+                    if closed || left.is_zero() {
+                        // Leave it to the worker (or to nobody, once closed).
+                        if s.state
+                            .compare_exchange(st, st | ORPHAN, SeqCst, SeqCst)
+                            .is_ok()
+                        {
+                            return if closed {
+                                Waited::Closed
+                            } else {
+                                Waited::TimedOut
+                            };
+                        }
+                        continue; // the worker just finished: take it
+                    }
+                    futex::wait(&s.state, st, Some(left.min(SLICE)));
+                }
+            }
+            Ticket::Sweep(req) => loop {
+                let d = self.sweep_done.load(SeqCst);
+                if reached(d, req) {
+                    return Waited::Done;
+                }
+                if self.closed.load(SeqCst) {
+                    return Waited::Closed;
+                }
+                let left = timeout.saturating_sub(start.elapsed());
+                if left.is_zero() {
+                    return Waited::TimedOut;
+                }
+                futex::wait(&self.sweep_done, d, Some(left.min(SLICE)));
+            },
+        }
+    }
+
+    /// Worker side: the counter to pass to [`RevokeQueue::sleep`], read *before* looking for
+    /// work (a push after the read makes the sleep return at once).
+    pub fn work_seq(&self) -> u32 {
+        self.work.load(SeqCst)
+    }
+
+    /// Worker side: sleeps until a push after `seen`, a close, or `timeout`.
+    pub fn sleep(&self, seen: u32, timeout: Duration) {
+        if !self.closed.load(SeqCst) {
+            futex::wait(&self.work, seen, Some(timeout));
+        }
+    }
+
+    /// Worker side: takes every queued range (`f(slot, addr, len)`); each must later be
+    /// [`RevokeQueue::complete`]d. Returns how many.
+    pub fn take(&self, mut f: impl FnMut(usize, u64, u64)) -> usize {
+        let mut n = 0;
+        for (i, s) in self.slots.iter().enumerate() {
+            let st = s.state.load(SeqCst);
+            if st & !ORPHAN != QUEUED {
+                continue;
+            }
+            // A waiter may or-in ORPHAN meanwhile: then retry from the fresh value.
+            let mut cur = st;
+            loop {
+                let next = WORKING | (cur & ORPHAN);
+                match s.state.compare_exchange(cur, next, SeqCst, SeqCst) {
+                    Ok(_) => {
+                        f(i, s.addr.load(SeqCst), s.len.load(SeqCst));
+                        n += 1;
+                        break;
+                    }
+                    Err(now) if now & !ORPHAN == QUEUED => cur = now,
+                    Err(_) => break,
+                }
+            }
+        }
+        n
+    }
+
+    /// Worker side: the revoke of a taken slot is over: wake its waiter (or free it).
+    pub fn complete(&self, slot: usize) {
+        let s = &self.slots[slot];
+        loop {
+            let st = s.state.load(SeqCst);
+            if st & ORPHAN != 0 {
+                s.state.store(FREE, SeqCst);
+                break;
+            }
+            if s.state
+                .compare_exchange(WORKING, DONE, SeqCst, SeqCst)
+                .is_ok()
+            {
+                break;
+            }
+        }
+        futex::wake_all(&s.state);
+    }
+
+    /// Worker side: the newest sweep request, if one is not yet covered.
+    pub fn sweep_wanted(&self) -> Option<u32> {
+        let asked = self.sweep_asked.load(SeqCst);
+        (asked != self.sweep_done.load(SeqCst)).then_some(asked)
+    }
+
+    /// Worker side: a sweep started after request `req` was read is over.
+    pub fn sweep_finished(&self, req: u32) {
+        self.sweep_done.store(req, SeqCst);
+        futex::wake_all(&self.sweep_done);
+    }
+
+    /// Stops everything: waiters return `Closed`, the worker's sleep returns.
+    pub fn close(&self) {
+        self.closed.store(true, SeqCst);
+        self.kick();
+        futex::wake_all(&self.work);
+        for s in self.slots.iter() {
+            futex::wake_all(&s.state);
+        }
+        futex::wake_all(&self.sweep_done);
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(SeqCst)
+    }
+
+    /// Slots not free (tests: all come back).
+    pub fn busy(&self) -> usize {
+        self.slots
+            .iter()
+            .filter(|s| s.state.load(SeqCst) != FREE)
+            .count()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+    use std::sync::Arc;
+
+    /// A worker that completes whatever it takes (and sweeps), until closed.
+    fn worker(q: Arc<RevokeQueue>, seen_ranges: Arc<AtomicUsize>) -> std::thread::JoinHandle<()> {
+        std::thread::spawn(move || loop {
+            let seen = q.work_seq();
+            if q.is_closed() {
+                return;
+            }
+            let mut got = Vec::new();
+            q.take(|i, a, l| {
+                assert_eq!(l, a ^ 0x5555, "addr and len travel together");
+                got.push(i)
+            });
+            seen_ranges.fetch_add(got.len(), SeqCst);
+            for i in got {
+                q.complete(i);
+            }
+            if let Some(req) = q.sweep_wanted() {
+                q.sweep_finished(req);
+            }
+            q.sleep(seen, Duration::from_millis(20));
+        })
+    }
+
+    #[test]
+    fn push_wait_complete() {
+        let q = Arc::new(RevokeQueue::new(4));
+        let n = Arc::new(AtomicUsize::new(0));
+        let w = worker(q.clone(), n.clone());
+        let t = q.push(0x1000, 0x1000 ^ 0x5555, false);
+        assert_eq!(t, Ticket::Slot(0));
+        assert_eq!(q.wait(t, Duration::from_secs(10)), Waited::Done);
+        assert_eq!(q.busy(), 0, "the waiter freed its slot");
+        let t = q.push(0x2000, 0x2000 ^ 0x5555, true);
+        assert!(matches!(t, Ticket::Slot(_)));
+        let t0 = Instant::now();
+        while q.busy() != 0 {
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "detached slot freed by the worker"
+            );
+            std::thread::yield_now();
+        }
+        q.close();
+        w.join().unwrap();
+        assert_eq!(n.load(SeqCst), 2);
+    }
+
+    #[test]
+    fn timeout_orphans_and_worker_frees_later() {
+        let q = RevokeQueue::new(2);
+        let t = q.push(1, 1 ^ 0x5555, false);
+        let t0 = Instant::now();
+        assert_eq!(q.wait(t, Duration::from_millis(30)), Waited::TimedOut);
+        assert!(t0.elapsed() >= Duration::from_millis(25));
+        assert_eq!(q.busy(), 1, "still queued: the worker owns it now");
+        let mut taken = vec![];
+        q.take(|i, _, _| taken.push(i));
+        assert_eq!(taken, vec![0]);
+        q.complete(0);
+        assert_eq!(q.busy(), 0, "an orphan is freed by the worker");
+    }
+
+    #[test]
+    fn full_queue_asks_for_a_sweep() {
+        let q = RevokeQueue::new(1);
+        let a = q.push(1, 1 ^ 0x5555, false);
+        let b = q.push(2, 2 ^ 0x5555, false);
+        assert_eq!(a, Ticket::Slot(0));
+        assert_eq!(b, Ticket::Sweep(1));
+        assert_eq!(q.wait(b, Duration::from_millis(10)), Waited::TimedOut);
+        assert_eq!(q.sweep_wanted(), Some(1));
+        q.sweep_finished(1);
+        assert_eq!(q.sweep_wanted(), None);
+        assert_eq!(q.wait(b, Duration::from_millis(10)), Waited::Done);
+        let c = q.push(3, 3 ^ 0x5555, true);
+        assert_eq!(c, Ticket::Sweep(2), "numbered in order");
+    }
+
+    #[test]
+    fn close_releases_waiters() {
+        let q = Arc::new(RevokeQueue::new(1));
+        let q2 = q.clone();
+        let h = std::thread::spawn(move || {
+            let t = q2.push(1, 1 ^ 0x5555, false);
+            let u = q2.push(2, 2 ^ 0x5555, false);
+            (
+                q2.wait(t, Duration::from_secs(60)),
+                q2.wait(u, Duration::from_secs(60)),
+            )
+        });
+        std::thread::sleep(Duration::from_millis(20));
+        let t0 = Instant::now();
+        q.close();
+        assert_eq!(h.join().unwrap(), (Waited::Closed, Waited::Closed));
+        assert!(t0.elapsed() < Duration::from_secs(5));
+    }
+
+    /// 16 threads push and wait (some detached, some with a tiny timeout) through 8 slots, so
+    /// sweeps happen too: every waited push ends Done or TimedOut, every slot comes back.
+    #[test]
+    fn sixteen_threads_through_eight_slots() {
+        let q = Arc::new(RevokeQueue::new(8));
+        let n = Arc::new(AtomicUsize::new(0));
+        let w = worker(q.clone(), n.clone());
+        let hs: Vec<_> = (0..16u64)
+            .map(|t| {
+                let q = q.clone();
+                std::thread::spawn(move || {
+                    let mut done = 0;
+                    for k in 0..300u64 {
+                        let a = (t << 32) | k;
+                        let tk = q.push(a, a ^ 0x5555, k % 5 == 0);
+                        if k % 5 == 0 {
+                            continue;
+                        }
+                        let to = if k % 7 == 0 {
+                            Duration::ZERO
+                        } else {
+                            Duration::from_secs(30)
+                        };
+                        match q.wait(tk, to) {
+                            Waited::Done => done += 1,
+                            Waited::TimedOut => assert!(to.is_zero(), "only the zero timeouts"),
+                            Waited::Closed => panic!("not closed"),
+                        }
+                    }
+                    done
+                })
+            })
+            .collect();
+        let done: usize = hs.into_iter().map(|h| h.join().unwrap()).sum();
+        assert!(done > 16 * 200);
+        let t0 = Instant::now();
+        while q.busy() != 0 {
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "{} slots stuck",
+                q.busy()
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        q.close();
+        w.join().unwrap();
+    }
+}

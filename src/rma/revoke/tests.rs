@@ -1,0 +1,385 @@
+//! The listener, queue and worker together, over a fake driver whose revocations finish after a
+//! few progress rounds (or are held back), unpinning the range from the table as the real core
+//! does. The real `Rma` is exercised in the VM (`tests/verbs-suite.d/64-rma-revoke.sh`).
+
+use super::listener::RevokeListener;
+use super::*;
+use crate::firehose::InvalId;
+use crate::seam::UnmapEvent;
+use std::collections::HashSet;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// A revocation under way: its id, the pinned ranges it covered when it started, the progress
+/// rounds left before it finishes.
+type Pending = (u64, Vec<(u64, u64)>, u32);
+
+#[derive(Default)]
+struct FakeState {
+    next: u64,
+    pending: Vec<Pending>,
+    done: HashSet<u64>,
+    /// Nothing finishes while set.
+    hold: bool,
+    invalidated: Vec<(u64, u64)>,
+}
+
+#[derive(Clone)]
+struct Fake {
+    st: Arc<Mutex<FakeState>>,
+    pinned: Arc<PinnedRanges>,
+    /// Every pinned range the test inserted, to remove the ones a revocation covers.
+    all: Arc<Mutex<Vec<(u64, u64)>>>,
+}
+
+impl Fake {
+    fn new(pinned: Arc<PinnedRanges>) -> Fake {
+        Fake {
+            st: Arc::default(),
+            pinned,
+            all: Arc::default(),
+        }
+    }
+    fn pin(&self, a: u64, l: u64) {
+        self.pinned.insert(a, l as usize);
+        self.all.lock().unwrap().push((a, l));
+    }
+    fn hold(&self, on: bool) {
+        self.st.lock().unwrap().hold = on;
+    }
+    fn invalidated(&self) -> Vec<(u64, u64)> {
+        self.st.lock().unwrap().invalidated.clone()
+    }
+}
+
+impl Driver for Fake {
+    fn invalidate(&self, addr: u64, len: u64) -> Option<InvalId> {
+        let mut s = self.st.lock().unwrap();
+        s.next += 1;
+        let id = s.next;
+        // As the core: it revokes the regions pinned now; later pins are not its business.
+        let end = addr.saturating_add(len);
+        let covered = (self.all.lock().unwrap().iter())
+            .filter(|&&(ra, rl)| ra < end && ra + rl > addr)
+            .copied()
+            .collect();
+        s.pending.push((id, covered, 3));
+        s.invalidated.push((addr, len));
+        Some(InvalId(id))
+    }
+    fn is_done(&self, id: InvalId) -> Option<bool> {
+        Some(self.st.lock().unwrap().done.contains(&id.0))
+    }
+    fn progress(&self) -> Option<usize> {
+        let mut s = self.st.lock().unwrap();
+        if s.hold {
+            return Some(0);
+        }
+        let mut finished = Vec::new();
+        s.pending.retain_mut(|(id, covered, left)| {
+            *left -= 1;
+            if *left == 0 {
+                finished.push((*id, std::mem::take(covered)));
+                false
+            } else {
+                true
+            }
+        });
+        let n = finished.len();
+        for (id, covered) in finished {
+            // As the core does: the regions it covered are unpinned (once), then it is done.
+            let mut all = self.all.lock().unwrap();
+            for r in covered {
+                if let Some(i) = all.iter().position(|&x| x == r) {
+                    all.swap_remove(i);
+                    assert!(self.pinned.remove(r.0, r.1 as usize));
+                }
+            }
+            s.done.insert(id);
+        }
+        Some(n + 1)
+    }
+    fn wait_link(&self, d: Duration) {
+        std::thread::sleep(d.min(Duration::from_millis(1)));
+    }
+    fn probe_peers(&self) {}
+    fn probe_every(&self) -> Duration {
+        Duration::from_secs(1)
+    }
+}
+
+fn settings(timeout_ms: u64) -> RevokeSettings {
+    RevokeSettings {
+        enabled: true,
+        timeout: Duration::from_millis(timeout_ms),
+    }
+}
+
+/// A revocation with a fake driver, started; its listener is also subscribed (events from other
+/// tests reach it: each test uses its own addresses, `base`).
+fn started(timeout_ms: u64, slots: usize) -> (Revocation, Fake) {
+    let mut r = Revocation::new(settings(timeout_ms), slots);
+    let f = Fake::new(r.pinned());
+    r.start(Box::new(f.clone())).unwrap();
+    (r, f)
+}
+
+/// `overlaps`, retried while a writer is busy (Busy is a legitimate answer, not a result).
+fn settled(p: &PinnedRanges, a: u64, l: u64) -> Overlap {
+    loop {
+        match p.overlaps(a, l, 64) {
+            Overlap::Busy => std::thread::yield_now(),
+            o => return o,
+        }
+    }
+}
+
+fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
+    let t = Instant::now();
+    while !f() {
+        assert!(t.elapsed() < Duration::from_secs(20), "timed out: {what}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[test]
+fn no_overlap_returns_at_once_and_counts() {
+    let (r, f) = started(60_000, 8);
+    let base = 0x7100_0000_0000;
+    f.pin(base, 0x2000);
+    f.hold(true); // a wait would never end
+    r.shared.unmapped(base + 0x2000, 0x1000, true);
+    r.shared.unmapped(base - 0x1000, 0x1000, true);
+    let s = r.stats();
+    assert_eq!((s.fast_returns, s.waits, s.started), (2, 0, 0));
+    assert!(f.invalidated().is_empty());
+}
+
+#[test]
+fn overlap_waits_until_revoked_and_unpinned() {
+    let (r, f) = started(60_000, 8);
+    let base = 0x7200_0000_0000;
+    f.pin(base, 0x2000);
+    f.hold(true);
+    let sh = r.shared.clone();
+    let h = std::thread::spawn(move || sh.unmapped(base + 0x1000, 0x1000, true));
+    wait_until("revocation started", || !f.invalidated().is_empty());
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(
+        !h.is_finished(),
+        "the unmapping thread waits while holders have not acked"
+    );
+    assert_eq!(settled(&r.shared.pinned, base, 1), Overlap::Yes);
+    f.hold(false);
+    h.join().unwrap();
+    assert_eq!(
+        settled(&r.shared.pinned, base, 0x2000),
+        Overlap::No,
+        "unpinned before the unmap returned"
+    );
+    assert_eq!(f.invalidated(), vec![(base + 0x1000, 0x1000)]);
+    let s = r.stats();
+    assert_eq!((s.waits, s.started, s.completed, s.timeouts), (1, 1, 1, 0));
+    assert_eq!(r.shared.queue.busy(), 0);
+}
+
+#[test]
+fn inside_late_told_and_before_never_wait() {
+    let (r, f) = started(60_000, 8);
+    let base = 0x7300_0000_0000;
+    f.pin(base, 0x1000);
+    f.hold(true);
+    let l = RevokeListener(r.shared.clone());
+    let t = Instant::now();
+    l.on_event(base as usize, 0x1000, UnmapEvent::Before);
+    assert_eq!(r.stats().detached, 0, "Before queues nothing");
+    l.on_event(base as usize, 0x1000, UnmapEvent::Late);
+    l.on_event(base as usize, 0x1000, UnmapEvent::Told);
+    {
+        let _in = crate::inside::enter();
+        l.on_event(base as usize, 0x1000, UnmapEvent::Done);
+    }
+    assert!(t.elapsed() < Duration::from_secs(10));
+    let s = r.stats();
+    assert_eq!((s.detached, s.waits), (3, 0));
+    wait_until("three started", || r.stats().started == 3);
+    f.hold(false);
+    wait_until("all done, slots freed", || {
+        r.stats().completed == 3 && r.shared.queue.busy() == 0
+    });
+}
+
+#[test]
+fn timeout_bounds_the_wait_and_the_revoke_finishes_later() {
+    let (r, f) = started(60, 8);
+    let base = 0x7400_0000_0000;
+    f.pin(base, 0x1000);
+    f.hold(true);
+    let t = Instant::now();
+    r.shared.unmapped(base, 0x1000, true);
+    let took = t.elapsed();
+    assert!(took >= Duration::from_millis(55), "{took:?}");
+    assert!(took < Duration::from_secs(10), "{took:?}");
+    assert_eq!(r.stats().timeouts, 1);
+    assert_eq!(r.shared.queue.busy(), 1, "the worker still owns it");
+    f.hold(false);
+    wait_until("orphan freed", || r.shared.queue.busy() == 0);
+    assert_eq!(r.stats().completed, 1);
+    assert_eq!(settled(&r.shared.pinned, base, 0x1000), Overlap::No);
+}
+
+#[test]
+fn zero_timeout_never_waits() {
+    let (r, f) = started(0, 8);
+    let base = 0x7500_0000_0000;
+    f.pin(base, 0x1000);
+    f.hold(true);
+    r.shared.unmapped(base, 0x1000, true);
+    let s = r.stats();
+    assert_eq!((s.waits, s.detached), (0, 1));
+    f.hold(false);
+}
+
+#[test]
+fn forked_child_is_inert() {
+    let (r, f) = started(60_000, 8);
+    let base = 0x7600_0000_0000;
+    f.pin(base, 0x1000);
+    f.hold(true);
+    let l = RevokeListener(r.shared.clone());
+    l.forked();
+    l.on_event(base as usize, 0x1000, UnmapEvent::Done);
+    assert_eq!(
+        r.stats(),
+        RevokeStats::default(),
+        "nothing queued, nothing counted"
+    );
+}
+
+/// 16 threads each pin a range of their own, unmap it (waiting), and check it is unpinned when
+/// the unmap returns; 8 slots, so some pushes overflow into sweeps.
+#[test]
+fn sixteen_threads_each_see_their_range_unpinned() {
+    let (r, f) = started(60_000, 8);
+    let base = 0x7700_0000_0000u64;
+    let hs: Vec<_> = (0..16u64)
+        .map(|t| {
+            let (sh, f) = (r.shared.clone(), f.clone());
+            std::thread::spawn(move || {
+                for k in 0..40u64 {
+                    let a = base + (t << 24) + (k << 12);
+                    f.pin(a, 0x1000);
+                    sh.unmapped(a, 0x1000, true);
+                    assert_eq!(settled(&sh.pinned, a, 0x1000), Overlap::No, "t{t} k{k}");
+                }
+            })
+        })
+        .collect();
+    for h in hs {
+        h.join().unwrap();
+    }
+    let s = r.stats();
+    assert_eq!(s.waits, 16 * 40);
+    assert_eq!(s.timeouts, 0);
+    wait_until("every revocation finished", || {
+        let s = r.stats();
+        s.completed == s.started
+    });
+    assert_eq!(r.shared.queue.busy(), 0);
+    println!(
+        "16 threads x 40 unmaps: {} revocations, {} sweeps",
+        s.started, s.sweeps
+    );
+}
+
+/// Through the monitor's registry, as a hook delivers it.
+#[test]
+fn registry_delivers_done_to_the_subscribed_listener() {
+    let (mut r, f) = started(60_000, 8);
+    let base = 0x7800_0000_0000;
+    f.pin(base, 0x1000);
+    crate::monitor::notify_event_for_tests(base as usize, 0x1000, UnmapEvent::Done);
+    assert_eq!(r.stats().waits, 1);
+    assert_eq!(settled(&r.shared.pinned, base, 0x1000), Overlap::No);
+    r.stop();
+    r.stop(); // idempotent
+}
+
+#[test]
+fn stop_releases_a_waiter() {
+    let (mut r, f) = started(60_000, 8);
+    let base = 0x7900_0000_0000;
+    f.pin(base, 0x1000);
+    f.hold(true);
+    let sh = r.shared.clone();
+    let h = std::thread::spawn(move || sh.unmapped(base, 0x1000, true));
+    wait_until("started", || r.stats().started == 1);
+    let t = Instant::now();
+    r.stop();
+    h.join().unwrap();
+    assert!(t.elapsed() < Duration::from_secs(10));
+}
+
+/// What an unmap of memory no peer pinned costs the hook with 10 000 ranges pinned (run with
+/// --nocapture). Debug builds are slower; the bound only catches a linear scan.
+#[test]
+fn fast_path_cost() {
+    let r = Revocation::new(settings(1000), 8);
+    for i in 0..10_000u64 {
+        r.shared
+            .pinned
+            .insert(0x7a00_0000_0000 + i * 0x40000, 0x20000);
+    }
+    let n = 200_000u64;
+    let t = Instant::now();
+    for i in 0..n {
+        // Between two pinned ranges, never overlapping.
+        r.shared.unmapped(
+            0x7a00_0000_0000 + (i % 10_000) * 0x40000 + 0x20000,
+            0x10000,
+            true,
+        );
+    }
+    let per = t.elapsed().as_nanos() as f64 / n as f64;
+    let empty = Revocation::new(settings(1000), 8);
+    let t = Instant::now();
+    for i in 0..n {
+        empty.shared.unmapped(i << 12, 0x1000, true);
+    }
+    let per_empty = t.elapsed().as_nanos() as f64 / n as f64;
+    println!("fast path: {per:.1} ns with 10000 ranges, {per_empty:.1} ns with none");
+    assert_eq!(r.stats().fast_returns, n);
+    assert!(per < 5_000.0, "{per} ns per lookup");
+}
+
+/// The driver went away (its context dropped, or finalized): the worker ends and closes the
+/// queue, so an unmapping thread does not wait out its timeout for nothing.
+#[test]
+fn a_gone_driver_ends_the_worker_and_frees_waiters() {
+    struct Gone;
+    impl Driver for Gone {
+        fn invalidate(&self, _: u64, _: u64) -> Option<InvalId> {
+            None
+        }
+        fn is_done(&self, _: InvalId) -> Option<bool> {
+            None
+        }
+        fn progress(&self) -> Option<usize> {
+            None
+        }
+        fn wait_link(&self, _: Duration) {}
+        fn probe_peers(&self) {}
+        fn probe_every(&self) -> Duration {
+            Duration::from_secs(1)
+        }
+    }
+    let mut r = Revocation::new(settings(60_000), 8);
+    r.start(Box::new(Gone)).unwrap();
+    let base = 0x7b00_0000_0000;
+    r.pinned().insert(base, 0x1000);
+    let t = Instant::now();
+    r.shared.unmapped(base, 0x1000, true);
+    assert!(t.elapsed() < Duration::from_secs(10));
+    assert!(r.shared.queue.is_closed());
+    assert_eq!(r.stats().timeouts, 0);
+}

@@ -1,0 +1,128 @@
+//! The target side's pins: the regions peers asked Firehose to pin here, as verbs memory
+//! regions with remote read and write rights. Firehose decides what to pin and when to unpin;
+//! this only carries it out and remembers which `Mr` belongs to which grant.
+//!
+//! With remote invalidation on, it also keeps the table the memory hook checks
+//! (`revoke::PinnedRanges`: an entry goes in *before* the registration and out *after* the
+//! deregistration, see there why) and has userfaultfd watch each pinned range while it is pinned
+//! (a no-op unless the monitor opened userfaultfd), so raw `munmap` system calls and heap
+//! trimming of peer-pinned memory are seen too.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use super::revoke::PinnedRanges;
+use super::self_copy;
+use crate::firehose::{PinFailure, RegionPins};
+use crate::pin::verbs::{Mr, Pd, VerbsError};
+use crate::pin::Access;
+
+/// Rights of a remotely pinned region: peers put (remote write) and get (remote read); local
+/// write because remote write requires it.
+const REMOTE_RW: Access =
+    Access(Access::LOCAL_WRITE.0 | Access::REMOTE_WRITE.0 | Access::REMOTE_READ.0);
+
+/// Verbs registrations made for peers, by (start address, rkey).
+pub struct TargetPins {
+    pd: Arc<Pd>,
+    mrs: HashMap<(u64, u32), Mr>,
+    /// Bytes registered now (for stats and the bound check in tests).
+    bytes: u64,
+    /// `unpin` calls for a region this table does not hold (a Firehose bug if ever non-zero).
+    unknown_unpins: u64,
+    /// What the memory hook checks (`None`: remote invalidation off).
+    tracked: Option<Arc<PinnedRanges>>,
+}
+
+impl TargetPins {
+    pub fn new(pd: Arc<Pd>, tracked: Option<Arc<PinnedRanges>>) -> Self {
+        TargetPins {
+            pd,
+            mrs: HashMap::new(),
+            bytes: 0,
+            unknown_unpins: 0,
+            tracked,
+        }
+    }
+
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    pub fn regions(&self) -> usize {
+        self.mrs.len()
+    }
+
+    pub fn unknown_unpins(&self) -> u64 {
+        self.unknown_unpins
+    }
+}
+
+fn failure(e: &VerbsError) -> PinFailure {
+    match e {
+        VerbsError::Call { errno, .. } if *errno == libc::EFAULT => PinFailure::Unmapped,
+        VerbsError::Call { errno, .. } if *errno == libc::ENOMEM || *errno == libc::EAGAIN => {
+            PinFailure::NoMemory
+        }
+        _ => PinFailure::Other,
+    }
+}
+
+impl RegionPins for TargetPins {
+    fn pin(&mut self, addr: u64, len: usize) -> Result<u32, PinFailure> {
+        if let Some(t) = &self.tracked {
+            t.insert(addr, len);
+        }
+        let mr = match Mr::register(&self.pd, addr as usize, len, REMOTE_RW) {
+            Ok(mr) => mr,
+            Err(e) => {
+                if let Some(t) = &self.tracked {
+                    t.remove(addr, len);
+                }
+                return Err(failure(&e));
+            }
+        };
+        if self.tracked.is_some() {
+            crate::monitor::uffd_watch(addr as usize, len);
+        }
+        let rkey = mr.rkey();
+        self.bytes += len as u64;
+        // A (start, rkey) pair is unique while the region lives: the device never hands out a
+        // live rkey twice.
+        self.mrs.insert((addr, rkey), mr);
+        Ok(rkey)
+    }
+
+    fn unpin(&mut self, addr: u64, len: usize, rkey: u32) {
+        match self.mrs.remove(&(addr, rkey)) {
+            Some(mr) => {
+                drop(mr); // deregisters it
+                self.bytes -= len as u64;
+                if let Some(t) = &self.tracked {
+                    crate::monitor::uffd_unwatch(addr as usize, len);
+                    t.remove(addr, len);
+                }
+            }
+            None => self.unknown_unpins += 1,
+        }
+    }
+
+    fn write(&mut self, addr: u64, data: &[u8]) -> Result<(), PinFailure> {
+        // A put that rode in a move: copied here by the kernel, so an unmapped target range is
+        // an error for the initiator and never a fault in this process.
+        // SAFETY: `data` is a live slice, only read (a put reads the local side).
+        let r = unsafe {
+            self_copy::copy(
+                self_copy::Dir::Put,
+                data.as_ptr().cast_mut(),
+                addr,
+                data.len(),
+            )
+        };
+        r.map_err(|s| match s {
+            crate::status::fh_status::FH_ERR_NO_MEMORY => PinFailure::NoMemory,
+            crate::status::fh_status::FH_ERR_REMOTE_FAULT => PinFailure::Unmapped,
+            _ => PinFailure::Other,
+        })
+    }
+}
