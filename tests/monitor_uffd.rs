@@ -506,6 +506,50 @@ fn watch_across_anonymous_and_file_mappings_registers_the_anonymous_part() {
     unsafe { libc::munmap(a as *mut _, 8 * PAGE) };
 }
 
+/// Two watches of one span, one made while the span's lower half was not registrable (here a
+/// file mapping; in the field memory being unmapped and mapped again), so it counts only the
+/// upper half. An unwatch of that span must take the smaller count: taking the full one's would
+/// unregister the lower half while the full watch's region is still pinned there, and a raw
+/// munmap of it would go unseen (a stale registration).
+#[test]
+fn unwatch_of_a_twice_watched_span_keeps_the_fuller_watch_registered() {
+    let _s = serial();
+    let e = env();
+    let a = map(8 * PAGE);
+    let f = std::fs::File::open("/proc/self/exe").unwrap();
+    use std::os::fd::AsRawFd;
+    let remap = |flags: i32, fd: i32, prot: i32| {
+        // SAFETY: replaces the lower half of our own mapping.
+        let p = unsafe { libc::mmap(a as *mut _, 4 * PAGE, prot, flags | libc::MAP_FIXED, fd, 0) };
+        assert_eq!(p as usize, a);
+    };
+    remap(libc::MAP_PRIVATE, f.as_raw_fd(), libc::PROT_READ);
+    assert_eq!(monitor::uffd_watch(a, 8 * PAGE), 1, "the upper half only");
+    assert!(!registered(a) && registered(a + 4 * PAGE));
+    remap(
+        libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+        -1,
+        libc::PROT_READ | libc::PROT_WRITE,
+    );
+    assert_eq!(monitor::uffd_watch(a, 8 * PAGE), 1, "all of it now");
+    assert!(registered(a));
+    monitor::uffd_unwatch(a, 8 * PAGE);
+    assert!(
+        registered(a),
+        "the full watch's lower half was unregistered"
+    );
+    e.rec.clear();
+    raw_munmap(a, 2 * PAGE);
+    assert!(
+        e.rec.wait_cover(a, 2 * PAGE),
+        "raw munmap of a watched range unseen"
+    );
+    monitor::uffd_unwatch(a, 8 * PAGE);
+    assert!(!registered(a + 4 * PAGE), "left registered");
+    // SAFETY: our mapping.
+    unsafe { libc::munmap((a + 2 * PAGE) as *mut _, 6 * PAGE) };
+}
+
 /// hugetlbfs wants huge-page aligned bounds: a watch of a few small pages inside a huge page
 /// registers the whole (aligned) mapping instead, and its unwatch unregisters it. Not run without
 /// reserved huge pages (/proc/sys/vm/nr_hugepages).

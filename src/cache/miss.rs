@@ -1,6 +1,12 @@
 //! The miss path: under the mutex, drain, look again, detach overlaps and evict in one reader
-//! exclusion that also inserts the new region PENDING, then pin with readers running, publish,
-//! and tell the watcher. Without room the registration is handed out uncached.
+//! exclusion that also inserts the new region PENDING, tell the watcher, then pin with readers
+//! running and publish. Without room the registration is handed out uncached.
+//!
+//! Why the watcher hears of the range before the pin: an unmap that only the watcher reports (a raw system call, for userfaultfd) and
+//! that lands between the pin and a later `watch` is never reported, and the new region may cover
+//! memory its caller did not ask for (the union with overlapping regions, or the helper's pin
+//! ahead): those pages would stay pinned and cached after they went away. Seen once in 2400
+//! rounds of `case6_stale_threads_helper` (raw_munmap) when the watch came after the publish.
 
 use std::ptr::NonNull;
 use std::sync::atomic::Ordering;
@@ -75,15 +81,21 @@ impl Cache {
         w.state.spare = unpins;
         w.state.overlaps = overlaps;
         drop(w);
-        let (region, watch) = res?;
-        if let (Some(watcher), Some((ts, te))) = (&self.watcher, watch) {
-            watcher.watch(ts, te - ts);
-        }
-        Ok((region, watch.is_some()))
+        let (region, fresh) = res?;
+        Ok((region, fresh))
     }
 
-    /// The miss proper, cache mutex held. Returns the region and, if it entered the index, the
-    /// range to hand to the watcher. Leaves regions to unpin in `unpins` (the caller unpins them).
+    /// Tell the watcher about a PENDING region's range (undone by `drop_pending`, or at unpin).
+    fn watch_pending(&self, p: RegionPtr) {
+        if let Some(watcher) = &self.watcher {
+            // SAFETY: a PENDING region is ours (one holder: this miss) and live.
+            let r = unsafe { p.as_ref() };
+            watcher.watch(r.start, self.len_of(r));
+        }
+    }
+
+    /// The miss proper, cache mutex held. Returns the region and whether it entered the index
+    /// (and was watched). Leaves regions to unpin in `unpins` (the caller unpins them).
     ///
     /// A cached miss excludes readers once: to detach overlapping regions, evict, and insert the
     /// new region as PENDING, all before pinning. While it pins, hooks find the range in the index
@@ -100,7 +112,7 @@ impl Cache {
         by: MissBy,
         unpins: &mut Vec<RegionPtr>,
         overlaps: &mut Vec<RegionPtr>,
-    ) -> FhResult<(RegionPtr, Option<(usize, usize)>)> {
+    ) -> FhResult<(RegionPtr, bool)> {
         self.drain(w, unpins);
         let found = w
             .index()
@@ -115,7 +127,7 @@ impl Cache {
             if matches!(by, MissBy::Caller) {
                 self.slots[sid].add_hit(sid);
             }
-            return Ok((NonNull::from(r), None));
+            return Ok((NonNull::from(r), false));
         }
         match by {
             MissBy::Caller => self.c.misses.bump(w, 1),
@@ -170,6 +182,11 @@ impl Cache {
         // region indexed: a later miss would find it under the mutex and hand out its placeholder
         // keys (lkey 0) as a hit. The guard takes it out again while unwinding.
         let mut pending = PendingGuard { w, region: pending };
+        // Watched from before the pin (see the file's head): no moment in which pages pinned for
+        // this range go unwatched.
+        if let Some(p) = pending.region {
+            self.watch_pending(p);
+        }
         // Evicted regions go before the new pin (the backend may be at its limit).
         self.unpin_drain(w, unpins);
 
@@ -196,11 +213,23 @@ impl Cache {
                 Err(PinError::Failed(_)) if (ts, te, ta) != (start, end, access) => {
                     // The union may cover memory that is gone; the request alone may still pin.
                     (ts, te, ta) = (start, end, access);
-                    if pending.region.is_some() {
-                        self.drop_pending(w, pending.region.take());
-                        let x = w.exclude();
-                        // The record just freed is reused: this cannot run out.
-                        pending.region = self.insert_pending(&x, ts, te, ta);
+                    if let Some(old) = pending.region.take() {
+                        // SAFETY: ours and live (one holder: this miss).
+                        let union = unsafe { old.as_ref() };
+                        let (us, ul) = (union.start, self.len_of(union));
+                        self.unindex_pending(w, old);
+                        pending.region = {
+                            let x = w.exclude();
+                            // The record just freed is reused: this cannot run out.
+                            self.insert_pending(&x, ts, te, ta)
+                        };
+                        // The request's range is watched before the union's watch goes.
+                        if let Some(p) = pending.region {
+                            self.watch_pending(p);
+                        }
+                        if let Some(watcher) = &self.watcher {
+                            watcher.unwatch(us, ul);
+                        }
                         if pending.region.is_none() {
                             self.c.pin_failures.bump(w, 1);
                             return Err(fh_status::FH_ERR_NO_MEMORY);
@@ -238,7 +267,7 @@ impl Cache {
             };
             self.count_pin(w, len, false);
             self.c.uncached_total.bump(w, 1);
-            return Ok((region, None));
+            return Ok((region, false));
         };
         self.count_pin(w, len, true);
         // SAFETY: the pending region is ours (one holder: this miss) and live.
@@ -248,7 +277,7 @@ impl Cache {
         // the drain before the next lookup (every lookup drains first) detaches the region. This
         // caller's keys stay valid until its release either way.
         r.publish();
-        Ok((region, Some((ts, te))))
+        Ok((region, true))
     }
 
     /// Allocate a region record for `[ts, te)` (one holder, PENDING, placeholder keys) and put it
@@ -271,10 +300,18 @@ impl Cache {
         Some(region)
     }
 
-    /// Undo `insert_pending` after a failed pin. No drain runs between the insert and the pin, so
-    /// the region is still indexed; checked anyway, since removing an unindexed one would be wrong.
+    /// Undo `insert_pending` (and its `watch_pending`) after a failed pin. No drain runs between
+    /// the insert and the pin, so the region is still indexed; checked anyway, since removing an
+    /// unindexed one would be wrong.
     pub(super) fn drop_pending(&self, w: &Writer, pending: Option<RegionPtr>) {
         let Some(p) = pending else { return };
+        // SAFETY: ours and live (one holder: this miss).
+        self.unwatch(unsafe { p.as_ref() });
+        self.unindex_pending(w, p);
+    }
+
+    /// Take a PENDING region out of the index and free its record (its watch is the caller's).
+    fn unindex_pending(&self, w: &Writer, p: RegionPtr) {
         {
             let x = w.exclude();
             // SAFETY: ours and live; readers are excluded.

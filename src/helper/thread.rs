@@ -452,23 +452,18 @@ fn run(cache: &Arc<Cache>, s: &Shared, cfg: HelperConfig, cpu: Option<usize>) {
 /// `Cache::prefetch`, guarded against unmaps racing with it (see `monitor::unmap_log`): a range
 /// that a patched unmap is carrying out is not pinned, and a pin made while an overlapping unmap
 /// began is undone before the region is published (its invalidation may have run before the
-/// region was in the index). The range is watched with userfaultfd from before the pin (paired
-/// below), so an unmap made by a raw system call during the pin is reported too, while the region
-/// is in the index.
+/// region was in the index). An unmap by a raw system call during the pin is reported by
+/// userfaultfd: the cache watches a region's range from before its pin (`cache::miss`).
 fn prefetch_checked(cache: &Cache, k: Key) -> Result<bool, ()> {
     let (s, e) = (k.start, k.end);
-    crate::monitor::uffd_watch(s, e - s);
     let mark = unmap_log::mark();
-    let res = if unmap_log::in_flight_overlapping(s, e) {
-        Err(())
-    } else {
-        let still_valid = || !unmap_log::begun_since(mark, s, e);
-        cache
-            .prefetch(s, e - s, Access(k.access), &still_valid)
-            .map_err(|_| ())
-    };
-    crate::monitor::uffd_unwatch(s, e - s);
-    res
+    if unmap_log::in_flight_overlapping(s, e) {
+        return Err(());
+    }
+    let still_valid = || !unmap_log::begun_since(mark, s, e);
+    cache
+        .prefetch(s, e - s, Access(k.access), &still_valid)
+        .map_err(|_| ())
 }
 
 fn publish(s: &Shared, p: &Planner, i: &Integral, deferred: u64, cache: &Cache) {

@@ -533,13 +533,23 @@ pub fn unwatch(addr: usize, len: usize) {
     let fd = st.fd;
     sync_events(st, fd);
     // Among the watches of this span, a stale one first: if this call is really for a live one,
-    // that one stays registered until the last call for the span -- later, never too early.
+    // that one stays registered until the last call for the span -- later, never too early. Among
+    // live ones (the same span counted over different pieces: a watch made while part of the span
+    // was unmapped registers only the rest), the one counted over the fewest pages: taking the
+    // other's count would leave pages of a still-pinned range unregistered, so that a raw unmap
+    // of them went unseen (a stale registration); taking this one's, if wrong, only keeps pages
+    // registered until the other's `unwatch`.
     let keys = (s, e, 0, 0)..=(s, e, usize::MAX, usize::MAX);
     let pick = st
         .watches
         .range(keys.clone())
         .find(|(_, w)| w.stale > 0)
-        .or_else(|| st.watches.range(keys).find(|(_, w)| w.live > 0))
+        .or_else(|| {
+            st.watches
+                .range(keys)
+                .filter(|(_, w)| w.live > 0)
+                .min_by_key(|(k, _)| k.3.saturating_sub(k.2))
+        })
         .map(|(k, w)| (*k, *w));
     let Some((key, mut w)) = pick else {
         return; // not watched (userfaultfd was off then, or the child of a fork)

@@ -5,7 +5,7 @@
 //! With remote invalidation on, it also keeps the table the memory hook checks
 //! (`revoke::PinnedRanges`: an entry goes in *before* the registration and out *after* the
 //! deregistration, see there why) and has userfaultfd watch each pinned range while it is pinned
-//! (a no-op unless the monitor opened userfaultfd), so raw `munmap` system calls and heap
+//! (from before the pin; a no-op unless the monitor opened userfaultfd), so raw `munmap` system calls and heap
 //! trimming of peer-pinned memory are seen too.
 
 use std::collections::HashMap;
@@ -70,21 +70,23 @@ fn failure(e: &VerbsError) -> PinFailure {
 
 impl RegionPins for TargetPins {
     fn pin(&mut self, addr: u64, len: usize) -> Result<u32, PinFailure> {
+        // Tracked and watched from before the pin: an unmap by a raw system call that landed
+        // between the pin and a later watch would never be reported, and the peer's puts would
+        // go on landing in pages nobody maps any more.
         if let Some(t) = &self.tracked {
             t.insert(addr, len);
+            crate::monitor::uffd_watch(addr as usize, len);
         }
         let mr = match Mr::register(&self.pd, addr as usize, len, REMOTE_RW) {
             Ok(mr) => mr,
             Err(e) => {
                 if let Some(t) = &self.tracked {
+                    crate::monitor::uffd_unwatch(addr as usize, len);
                     t.remove(addr, len);
                 }
                 return Err(failure(&e));
             }
         };
-        if self.tracked.is_some() {
-            crate::monitor::uffd_watch(addr as usize, len);
-        }
         let rkey = mr.rkey();
         self.bytes += len as u64;
         // A (start, rkey) pair is unique while the region lives: the device never hands out a
