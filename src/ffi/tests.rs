@@ -278,28 +278,44 @@ fn null_everywhere() {
 }
 
 /// `fh_register` hands its caller's return address to the helper: the same call site gives the
-/// same value every time, two call sites give two values (0 only without naked functions).
+/// same value every time, two call sites give two values (0 only without naked functions). The
+/// two call sites are functions of their own, so that an optimised build cannot unroll the loop
+/// into more call sites than the source has.
 #[test]
 #[cfg(fh_naked)]
 fn register_reports_its_call_site() {
+    #[inline(never)]
+    fn site_a(c: *mut fh_cache, mr: *mut fh_mr) -> (fh_status, usize) {
+        // SAFETY: live cache; the NULL address is refused before anything is read.
+        let rc = unsafe { fh_register(c, null(), 4096, 0, mr) };
+        (rc, super::ops::LAST_SITE.with(|s| s.get()))
+    }
+    #[inline(never)]
+    fn site_b(c: *mut fh_cache, mr: *mut fh_mr) -> (fh_status, usize) {
+        // SAFETY: as in site_a.
+        let rc = unsafe { fh_register(c, null(), 8192, 0, mr) };
+        (rc, super::ops::LAST_SITE.with(|s| s.get()))
+    }
     let c = new_cache(&config()).unwrap();
     let mut mr = std::mem::MaybeUninit::<fh_mr>::uninit();
     let mut sites = Vec::new();
     for i in 0..4 {
         // Bad input (NULL address) still goes through the trampoline and changes nothing.
-        // SAFETY: live cache; the NULL address is refused before anything is read.
-        let rc = if i % 2 == 0 {
-            unsafe { fh_register(c, null(), 4096, 0, mr.as_mut_ptr()) }
-        } else {
-            unsafe { fh_register(c, null(), 8192, 0, mr.as_mut_ptr()) }
-        };
+        let f = if i % 2 == 0 { site_a } else { site_b };
+        let (rc, site) = std::hint::black_box(f)(c, mr.as_mut_ptr());
         assert_eq!(rc, FH_ERR_NULL);
-        sites.push(super::ops::LAST_SITE.with(|s| s.get()));
+        sites.push(site);
     }
-    let here = register_reports_its_call_site as *const () as usize;
+    let inside = |site: usize, f: usize| site > f && site < f + 4096;
     assert!(
-        sites.iter().all(|&s| s > here && s < here + 4096),
-        "{sites:x?} vs {here:x}"
+        inside(sites[0], site_a as *const () as usize),
+        "{sites:x?} vs {:x}",
+        site_a as *const () as usize
+    );
+    assert!(
+        inside(sites[1], site_b as *const () as usize),
+        "{sites:x?} vs {:x}",
+        site_b as *const () as usize
     );
     assert_eq!(sites[0], sites[2]);
     assert_eq!(sites[1], sites[3]);
