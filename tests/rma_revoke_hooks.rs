@@ -129,9 +129,31 @@ fn revocation() -> (Revocation, Fake) {
     (r, f)
 }
 
-fn mapped(a: usize) -> bool {
-    // SAFETY: msync(MS_ASYNC) only checks that the page-aligned range is mapped.
-    unsafe { libc::msync(a as *mut _, PAGE, libc::MS_ASYNC) == 0 }
+/// Written at the page whose unmap a test checks. "Unmapped" is checked by content, not by
+/// whether something is mapped there: another thread of the process (a new thread's stack guard,
+/// seen here in 7 runs of 30) may map into the hole while the unmapping thread waits.
+const MAGIC: [u8; 32] = *b"fh-revoke-test: the old page!!!!";
+
+fn put_magic(a: usize) {
+    // SAFETY: the caller's own mapped, writable page.
+    unsafe { std::ptr::copy_nonoverlapping(MAGIC.as_ptr(), a as *mut u8, MAGIC.len()) };
+}
+
+/// The old page is still mapped at `a` (its magic is readable there). Reads through
+/// process_vm_readv, which reports an unmapped or unreadable page as an error, never a fault.
+fn holds_magic(a: usize) -> bool {
+    let mut buf = [0u8; 32];
+    let local = libc::iovec {
+        iov_base: buf.as_mut_ptr() as *mut _,
+        iov_len: buf.len(),
+    };
+    let remote = libc::iovec {
+        iov_base: a as *mut _,
+        iov_len: buf.len(),
+    };
+    // SAFETY: reads this process's memory into a local buffer; faults become errors.
+    let n = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
+    n == buf.len() as isize && buf == MAGIC
 }
 
 fn errno() -> i32 {
@@ -159,6 +181,10 @@ fn blocks_until_revoked(
     unmap: impl FnOnce() -> i64 + Send + 'static,
 ) {
     f.open(false);
+    if let Some(g) = gone {
+        put_magic(g);
+        assert!(holds_magic(g), "the check below can fail");
+    }
     let calls = f.calls().len();
     let h = std::thread::spawn(move || {
         set_errno(libc::EBADF);
@@ -169,7 +195,7 @@ fn blocks_until_revoked(
     std::thread::sleep(Duration::from_millis(50));
     assert!(!h.is_finished(), "returned before the holders acked");
     if let Some(g) = gone {
-        assert!(!mapped(g), "the wait comes after the system call");
+        assert!(!holds_magic(g), "the wait comes after the system call");
     }
     f.open(true);
     let (r, e) = h.join().unwrap();
