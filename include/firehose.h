@@ -549,6 +549,11 @@ typedef struct fh_rma_stats {
      */
     uint64_t revoke_wait_ns;
     uint64_t revoke_wait_ns_max;
+    /**
+     * Small puts whose move carried no pins: this rank's firehoses on that peer were being
+     * evicted unused, so pinning would not have paid (`FH_SMALL_PUT_PINS=auto`).
+     */
+    uint64_t puts_in_move_unpinned;
 } fh_rma_stats;
 
 #ifdef __cplusplus

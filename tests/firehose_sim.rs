@@ -474,3 +474,118 @@ fn over_quota_move_is_refused() {
     }
     panic!("never reached the quota check");
 }
+
+/// Pins that only count (every address is mapped): for the small-put pinning policy.
+#[derive(Default)]
+struct CountPins {
+    pins: u64,
+    next: u32,
+}
+
+impl firehose::firehose::RegionPins for CountPins {
+    fn pin(&mut self, _: u64, _: usize) -> Result<u32, firehose::firehose::PinFailure> {
+        self.pins += 1;
+        self.next += 1;
+        Ok(self.next)
+    }
+    fn unpin(&mut self, _: u64, _: usize, _: u32) {}
+    fn write(&mut self, _: u64, _: &[u8]) -> Result<(), firehose::firehose::PinFailure> {
+        Ok(())
+    }
+}
+
+/// Rank 0 puts 8 bytes at a time to random slots of rank 1's first `ws` bytes, `n` puts per
+/// phase `(ws, n)` (blocking: each put completes before the next); region mode, F = 1 MiB,
+/// MAXVICTIM 512 KiB. Returns (hit rate, target pins, unpinned puts in moves) over the last
+/// 4000 puts.
+fn small_puts(auto: bool, phases: &[(u64, u64)], seed: u64) -> (f64, u64, u64) {
+    use firehose::firehose::Event;
+    let mk = |r| {
+        let mut c = FirehoseConfig::new(r, 2);
+        c.bucket_size = 4096;
+        c.m_bytes = 1 << 20;
+        c.max_victim_bytes = 512 << 10;
+        c.max_region_buckets = 32;
+        c.small_put_pins_auto = auto;
+        Firehose::new(c).unwrap()
+    };
+    let (mut a, mut b) = (mk(0), mk(1));
+    let (mut pa, mut pb) = (CountPins::default(), CountPins::default());
+    let mut rng = Rng(seed);
+    let mut before = (a.stats(), 0);
+    let total: u64 = phases.iter().map(|p| p.1).sum();
+    let wss = phases
+        .iter()
+        .flat_map(|&(ws, n)| std::iter::repeat(ws).take(n as usize));
+    for (op, ws) in (1..=total).zip(wss) {
+        if op == total - 3999 {
+            before = (a.stats(), pb.pins);
+        }
+        let raddr = BASE + rng.below(ws / 8) * 8;
+        match a.acquire(op, 1, raddr, 8, Some(&[7u8; 8])).unwrap() {
+            Acquire::Hit(_) => a.release(op).unwrap(),
+            Acquire::DoneInMove => loop {
+                while let Some((_, m)) = a.poll_transmit() {
+                    b.handle_message(0, &m, &mut pb).unwrap();
+                }
+                while let Some((_, m)) = b.poll_transmit() {
+                    a.handle_message(1, &m, &mut pa).unwrap();
+                }
+                match a.poll_event() {
+                    Some(Event::PutDone { op: o }) if o == op => break,
+                    Some(e) => panic!("unexpected {e:?}"),
+                    None => {}
+                }
+            },
+            Acquire::Pending => panic!("a small put never waits for a pin"),
+        }
+    }
+    let (s, s0) = (a.stats(), before.0);
+    let (h, m) = (s.hits - s0.hits, s.misses - s0.misses);
+    (
+        h as f64 / (h + m) as f64,
+        pb.pins - before.1,
+        s.puts_in_move_unpinned - s0.puts_in_move_unpinned,
+    )
+}
+
+/// `FH_SMALL_PUT_PINS=auto`: below M every small-put miss still pins (the hit rate reaches
+/// 100 %, as with `always`); far past M + MAXVICTIM, where firehoses are evicted unused, the
+/// target pins a fraction of what `always` makes it pin, at no loss of hit rate; and when the
+/// puts turn local again after that, pinning resumes and the hit rate comes back.
+#[test]
+fn small_puts_stop_pinning_only_when_pinning_does_not_pay() {
+    let below = [(768 << 10, 6000)];
+    let (h_auto, p_auto, u_auto) = small_puts(true, &below, 3);
+    let (h_always, p_always, u_always) = small_puts(false, &below, 3);
+    eprintln!("below M: auto hit {h_auto:.3} pins {p_auto} unpinned {u_auto}; always hit {h_always:.3} pins {p_always}");
+    assert_eq!(
+        (h_auto, u_auto, u_always),
+        (1.0, 0, 0),
+        "below M nothing changes"
+    );
+    assert_eq!(p_auto, p_always);
+
+    let past = [(6 << 20, 6000)];
+    let (h_auto, p_auto, u_auto) = small_puts(true, &past, 3);
+    let (h_always, p_always, u_always) = small_puts(false, &past, 3);
+    eprintln!("past the bound: auto hit {h_auto:.3} pins {p_auto} unpinned {u_auto}; always hit {h_always:.3} pins {p_always}");
+    assert_eq!(u_always, 0);
+    assert!(u_auto > 2000, "most misses ride unpinned: {u_auto}");
+    assert!(
+        p_auto * 4 < p_always,
+        "pins: auto {p_auto}, always {p_always}"
+    );
+    assert!(
+        h_auto >= h_always - 0.05,
+        "hit rate: auto {h_auto}, always {h_always}"
+    );
+
+    // Scattered, then a hot set of 512 KiB: measured over its last 4000 puts.
+    let (h_auto, _, _) = small_puts(true, &[(6 << 20, 6000), (512 << 10, 12000)], 3);
+    eprintln!("scattered then local: auto hit {h_auto:.3}");
+    assert!(
+        h_auto > 0.99,
+        "pinning resumes once it pays: hit rate {h_auto}"
+    );
+}

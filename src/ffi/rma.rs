@@ -65,6 +65,9 @@ pub struct fh_rma_stats {
     /// Time unmapping threads spent waiting for revocations: in total, and the longest wait (ns).
     pub revoke_wait_ns: u64,
     pub revoke_wait_ns_max: u64,
+    /// Small puts whose move carried no pins: this rank's firehoses on that peer were being
+    /// evicted unused, so pinning would not have paid (`FH_SMALL_PUT_PINS=auto`).
+    pub puts_in_move_unpinned: u64,
 }
 
 /// Starts one operation; `out` NULL makes it implicit (collected by `fh_quiet`).
@@ -291,6 +294,7 @@ pub unsafe extern "C" fn fh_get_rma_stats(ctx: *const fh_ctx, out: *mut fh_rma_s
             revoke_fast_returns: s.revoke.fast_returns,
             revoke_wait_ns: s.revoke.wait_ns,
             revoke_wait_ns_max: s.revoke.wait_ns_max,
+            puts_in_move_unpinned: s.fh.puts_in_move_unpinned,
         };
         // SAFETY: non-NULL checked; writable per the contract.
         unsafe { write_out(out, v) };

@@ -7,6 +7,7 @@
 //! | `FH_MAXVICTIM`   | MAXVICTIM: unreferenced pinned bytes kept for reuse | 16 MiB                     |
 //! | `FH_MAXREGION`   | largest region one pin covers (region mode)       | 128 KiB (GASNet's cap)       |
 //! | `FH_ADAPTIVE`    | `1`/`on`: lend idle peers' share to busy ones     | off                          |
+//! | `FH_SMALL_PUT_PINS` | `auto`: a small put that misses while a peer's firehoses are evicted unused rides in its move without pinning; `always`: every such move pins (the paper) | `auto` |
 //!
 //! Sizes take `k`/`m`/`g` suffixes (`crate::config::parse_size`). Defaults: GASNet splits a
 //! pinnable budget 75 % M / 25 % MAXVICTIM; we take a 64 MiB budget (48 + 16 MiB), which fits
@@ -49,6 +50,9 @@ pub struct FirehoseConfig {
     pub max_msg: usize,
     /// Lend idle peers' firehose share to busy peers (off by default).
     pub adaptive: bool,
+    /// A small put that misses carries pins for its buckets in its move only while pinning pays
+    /// (`initiator::thrash`); false: always (the paper's behaviour).
+    pub small_put_pins_auto: bool,
 }
 
 /// A bad setting: the variable (or field) and why.
@@ -95,6 +99,7 @@ impl FirehoseConfig {
             small_put_max: DEFAULT_SMALL_PUT_MAX,
             max_msg: DEFAULT_MAX_MSG,
             adaptive: false,
+            small_put_pins_auto: true,
         }
     }
 
@@ -152,6 +157,18 @@ impl FirehoseConfig {
                 "1" | "on" | "yes" | "true" => true,
                 "0" | "off" | "no" | "false" => false,
                 _ => return Err(err("FH_ADAPTIVE", format!("{v:?} is not 0/1/on/off"))),
+            };
+        }
+        if let Some(v) = get("FH_SMALL_PUT_PINS") {
+            c.small_put_pins_auto = match v.trim().to_ascii_lowercase().as_str() {
+                "auto" => true,
+                "always" => false,
+                _ => {
+                    return Err(err(
+                        "FH_SMALL_PUT_PINS",
+                        format!("{v:?} is not auto/always"),
+                    ))
+                }
             };
         }
         c.validate()?;
@@ -297,6 +314,12 @@ mod tests {
         assert_eq!(c.max_region_buckets, 8);
         assert!(c.adaptive);
         assert_eq!(c.firehoses_per_peer(), 1024);
+        assert!(c.small_put_pins_auto);
+        assert!(
+            !with(2, &[("FH_SMALL_PUT_PINS", "always")])
+                .unwrap()
+                .small_put_pins_auto
+        );
     }
 
     #[test]
@@ -321,6 +344,7 @@ mod tests {
             (2, "FH_MAXREGION", "6000"),
             (2, "FH_MAXREGION", "96k"),
             (2, "FH_ADAPTIVE", "maybe"),
+            (2, "FH_SMALL_PUT_PINS", "never"),
         ] {
             let e = with(size, &[(var, val)]).unwrap_err();
             assert_eq!(e.var, var, "{var}={val}: {e}");

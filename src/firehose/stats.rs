@@ -13,6 +13,9 @@ pub struct FirehoseStats {
     pub moves_sent: u64,
     /// Initiator: small puts that rode inside a move.
     pub puts_in_move: u64,
+    /// Initiator: of those, moves that carried no pins because the peer's evicted firehoses
+    /// had gone unused (pinning did not pay: `FH_SMALL_PUT_PINS=auto`).
+    pub puts_in_move_unpinned: u64,
     /// Initiator: ops that ended in `Event::Failed`.
     pub failures: u64,
     /// Initiator: firehoses given up because their target revoked them.

@@ -89,6 +89,7 @@ impl Initiator {
         if hit {
             for &id in fhs.iter() {
                 self.take_ref(id);
+                self.fhs[id as usize].uses = self.fhs[id as usize].uses.saturating_add(1);
             }
             self.ops.insert(
                 op,

@@ -59,6 +59,7 @@ impl Initiator {
             if best.is_none() {
                 if let Some(&m) = self.peers[peer as usize].map.get(&b) {
                     self.take_ref(m);
+                    self.fhs[m as usize].uses = self.fhs[m as usize].uses.saturating_add(1);
                     held.push(m);
                     let fh = &self.fhs[m as usize];
                     best = Some(fh.start + fh.nb as u64);
@@ -207,7 +208,10 @@ impl Initiator {
         let need = new.len() as u64 * r;
         let mut releases = Vec::new();
         let mut pins = Vec::new();
-        if !new.is_empty() && p.blocked.is_empty() && self.fits(peer, need) {
+        let admissible = !new.is_empty() && p.blocked.is_empty() && self.fits(peer, need);
+        if admissible && !self.small_put_pins(peer) {
+            st.puts_in_move_unpinned += 1;
+        } else if admissible {
             self.ask_for_more(peer, need, out);
             releases = self.evict_for(peer, need);
             pins = new
@@ -265,6 +269,7 @@ impl Initiator {
                 .expect("fits() was checked");
             p.fifo_buckets -= self.fhs[id as usize].nb as u64;
             rel.push(self.fhs[id as usize].handle);
+            self.note_evicted(peer, self.fhs[id as usize].uses);
             self.unmap(id);
             self.forget(id, false);
         }
@@ -285,6 +290,7 @@ impl Initiator {
             };
             p.fifo_buckets -= self.fhs[id as usize].nb as u64;
             rel.push(self.fhs[id as usize].handle);
+            self.note_evicted(peer, self.fhs[id as usize].uses);
             self.unmap(id);
             self.forget(id, false);
         }

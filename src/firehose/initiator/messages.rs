@@ -134,6 +134,7 @@ impl Initiator {
             rkey: g.rkey,
             refs: 0,
             revoked: false,
+            uses: 0,
         };
         let id = match self.fh_free.pop() {
             Some(i) => {

@@ -15,6 +15,7 @@
 mod acquire;
 mod advance;
 mod messages;
+mod thrash;
 
 use super::fifo::{Links, List};
 use super::small::{Inline2, IntMap};
@@ -32,6 +33,8 @@ pub(crate) struct Fh {
     pub refs: u32,
     /// The target revoked it: out of the bucket map; ack once refs reach 0.
     pub revoked: bool,
+    /// Ops that used it after the one it was pinned for (`thrash`: did pinning pay?).
+    pub uses: u32,
 }
 
 #[derive(Debug)]
@@ -83,6 +86,9 @@ pub(crate) struct PeerI {
     pub last_req: u32,
     /// Adaptive: the target cut our quota to this; ack once `charged` fits.
     pub cut: Option<u64>,
+    /// `thrash`: score of evicted firehoses (unused ones raise it), and the sample counter.
+    pub waste: u8,
+    pub sample: u8,
 }
 
 #[derive(Debug)]
@@ -98,6 +104,8 @@ pub(crate) struct Initiator {
     pub r: u32,
     pub max_op_len: usize,
     pub small_put_max: usize,
+    /// `FirehoseConfig::small_put_pins_auto`.
+    pub small_put_pins_auto: bool,
     pub max_msg: usize,
     pub adaptive: bool,
     pub peers: Vec<PeerI>,
@@ -123,6 +131,7 @@ impl Initiator {
             r: cfg.region_buckets(),
             max_op_len: cfg.max_op_len(),
             small_put_max: cfg.small_put_max,
+            small_put_pins_auto: cfg.small_put_pins_auto,
             max_msg: cfg.max_msg,
             adaptive: cfg.adaptive,
             peers: (0..cfg.size)
