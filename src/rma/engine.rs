@@ -60,8 +60,9 @@ pub struct RmaStats {
 
 struct Engine {
     fh: Firehose,
-    /// `None` in a job of one (nothing is ever pinned for a peer).
-    pins: Option<TargetPins>,
+    /// `None` in a job of one (nothing is ever pinned for a peer). `TargetPins` (verbs) from
+    /// `new`, whatever `with_pins` was given otherwise.
+    pins: Option<Box<dyn RegionPins + Send>>,
 }
 
 /// Pins for a job of one: never called (the algorithm has no peers), refuse if it is.
@@ -76,7 +77,8 @@ impl RegionPins for NoPins {
     }
 }
 
-/// Puts and gets of one context. Build with `Rma::new` (registers the endpoint handlers).
+/// Puts and gets of one context. Build with `Rma::new` (registers the endpoint handlers), or
+/// `Rma::with_pins` over a simulated link.
 pub struct Rma {
     peers: Arc<Peers>,
     engine: Mutex<Engine>,
@@ -120,27 +122,66 @@ impl Rma {
     /// Puts and gets over `peers`. `local` registers the caller's buffers on the link's
     /// protection domain (required with more than one rank). Registers the Firehose message
     /// handler, the RDMA completion handler and the peer-loss handler on the endpoint.
+    /// Settings from the environment (`FH_M`, ..., `FH_REMOTE_INVALIDATION`); the target's pins
+    /// are verbs memory regions on `peers.pd()`.
     pub fn new(peers: Arc<Peers>, local: Option<Arc<Cache>>) -> FhResult<Arc<Rma>> {
         let (rank, size) = (peers.rank(), peers.size());
-        let mut cfg = FirehoseConfig::from_env(rank, size).map_err(|e| {
+        let cfg = FirehoseConfig::from_env(rank, size).map_err(|e| {
             eprintln!("firehose: {}: {}", e.var, e.msg);
             fh_status::FH_ERR_BAD_CONFIG
         })?;
+        let rs = RevokeSettings::from_env()?;
+        let revocation =
+            (size > 1 && rs.enabled).then(|| Revocation::new(rs, revoke::queue::DEFAULT_SLOTS));
+        let pins = match peers.pd() {
+            Some(pd) if size > 1 => Some(Box::new(TargetPins::new(
+                pd.clone(),
+                revocation.as_ref().map(|r| r.pinned()),
+            )) as Box<dyn RegionPins + Send>),
+            _ => None,
+        };
+        Self::build(peers, local, cfg, pins, revocation)
+    }
+
+    /// For simulation and tests: puts and gets over `peers` with the algorithm's settings
+    /// given (`cfg`, for this rank and size; `max_msg` is capped by the endpoint as in `new`)
+    /// and the target's pins carried out by `pins` (e.g. `super::sim_pins::SimPins` over a
+    /// `net::sim::SimNet`), no device needed. Remote invalidation is off (nothing watches this
+    /// rank's unmaps). `local` registers the caller's buffers (any backend whose keys the link
+    /// accepts: the simulator does not check lkeys).
+    pub fn with_pins(
+        peers: Arc<Peers>,
+        local: Option<Arc<Cache>>,
+        cfg: FirehoseConfig,
+        pins: Box<dyn RegionPins + Send>,
+    ) -> FhResult<Arc<Rma>> {
+        if cfg.rank != peers.rank() || cfg.size != peers.size() {
+            eprintln!(
+                "firehose: config for rank {} of {}, peers are rank {} of {}",
+                cfg.rank,
+                cfg.size,
+                peers.rank(),
+                peers.size()
+            );
+            return Err(fh_status::FH_ERR_BAD_CONFIG);
+        }
+        Self::build(peers, local, cfg, Some(pins), None)
+    }
+
+    fn build(
+        peers: Arc<Peers>,
+        local: Option<Arc<Cache>>,
+        mut cfg: FirehoseConfig,
+        pins: Option<Box<dyn RegionPins + Send>>,
+        mut revocation: Option<Revocation>,
+    ) -> FhResult<Arc<Rma>> {
+        let (rank, size) = (peers.rank(), peers.size());
         cfg.max_msg = cfg.max_msg.min(peers.am().max_payload());
         let fh = Firehose::new(cfg).map_err(|e| {
             eprintln!("firehose: {}: {}", e.var, e.msg);
             fh_status::FH_ERR_BAD_CONFIG
         })?;
-        let rs = RevokeSettings::from_env()?;
-        let mut revocation =
-            (size > 1 && rs.enabled).then(|| Revocation::new(rs, revoke::queue::DEFAULT_SLOTS));
-        let pins = match peers.pd() {
-            Some(pd) if size > 1 => Some(TargetPins::new(
-                pd.clone(),
-                revocation.as_ref().map(|r| r.pinned()),
-            )),
-            _ => None,
-        };
+        let pins = if size > 1 { pins } else { None };
         if size > 1 && (pins.is_none() || local.is_none()) {
             return Err(fh_status::FH_ERR_NO_DEVICE);
         }
@@ -210,7 +251,7 @@ impl Rma {
             let mut g = lock(&self.engine);
             let Engine { fh, pins } = &mut *g;
             let r = match pins {
-                Some(p) => f(fh, p),
+                Some(p) => f(fh, p.as_mut()),
                 None => f(fh, &mut NoPins),
             };
             while let Some((to, msg)) = fh.poll_transmit() {
