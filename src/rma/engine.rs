@@ -91,6 +91,8 @@ pub struct Rma {
     max_chunk: usize,
     small_put_max: usize,
     counters: Counters,
+    /// The last request or chunk id handed out.
+    next_id: AtomicU64,
     /// Peers the endpoint declared lost, not yet told to the algorithm (a leaf lock).
     lost: Mutex<Vec<Rank>>,
     /// Remote invalidation (`None`: off, or a job of one). Stopped first when the `Rma` goes.
@@ -200,6 +202,7 @@ impl Rma {
             size,
             max_chunk,
             counters: Counters::default(),
+            next_id: AtomicU64::new(0),
             lost: Mutex::new(Vec::new()),
             revoke: Mutex::new(None),
             peers,
@@ -236,6 +239,11 @@ impl Rma {
                 lock(&r.lost).push(peer);
             }
         })));
+    }
+
+    /// A fresh request or chunk id (never reused, never 0: 0 is no handle in C).
+    fn new_id(&self) -> u64 {
+        self.next_id.fetch_add(1, Relaxed) + 1
     }
 
     pub fn peers(&self) -> &Arc<Peers> {
@@ -310,7 +318,8 @@ impl Rma {
         self.after(chunk, f);
     }
 
-    /// Posts one RDMA per segment of chunk `op` (its firehoses are held until the last ends).
+    /// Posts one RDMA per segment of chunk `op` (its firehoses are held until the last ends):
+    /// a `Ready` event, the chunk waited in the table.
     fn post_segs(&self, op: u64, segs: &[Seg]) {
         let c = {
             let mut ops = lock(&self.ops);
@@ -321,6 +330,12 @@ impl Rma {
             c.segs_left = segs.len() as u32;
             c.clone()
         };
+        self.post(op, &c, segs);
+    }
+
+    /// Posts the segments of chunk `op`, already recorded in the table (`holds_refs`,
+    /// `segs_left`); `c` is its copy (the fields a post reads never change).
+    fn post(&self, op: u64, c: &Chunk, segs: &[Seg]) {
         if segs.is_empty() {
             self.seg_done_empty(op);
             return;
@@ -398,55 +413,54 @@ impl Rma {
         let cache = self.local.as_ref().ok_or(fh_status::FH_ERR_NO_DEVICE)?;
         let reg = cache.register(local as usize, len, Access::LOCAL_WRITE)?;
         let n = len.div_ceil(self.max_chunk);
-        let (req, first) = {
-            let mut ops = lock(&self.ops);
-            let req = ops.id();
-            ops.reqs.insert(
-                req,
-                Request {
-                    chunks_left: n as u32,
-                    reg: Some(reg.handle),
-                    error: None,
-                    implicit,
-                    done: false,
-                },
-            );
-            let mut first = 0;
-            for i in 0..n {
-                let off = i * self.max_chunk;
-                let id = ops.id();
-                if i == 0 {
-                    first = id;
-                }
-                ops.chunks.insert(
-                    id,
-                    Chunk {
-                        req,
-                        peer,
-                        kind,
-                        local: local as u64 + off as u64,
-                        lkey: reg.lkey,
-                        raddr: raddr + off as u64,
-                        segs_left: 0,
-                        holds_refs: false,
-                        error: None,
-                    },
-                );
-            }
-            (req, first)
-        };
-        // Chunk ids are consecutive (one table lock handed them out).
-        for i in 0..n as u64 {
-            let id = first + i;
-            let off = (i as usize) * self.max_chunk;
+        let req = self.new_id();
+        for i in 0..n {
+            let off = i * self.max_chunk;
+            let id = self.new_id();
             let clen = (len - off).min(self.max_chunk);
-            let c_raddr = raddr + off as u64;
+            let mut chunk = Chunk {
+                req,
+                peer,
+                kind,
+                local: local as u64 + off as u64,
+                lkey: reg.lkey,
+                raddr: raddr + off as u64,
+                segs_left: 0,
+                holds_refs: false,
+                error: None,
+            };
             let small = (kind == RdmaKind::Write && clen <= self.small_put_max).then(|| {
                 // SAFETY: inside the caller's buffer, readable for a put (contract).
                 unsafe { std::slice::from_raw_parts(local.add(off), clen) }
             });
-            match self.with_core(|fh, _| fh.acquire(id, peer, c_raddr, clen, small)) {
-                Ok(Acquire::Hit(segs)) => self.post_segs(id, &segs),
+            // The chunk (with the first, the request) enters the table in the engine's
+            // critical section that acquires it (engine -> ops, ops a leaf): no event or
+            // completion about it can be handled before it is there, and a hit is recorded
+            // with its segments by the same table lock.
+            let r = self.with_core(|fh, _| {
+                let r = fh.acquire(id, peer, chunk.raddr, clen, small);
+                if let Ok(Acquire::Hit(segs)) = &r {
+                    chunk.holds_refs = true;
+                    chunk.segs_left = segs.len() as u32;
+                }
+                let mut ops = lock(&self.ops);
+                if i == 0 {
+                    ops.reqs.insert(
+                        req,
+                        Request {
+                            chunks_left: n as u32,
+                            reg: Some(reg.handle),
+                            error: None,
+                            implicit,
+                            done: false,
+                        },
+                    );
+                }
+                ops.chunks.insert(id, chunk.clone());
+                r
+            });
+            match r {
+                Ok(Acquire::Hit(segs)) => self.post(id, &chunk, &segs),
                 Ok(Acquire::Pending) | Ok(Acquire::DoneInMove) => {}
                 Err(e) => {
                     let f = lock(&self.ops).finish_chunk(id, Some(status_of(e)));
@@ -459,8 +473,8 @@ impl Rma {
 
     /// A request that finished at once (a local copy).
     fn done_request(&self, r: FhResult<()>, implicit: bool) -> u64 {
+        let req = self.new_id();
         let mut ops = lock(&self.ops);
-        let req = ops.id();
         if implicit {
             if let Err(e) = r {
                 ops.implicit_error.get_or_insert(e);
