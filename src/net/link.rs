@@ -166,6 +166,8 @@ pub trait Link: Send + Sync {
         msgs.iter().try_for_each(|m| self.send(peer, m))
     }
     /// Delivers what has arrived, without blocking. Returns the number of events delivered.
+    /// Received messages are handed to `on_event` by one poller at a time (a concurrent or
+    /// nested `poll` skips them), so each pair's messages reach the callback in order.
     fn poll(&self, on_event: &mut dyn FnMut(LinkEvent<'_>)) -> Result<usize, LinkError>;
     /// Blocks until something may have arrived, or `timeout` passed (the progress thread sleeps
     /// here: verbs waits on the completion channel). Spurious wakeups are allowed.

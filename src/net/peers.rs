@@ -1,6 +1,8 @@
 //! `Peers`: a job's ranks wired together. Bootstrap (given, or from the environment) -> one link
 //! (verbs RC on a device; none for a job of one) -> the active-message endpoint on it, plus the
 //! barrier over it. This is what `fh_init` builds and what Firehose will send its moves through.
+//! For simulation and tests, `Peers::from_link` puts the endpoint on an existing link instead
+//! (no bootstrap, no device).
 
 use super::am::Am;
 use super::barrier::AmBarrier;
@@ -69,7 +71,8 @@ pub struct Peers {
     pd: Option<Arc<Pd>>,
     settings: NetSettings,
     /// In a mutex only to make `Peers` `Sync` (a bootstrap is `Send`); used at setup only.
-    _bootstrap: std::sync::Mutex<Box<dyn Bootstrap>>,
+    /// `None` for a `Peers` built on a given link (`from_link`: simulation and tests).
+    _bootstrap: Option<std::sync::Mutex<Box<dyn Bootstrap>>>,
 }
 
 fn bootstrap_status(e: impl std::fmt::Display) -> fh_status {
@@ -117,7 +120,24 @@ impl Peers {
             link,
             pd,
             settings: cfg.settings,
-            _bootstrap: std::sync::Mutex::new(boot),
+            _bootstrap: Some(std::sync::Mutex::new(boot)),
+        })
+    }
+
+    /// For simulation and tests: the peers of an existing link (e.g. one rank of a
+    /// `net::sim::SimNet`), with no bootstrap and no device (`pd()` is `None`). Not collective:
+    /// every rank of the link builds its own. The progress thread is left stopped (as with
+    /// `defer_progress`): call [`Peers::start_progress`] once the owner's handlers are in.
+    pub fn from_link(link: Arc<dyn Link>, settings: NetSettings) -> FhResult<Peers> {
+        let am = Am::new_paused(link.clone(), settings)?;
+        let barrier = AmBarrier::register(&am);
+        Ok(Peers {
+            am,
+            barrier,
+            link,
+            pd: None,
+            settings,
+            _bootstrap: None,
         })
     }
 

@@ -6,6 +6,8 @@
 //!   delivers one in-flight message of a pair chosen by the RNG: a run is a function of the seed)
 //!   or `Auto` (a rank's `poll` first delivers everything in flight to it, senders interleaved by
 //!   the RNG: for tests with real threads and the progress thread; `wait` sleeps on a condvar).
+//!   One `poll` at a time hands out a rank's arrivals (as verbs serialises receive polls), so
+//!   handlers see each pair's messages in order even with many threads polling.
 //! - Faults: `drop_connection` (both ends get `PeerLost`, in-flight messages vanish, later sends
 //!   fail), `silence` (a rank dies with no event: only a `probe` of it reveals the loss), `inject`
 //!   (raw bytes from any rank, for garbage).
@@ -143,6 +145,8 @@ struct Shared {
     cfg: SimConfig,
     state: Mutex<State>,
     arrived: Condvar,
+    /// Per rank: held by the one `poll` handing out its arrivals (see `SimLink::poll`).
+    handing_out: Vec<Mutex<()>>,
 }
 
 /// The simulated network; hands out one `SimLink` per rank.
@@ -325,6 +329,7 @@ impl SimNet {
                 cfg,
                 state: Mutex::new(st),
                 arrived: Condvar::new(),
+                handing_out: (0..n).map(|_| Mutex::new(())).collect(),
             }),
         }
     }
@@ -528,6 +533,16 @@ impl Link for SimLink {
                 }
             }
         }
+        // One poller at a time hands out a rank's arrivals, as verbs serialises its receive
+        // polls: two threads each running the callback of one of two messages from the same
+        // peer could otherwise run them out of order, and the layers above rely on per-pair
+        // FIFO up to their handlers (Firehose's messages). A concurrent poll (or a nested one
+        // from a callback) finds it taken and hands out nothing.
+        let _handing_out = match self.sh.handing_out[me].try_lock() {
+            Ok(g) => g,
+            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return Ok(0),
+        };
         // Hand out what arrived (bounded, so one poll cannot starve its caller), with the lock
         // released around each callback: a handler may send.
         let mut count = 0;

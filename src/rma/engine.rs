@@ -60,8 +60,9 @@ pub struct RmaStats {
 
 struct Engine {
     fh: Firehose,
-    /// `None` in a job of one (nothing is ever pinned for a peer).
-    pins: Option<TargetPins>,
+    /// `None` in a job of one (nothing is ever pinned for a peer). `TargetPins` (verbs) from
+    /// `new`, whatever `with_pins` was given otherwise.
+    pins: Option<Box<dyn RegionPins + Send>>,
 }
 
 /// Pins for a job of one: never called (the algorithm has no peers), refuse if it is.
@@ -76,7 +77,8 @@ impl RegionPins for NoPins {
     }
 }
 
-/// Puts and gets of one context. Build with `Rma::new` (registers the endpoint handlers).
+/// Puts and gets of one context. Build with `Rma::new` (registers the endpoint handlers), or
+/// `Rma::with_pins` over a simulated link.
 pub struct Rma {
     peers: Arc<Peers>,
     engine: Mutex<Engine>,
@@ -89,6 +91,8 @@ pub struct Rma {
     max_chunk: usize,
     small_put_max: usize,
     counters: Counters,
+    /// The last request or chunk id handed out.
+    next_id: AtomicU64,
     /// Peers the endpoint declared lost, not yet told to the algorithm (a leaf lock).
     lost: Mutex<Vec<Rank>>,
     /// Remote invalidation (`None`: off, or a job of one). Stopped first when the `Rma` goes.
@@ -120,27 +124,66 @@ impl Rma {
     /// Puts and gets over `peers`. `local` registers the caller's buffers on the link's
     /// protection domain (required with more than one rank). Registers the Firehose message
     /// handler, the RDMA completion handler and the peer-loss handler on the endpoint.
+    /// Settings from the environment (`FH_M`, ..., `FH_REMOTE_INVALIDATION`); the target's pins
+    /// are verbs memory regions on `peers.pd()`.
     pub fn new(peers: Arc<Peers>, local: Option<Arc<Cache>>) -> FhResult<Arc<Rma>> {
         let (rank, size) = (peers.rank(), peers.size());
-        let mut cfg = FirehoseConfig::from_env(rank, size).map_err(|e| {
+        let cfg = FirehoseConfig::from_env(rank, size).map_err(|e| {
             eprintln!("firehose: {}: {}", e.var, e.msg);
             fh_status::FH_ERR_BAD_CONFIG
         })?;
+        let rs = RevokeSettings::from_env()?;
+        let revocation =
+            (size > 1 && rs.enabled).then(|| Revocation::new(rs, revoke::queue::DEFAULT_SLOTS));
+        let pins = match peers.pd() {
+            Some(pd) if size > 1 => Some(Box::new(TargetPins::new(
+                pd.clone(),
+                revocation.as_ref().map(|r| r.pinned()),
+            )) as Box<dyn RegionPins + Send>),
+            _ => None,
+        };
+        Self::build(peers, local, cfg, pins, revocation)
+    }
+
+    /// For simulation and tests: puts and gets over `peers` with the algorithm's settings
+    /// given (`cfg`, for this rank and size; `max_msg` is capped by the endpoint as in `new`)
+    /// and the target's pins carried out by `pins` (e.g. `super::sim_pins::SimPins` over a
+    /// `net::sim::SimNet`), no device needed. Remote invalidation is off (nothing watches this
+    /// rank's unmaps). `local` registers the caller's buffers (any backend whose keys the link
+    /// accepts: the simulator does not check lkeys).
+    pub fn with_pins(
+        peers: Arc<Peers>,
+        local: Option<Arc<Cache>>,
+        cfg: FirehoseConfig,
+        pins: Box<dyn RegionPins + Send>,
+    ) -> FhResult<Arc<Rma>> {
+        if cfg.rank != peers.rank() || cfg.size != peers.size() {
+            eprintln!(
+                "firehose: config for rank {} of {}, peers are rank {} of {}",
+                cfg.rank,
+                cfg.size,
+                peers.rank(),
+                peers.size()
+            );
+            return Err(fh_status::FH_ERR_BAD_CONFIG);
+        }
+        Self::build(peers, local, cfg, Some(pins), None)
+    }
+
+    fn build(
+        peers: Arc<Peers>,
+        local: Option<Arc<Cache>>,
+        mut cfg: FirehoseConfig,
+        pins: Option<Box<dyn RegionPins + Send>>,
+        mut revocation: Option<Revocation>,
+    ) -> FhResult<Arc<Rma>> {
+        let (rank, size) = (peers.rank(), peers.size());
         cfg.max_msg = cfg.max_msg.min(peers.am().max_payload());
         let fh = Firehose::new(cfg).map_err(|e| {
             eprintln!("firehose: {}: {}", e.var, e.msg);
             fh_status::FH_ERR_BAD_CONFIG
         })?;
-        let rs = RevokeSettings::from_env()?;
-        let mut revocation =
-            (size > 1 && rs.enabled).then(|| Revocation::new(rs, revoke::queue::DEFAULT_SLOTS));
-        let pins = match peers.pd() {
-            Some(pd) if size > 1 => Some(TargetPins::new(
-                pd.clone(),
-                revocation.as_ref().map(|r| r.pinned()),
-            )),
-            _ => None,
-        };
+        let pins = if size > 1 { pins } else { None };
         if size > 1 && (pins.is_none() || local.is_none()) {
             return Err(fh_status::FH_ERR_NO_DEVICE);
         }
@@ -159,6 +202,7 @@ impl Rma {
             size,
             max_chunk,
             counters: Counters::default(),
+            next_id: AtomicU64::new(0),
             lost: Mutex::new(Vec::new()),
             revoke: Mutex::new(None),
             peers,
@@ -197,6 +241,11 @@ impl Rma {
         })));
     }
 
+    /// A fresh request or chunk id (never reused, never 0: 0 is no handle in C).
+    fn new_id(&self) -> u64 {
+        self.next_id.fetch_add(1, Relaxed) + 1
+    }
+
     pub fn peers(&self) -> &Arc<Peers> {
         &self.peers
     }
@@ -210,7 +259,7 @@ impl Rma {
             let mut g = lock(&self.engine);
             let Engine { fh, pins } = &mut *g;
             let r = match pins {
-                Some(p) => f(fh, p),
+                Some(p) => f(fh, p.as_mut()),
                 None => f(fh, &mut NoPins),
             };
             while let Some((to, msg)) = fh.poll_transmit() {
@@ -269,7 +318,8 @@ impl Rma {
         self.after(chunk, f);
     }
 
-    /// Posts one RDMA per segment of chunk `op` (its firehoses are held until the last ends).
+    /// Posts one RDMA per segment of chunk `op` (its firehoses are held until the last ends):
+    /// a `Ready` event, the chunk waited in the table.
     fn post_segs(&self, op: u64, segs: &[Seg]) {
         let c = {
             let mut ops = lock(&self.ops);
@@ -280,6 +330,12 @@ impl Rma {
             c.segs_left = segs.len() as u32;
             c.clone()
         };
+        self.post(op, &c, segs);
+    }
+
+    /// Posts the segments of chunk `op`, already recorded in the table (`holds_refs`,
+    /// `segs_left`); `c` is its copy (the fields a post reads never change).
+    fn post(&self, op: u64, c: &Chunk, segs: &[Seg]) {
         if segs.is_empty() {
             self.seg_done_empty(op);
             return;
@@ -357,55 +413,54 @@ impl Rma {
         let cache = self.local.as_ref().ok_or(fh_status::FH_ERR_NO_DEVICE)?;
         let reg = cache.register(local as usize, len, Access::LOCAL_WRITE)?;
         let n = len.div_ceil(self.max_chunk);
-        let (req, first) = {
-            let mut ops = lock(&self.ops);
-            let req = ops.id();
-            ops.reqs.insert(
-                req,
-                Request {
-                    chunks_left: n as u32,
-                    reg: Some(reg.handle),
-                    error: None,
-                    implicit,
-                    done: false,
-                },
-            );
-            let mut first = 0;
-            for i in 0..n {
-                let off = i * self.max_chunk;
-                let id = ops.id();
-                if i == 0 {
-                    first = id;
-                }
-                ops.chunks.insert(
-                    id,
-                    Chunk {
-                        req,
-                        peer,
-                        kind,
-                        local: local as u64 + off as u64,
-                        lkey: reg.lkey,
-                        raddr: raddr + off as u64,
-                        segs_left: 0,
-                        holds_refs: false,
-                        error: None,
-                    },
-                );
-            }
-            (req, first)
-        };
-        // Chunk ids are consecutive (one table lock handed them out).
-        for i in 0..n as u64 {
-            let id = first + i;
-            let off = (i as usize) * self.max_chunk;
+        let req = self.new_id();
+        for i in 0..n {
+            let off = i * self.max_chunk;
+            let id = self.new_id();
             let clen = (len - off).min(self.max_chunk);
-            let c_raddr = raddr + off as u64;
+            let mut chunk = Chunk {
+                req,
+                peer,
+                kind,
+                local: local as u64 + off as u64,
+                lkey: reg.lkey,
+                raddr: raddr + off as u64,
+                segs_left: 0,
+                holds_refs: false,
+                error: None,
+            };
             let small = (kind == RdmaKind::Write && clen <= self.small_put_max).then(|| {
                 // SAFETY: inside the caller's buffer, readable for a put (contract).
                 unsafe { std::slice::from_raw_parts(local.add(off), clen) }
             });
-            match self.with_core(|fh, _| fh.acquire(id, peer, c_raddr, clen, small)) {
-                Ok(Acquire::Hit(segs)) => self.post_segs(id, &segs),
+            // The chunk (with the first, the request) enters the table in the engine's
+            // critical section that acquires it (engine -> ops, ops a leaf): no event or
+            // completion about it can be handled before it is there, and a hit is recorded
+            // with its segments by the same table lock.
+            let r = self.with_core(|fh, _| {
+                let r = fh.acquire(id, peer, chunk.raddr, clen, small);
+                if let Ok(Acquire::Hit(segs)) = &r {
+                    chunk.holds_refs = true;
+                    chunk.segs_left = segs.len() as u32;
+                }
+                let mut ops = lock(&self.ops);
+                if i == 0 {
+                    ops.reqs.insert(
+                        req,
+                        Request {
+                            chunks_left: n as u32,
+                            reg: Some(reg.handle),
+                            error: None,
+                            implicit,
+                            done: false,
+                        },
+                    );
+                }
+                ops.chunks.insert(id, chunk.clone());
+                r
+            });
+            match r {
+                Ok(Acquire::Hit(segs)) => self.post(id, &chunk, &segs),
                 Ok(Acquire::Pending) | Ok(Acquire::DoneInMove) => {}
                 Err(e) => {
                     let f = lock(&self.ops).finish_chunk(id, Some(status_of(e)));
@@ -418,8 +473,8 @@ impl Rma {
 
     /// A request that finished at once (a local copy).
     fn done_request(&self, r: FhResult<()>, implicit: bool) -> u64 {
+        let req = self.new_id();
         let mut ops = lock(&self.ops);
-        let req = ops.id();
         if implicit {
             if let Err(e) = r {
                 ops.implicit_error.get_or_insert(e);

@@ -4,18 +4,23 @@
 //!
 //! Owns: the operation table (non-blocking handles), the target's remote-pinned regions, the
 //! local registrations of the caller's buffers (through the pin-down cache).
-//! May call: `firehose` (the algorithm), `net` (peers, active messages, one-sided link ops),
+//! May call: `firehose` (the algorithm), `net` (peers, active messages, one-sided link ops;
+//! `net::sim` only in `sim_pins`, the simulated target pins for tests and benchmarks),
 //! `cache` (local registration), `pin::verbs` (memory regions for remote pins), `monitor`
 //! (subscribe the revoke listener, userfaultfd watches of remote pins), `inside`, `status`.
 //!
 //! `revoke/`: remote invalidation wired to the memory monitor (memory this rank unmaps is
 //! revoked from every peer's firehoses before the unmap returns).
+//!
+//! `sim_pins`: for simulation and tests, the target's pins over `net::sim` (`Rma::with_pins`),
+//! so the whole driver runs natively with ranks as threads and no device.
 
 pub mod engine;
 mod ops;
 mod probe;
 pub mod revoke;
 pub mod self_copy;
+pub mod sim_pins;
 pub mod target_pins;
 
 pub use engine::{Rma, RmaStats, FIREHOSE_AM};

@@ -38,7 +38,6 @@ pub struct Request {
 
 #[derive(Debug, Default)]
 pub struct Ops {
-    next: u64,
     // Multiplicative hashing, not SipHash: these two tables are touched ~7 times per put on the
     // hit path (start, post, completion, release, wait); the ids are ours (sequential), and a
     // made-up handle from a caller can only miss.
@@ -57,12 +56,6 @@ pub struct Finished {
 }
 
 impl Ops {
-    /// A fresh id (never reused, never 0: 0 is no handle in C).
-    pub fn id(&mut self) -> u64 {
-        self.next += 1;
-        self.next
-    }
-
     /// Record one completed segment of `chunk`; `Some` when it was the chunk's last.
     pub fn seg_done(&mut self, chunk: u64, err: Option<fh_status>) -> Option<Finished> {
         let c = self.chunks.get_mut(&chunk)?;

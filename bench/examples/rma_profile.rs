@@ -1,0 +1,147 @@
+//! The Firehose driver's hit path without a device: blocking 8-byte puts from rank 0 to rank 1
+//! over the simulated link (`Rma::with_pins`, `SimPins`, a pin-down cache on the null backend),
+//! for instruction-level profiling, against the "floor" on the same link (a plain
+//! `Link::rdma` WRITE to a buffer registered once, then progress until its completion arrives
+//! through the endpoint's RDMA handler, as fh_bench's floor does), e.g.
+//!
+//! ```text
+//! cargo build --release -p firehose-bench --example rma_profile
+//! valgrind --tool=callgrind target/release/examples/rma_profile fh 100000
+//! valgrind --tool=callgrind target/release/examples/rma_profile floor 100000
+//! ```
+//!
+//! Instructions per put: run N and 2N and divide the difference by N (setup and warm-up cancel
+//! out). Rank 1 is progressed by a thread only during setup and warm-up (the first put misses:
+//! its move needs the target); it is joined before the measured loop, where a hit needs nothing
+//! from the target (the simulator's `Auto` mode runs a one-sided op in the initiator's poll).
+//! The simulator's own work (a mutex, a queue) is in both counts.
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::Instant;
+
+use firehose::cache::{Cache, Limits};
+use firehose::firehose::FirehoseConfig;
+use firehose::net::settings::NetSettings;
+use firehose::net::sim::{Delivery, SimConfig, SimNet};
+use firehose::net::{Link, LinkError, Peers, RdmaKind, RdmaOp};
+use firehose::pin::null::NullPinner;
+use firehose::rma::sim_pins::SimPins;
+use firehose::rma::Rma;
+
+/// Token bit of the floor's own writes (Rma's op ids never have it).
+const TAG: u64 = 1 << 63;
+
+fn rank(net: &SimNet, r: u32) -> Arc<Rma> {
+    let link: Arc<dyn Link> = net.link(r);
+    let peers = Arc::new(Peers::from_link(link, NetSettings::default()).expect("peers"));
+    let unbounded = Limits {
+        max_pinned: usize::MAX,
+        max_regions: usize::MAX,
+    };
+    let cache = Cache::new(Arc::new(NullPinner), unbounded, None);
+    let pins = Box::new(SimPins::new(net.clone(), r));
+    Rma::with_pins(peers, Some(cache), FirehoseConfig::new(r, 2), pins).expect("rma")
+}
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let what = args.next().unwrap_or_else(|| "fh".into());
+    let n: usize = args.next().and_then(|s| s.parse().ok()).unwrap_or(100_000);
+    let mut cfg = SimConfig::new(2, 1, Delivery::Auto);
+    cfg.slots = NetSettings::default().recv_depth;
+    let net = SimNet::new(cfg);
+    let (a, b) = (rank(&net, 0), rank(&net, 1));
+    // The target: one page, 4 KiB aligned inside the allocation.
+    let target = vec![0u8; 3 * 4096].into_boxed_slice();
+    let taddr = (target.as_ptr() as u64 + 4095) & !4095;
+    let src = [0x5Au8; 8];
+
+    // Completions of the floor's writes, chained in front of Rma's handler.
+    let done = Arc::new(AtomicU64::new(0));
+    let prev = a.peers().am().rdma_handler();
+    let d = done.clone();
+    a.peers().am().set_rdma_handler(Some(Box::new(
+        move |peer, token, res: Result<(), LinkError>| {
+            if token & TAG == 0 {
+                if let Some(p) = &prev {
+                    p(peer, token, res);
+                }
+                return;
+            }
+            res.expect("floor write");
+            d.fetch_add(1, Relaxed);
+        },
+    )));
+
+    // Rank 1 progresses during the warm-up only.
+    let stop = Arc::new(AtomicBool::new(false));
+    let (s, bb) = (stop.clone(), b.clone());
+    let server = std::thread::spawn(move || {
+        while !s.load(Relaxed) {
+            bb.progress().expect("progress 1");
+            std::thread::yield_now();
+        }
+    });
+    let put = || {
+        // SAFETY: `src` outlives the blocking wait; it is only read.
+        let h = unsafe { a.start(RdmaKind::Write, 1, taddr, src.as_ptr().cast_mut(), 8, false) }
+            .expect("start");
+        a.wait(h).expect("put");
+    };
+    for _ in 0..10 {
+        put();
+    }
+    stop.store(true, Relaxed);
+    server.join().unwrap();
+    let hits0 = a.stats().fh.hits;
+
+    // SAFETY: `target` lives to the end of main and is only written by the simulator.
+    let rkey = unsafe { net.register(1, taddr, 4096) };
+    let link = a.peers().link().clone();
+    let floor_put = |i: u64| {
+        let op = RdmaOp {
+            kind: RdmaKind::Write,
+            local_addr: src.as_ptr() as u64,
+            lkey: 0,
+            len: 8,
+            remote_addr: taddr,
+            rkey,
+            token: TAG | i,
+        };
+        let want = done.load(Relaxed) + 1;
+        // SAFETY: `src` lives to the end of main, only read; the target range is registered.
+        unsafe { link.rdma(1, op) }.expect("floor post");
+        while done.load(Relaxed) < want {
+            if a.progress().expect("progress") == 0 {
+                std::thread::yield_now();
+            }
+        }
+    };
+
+    let t0 = Instant::now();
+    match what.as_str() {
+        "fh" => {
+            for _ in 0..n {
+                put();
+            }
+            let hits = a.stats().fh.hits - hits0;
+            assert_eq!(hits, n as u64, "every measured put must hit");
+        }
+        "floor" => {
+            for i in 0..n as u64 {
+                floor_put(i);
+            }
+        }
+        _ => {
+            eprintln!("usage: rma_profile fh|floor [N]");
+            std::process::exit(2);
+        }
+    }
+    let dt = t0.elapsed();
+    println!(
+        "{what}: {n} blocking 8-byte puts in {:.3} s, {:.0} ns each",
+        dt.as_secs_f64(),
+        dt.as_nanos() as f64 / n as f64
+    );
+    drop(target);
+}

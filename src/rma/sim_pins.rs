@@ -1,0 +1,139 @@
+//! For simulation and tests: the target's pins over a simulated link (`net::sim::SimNet`), so
+//! `Rma` runs with N ranks as threads of one process and no device (`Rma::with_pins`).
+//!
+//! A pin is a `SimNet::register_access` of the range with remote read and write (the
+//! simulator's rkey), an unpin its `deregister`. A range that is not mapped fails with
+//! `PinFailure::Unmapped` (checked with `mincore`, as `ibv_reg_mr` would fail with EFAULT), and
+//! a put that rode in a move is written as `TargetPins` writes it (a kernel copy into our own
+//! memory: an unmapped target is an error, never a fault).
+
+use std::collections::HashMap;
+
+use super::self_copy;
+use crate::firehose::{PinFailure, RegionPins};
+use crate::net::sim::SimNet;
+use crate::net::Rank;
+use crate::pin::Access;
+use crate::status::fh_status;
+
+/// One rank's regions registered on the simulator for its peers.
+pub struct SimPins {
+    net: SimNet,
+    rank: Rank,
+    /// Live registrations by (start address, rkey): their lengths.
+    live: HashMap<(u64, u32), usize>,
+    bytes: u64,
+    unknown_unpins: u64,
+}
+
+impl SimPins {
+    /// The pins of `rank` of `net`.
+    pub fn new(net: SimNet, rank: Rank) -> SimPins {
+        SimPins {
+            net,
+            rank,
+            live: HashMap::new(),
+            bytes: 0,
+            unknown_unpins: 0,
+        }
+    }
+
+    /// Bytes registered now.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    pub fn regions(&self) -> usize {
+        self.live.len()
+    }
+
+    /// `unpin` calls for a region this table does not hold (a Firehose bug if ever non-zero).
+    pub fn unknown_unpins(&self) -> u64 {
+        self.unknown_unpins
+    }
+}
+
+/// Whether every page of `[addr, addr + len)` is mapped (`mincore` fails with ENOMEM when one
+/// is not).
+fn mapped(addr: u64, len: usize) -> bool {
+    // SAFETY: sysconf has no preconditions.
+    let page = match unsafe { libc::sysconf(libc::_SC_PAGESIZE) } {
+        p if p > 0 => p as u64,
+        _ => 4096,
+    };
+    let start = addr & !(page - 1);
+    let Some(end) = addr.checked_add(len as u64) else {
+        return false;
+    };
+    let span = (end - start) as usize;
+    let mut vec = vec![0u8; span.div_ceil(page as usize)];
+    // SAFETY: `vec` has one byte per page of the span; mincore only inspects the mappings.
+    let r = unsafe { libc::mincore(start as *mut libc::c_void, span, vec.as_mut_ptr()) };
+    r == 0
+}
+
+impl RegionPins for SimPins {
+    fn pin(&mut self, addr: u64, len: usize) -> Result<u32, PinFailure> {
+        if len == 0 || !mapped(addr, len) {
+            return Err(PinFailure::Unmapped);
+        }
+        let rw = Access(Access::REMOTE_WRITE.0 | Access::REMOTE_READ.0);
+        // SAFETY: the range is mapped now; as with a verbs MR of a peer-pinned region, keeping
+        // it mapped while peers hold firehoses on it is the application's contract (remote
+        // invalidation, which enforces it on real links, is off in the simulation).
+        let rkey = unsafe { self.net.register_access(self.rank, addr, len, rw) };
+        self.live.insert((addr, rkey), len);
+        self.bytes += len as u64;
+        Ok(rkey)
+    }
+
+    fn unpin(&mut self, addr: u64, len: usize, rkey: u32) {
+        match self.live.remove(&(addr, rkey)) {
+            Some(l) => {
+                debug_assert_eq!(l, len);
+                self.net.deregister(rkey);
+                self.bytes -= l as u64;
+            }
+            None => self.unknown_unpins += 1,
+        }
+    }
+
+    fn write(&mut self, addr: u64, data: &[u8]) -> Result<(), PinFailure> {
+        // SAFETY: `data` is a live slice, only read (a put reads the local side).
+        let r = unsafe {
+            self_copy::copy(
+                self_copy::Dir::Put,
+                data.as_ptr().cast_mut(),
+                addr,
+                data.len(),
+            )
+        };
+        r.map_err(|s| match s {
+            fh_status::FH_ERR_NO_MEMORY => PinFailure::NoMemory,
+            fh_status::FH_ERR_REMOTE_FAULT => PinFailure::Unmapped,
+            _ => PinFailure::Other,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::net::sim::{Delivery, SimConfig};
+
+    #[test]
+    fn pins_mapped_ranges_and_refuses_unmapped_ones() {
+        let net = SimNet::new(SimConfig::new(2, 1, Delivery::Auto));
+        let mut p = SimPins::new(net, 1);
+        let buf = vec![0u8; 3 * 4096];
+        let rkey = p.pin(buf.as_ptr() as u64, buf.len()).expect("mapped");
+        assert_eq!((p.bytes(), p.regions()), (buf.len() as u64, 1));
+        p.unpin(buf.as_ptr() as u64, buf.len(), rkey);
+        assert_eq!((p.bytes(), p.regions()), (0, 0));
+        p.unpin(buf.as_ptr() as u64, buf.len(), rkey);
+        assert_eq!(p.unknown_unpins(), 1);
+        // The first page is never mapped.
+        assert_eq!(p.pin(0, 4096), Err(PinFailure::Unmapped));
+        assert_eq!(p.write(8, b"x"), Err(PinFailure::Unmapped));
+    }
+}
