@@ -91,8 +91,6 @@ pub struct Rma {
     max_chunk: usize,
     small_put_max: usize,
     counters: Counters,
-    /// The last request or chunk id handed out.
-    next_id: AtomicU64,
     /// Peers the endpoint declared lost, not yet told to the algorithm (a leaf lock).
     lost: Mutex<Vec<Rank>>,
     /// Remote invalidation (`None`: off, or a job of one). Stopped first when the `Rma` goes.
@@ -202,7 +200,6 @@ impl Rma {
             size,
             max_chunk,
             counters: Counters::default(),
-            next_id: AtomicU64::new(0),
             lost: Mutex::new(Vec::new()),
             revoke: Mutex::new(None),
             peers,
@@ -239,11 +236,6 @@ impl Rma {
                 lock(&r.lost).push(peer);
             }
         })));
-    }
-
-    /// A fresh request or chunk id (never reused, never 0: 0 is no handle in C).
-    fn new_id(&self) -> u64 {
-        self.next_id.fetch_add(1, Relaxed) + 1
     }
 
     pub fn peers(&self) -> &Arc<Peers> {
@@ -323,7 +315,7 @@ impl Rma {
     fn post_segs(&self, op: u64, segs: &[Seg]) {
         let c = {
             let mut ops = lock(&self.ops);
-            let Some(c) = ops.chunks.get_mut(&op) else {
+            let Some(c) = ops.chunks.get_mut(op) else {
                 return; // cannot happen: a chunk leaves the table only when it is over
             };
             c.holds_refs = true;
@@ -413,10 +405,9 @@ impl Rma {
         let cache = self.local.as_ref().ok_or(fh_status::FH_ERR_NO_DEVICE)?;
         let reg = cache.register(local as usize, len, Access::LOCAL_WRITE)?;
         let n = len.div_ceil(self.max_chunk);
-        let req = self.new_id();
+        let mut req = 0;
         for i in 0..n {
             let off = i * self.max_chunk;
-            let id = self.new_id();
             let clen = (len - off).min(self.max_chunk);
             let mut chunk = Chunk {
                 req,
@@ -436,28 +427,27 @@ impl Rma {
             // The chunk (with the first, the request) enters the table in the engine's
             // critical section that acquires it (engine -> ops, ops a leaf): no event or
             // completion about it can be handled before it is there, and a hit is recorded
-            // with its segments by the same table lock.
-            let r = self.with_core(|fh, _| {
-                let r = fh.acquire(id, peer, chunk.raddr, clen, small);
-                if let Ok(Acquire::Hit(segs)) = &r {
-                    chunk.holds_refs = true;
-                    chunk.segs_left = segs.len() as u32;
-                }
+            // with its segments by the same table lock. Its key is its Firehose op id.
+            let (id, r) = self.with_core(|fh, _| {
                 let mut ops = lock(&self.ops);
                 if i == 0 {
-                    ops.reqs.insert(
-                        req,
-                        Request {
-                            chunks_left: n as u32,
-                            reg: Some(reg.handle),
-                            error: None,
-                            implicit,
-                            done: false,
-                        },
-                    );
+                    req = ops.add_request(Request {
+                        chunks_left: n as u32,
+                        reg: Some(reg.handle),
+                        error: None,
+                        implicit,
+                        done: false,
+                    });
                 }
-                ops.chunks.insert(id, chunk.clone());
-                r
+                chunk.req = req;
+                let id = ops.chunks.insert(chunk.clone());
+                let r = fh.acquire(id, peer, chunk.raddr, clen, small);
+                if let Ok(Acquire::Hit(segs)) = &r {
+                    let c = ops.chunks.get_mut(id).expect("inserted above");
+                    c.holds_refs = true;
+                    c.segs_left = segs.len() as u32;
+                }
+                (id, r)
             });
             match r {
                 Ok(Acquire::Hit(segs)) => self.post(id, &chunk, &segs),
@@ -473,25 +463,21 @@ impl Rma {
 
     /// A request that finished at once (a local copy).
     fn done_request(&self, r: FhResult<()>, implicit: bool) -> u64 {
-        let req = self.new_id();
         let mut ops = lock(&self.ops);
         if implicit {
             if let Err(e) = r {
                 ops.implicit_error.get_or_insert(e);
             }
-        } else {
-            ops.reqs.insert(
-                req,
-                Request {
-                    chunks_left: 0,
-                    reg: None,
-                    error: r.err(),
-                    implicit: false,
-                    done: true,
-                },
-            );
+            // No handle: any non-zero value does (the caller asked for none).
+            return u64::MAX;
         }
-        req
+        ops.add_request(Request {
+            chunks_left: 0,
+            reg: None,
+            error: r.err(),
+            implicit: false,
+            done: true,
+        })
     }
 
     /// Progresses once; the request's result if it is done (its handle is then spent).

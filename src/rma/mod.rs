@@ -21,6 +21,7 @@ mod probe;
 pub mod revoke;
 pub mod self_copy;
 pub mod sim_pins;
+mod slab;
 pub mod target_pins;
 
 pub use engine::{Rma, RmaStats, FIREHOSE_AM};

@@ -3,7 +3,7 @@
 //! (its `OpId` is the chunk id) that becomes one or more RDMA segments. A request is done when
 //! its last chunk is; its first error is its result.
 
-use crate::firehose::IntMap;
+use super::slab::{Key, Slab};
 use crate::net::{Rank, RdmaKind};
 use crate::status::{fh_status, FhResult};
 
@@ -38,11 +38,13 @@ pub struct Request {
 
 #[derive(Debug, Default)]
 pub struct Ops {
-    // Multiplicative hashing, not SipHash: these two tables are touched ~7 times per put on the
-    // hit path (start, post, completion, release, wait); the ids are ours (sequential), and a
-    // made-up handle from a caller can only miss.
-    pub reqs: IntMap<u64, Request>,
-    pub chunks: IntMap<u64, Chunk>,
+    // Slabs, not hash maps: these two tables are touched ~7 times per put on the hit path
+    // (start, post, completion, release, wait); a request's key is the caller's handle and a
+    // chunk's the Firehose op id. A made-up or spent handle finds nothing.
+    pub reqs: Slab<Request>,
+    pub chunks: Slab<Chunk>,
+    /// Requests not yet done (explicit and implicit).
+    running: usize,
     /// First error of an implicit request since the last `fh_quiet`.
     pub implicit_error: Option<fh_status>,
 }
@@ -57,8 +59,8 @@ pub struct Finished {
 
 impl Ops {
     /// Record one completed segment of `chunk`; `Some` when it was the chunk's last.
-    pub fn seg_done(&mut self, chunk: u64, err: Option<fh_status>) -> Option<Finished> {
-        let c = self.chunks.get_mut(&chunk)?;
+    pub fn seg_done(&mut self, chunk: Key, err: Option<fh_status>) -> Option<Finished> {
+        let c = self.chunks.get_mut(chunk)?;
         if c.error.is_none() {
             c.error = err;
         }
@@ -70,10 +72,10 @@ impl Ops {
     }
 
     /// Chunk `chunk` is over (all its segments done, or failed before any was posted).
-    pub fn finish_chunk(&mut self, chunk: u64, err: Option<fh_status>) -> Option<Finished> {
-        let c = self.chunks.remove(&chunk)?;
+    pub fn finish_chunk(&mut self, chunk: Key, err: Option<fh_status>) -> Option<Finished> {
+        let c = self.chunks.remove(chunk)?;
         let err = c.error.or(err);
-        let req = self.reqs.get_mut(&c.req)?;
+        let req = self.reqs.get_mut(c.req)?;
         if req.error.is_none() {
             req.error = err;
         }
@@ -81,9 +83,10 @@ impl Ops {
         let mut dereg = None;
         if req.chunks_left == 0 {
             req.done = true;
+            self.running -= 1;
             dereg = req.reg.take();
             if req.implicit {
-                let r = self.reqs.remove(&c.req).expect("present");
+                let r = self.reqs.remove(c.req).expect("present");
                 if self.implicit_error.is_none() {
                     self.implicit_error = r.error;
                 }
@@ -96,20 +99,28 @@ impl Ops {
     }
 
     /// The result of a done request, removing it; `None` while it runs; unknown: an error.
-    pub fn take_if_done(&mut self, req: u64) -> FhResult<Option<FhResult<()>>> {
-        match self.reqs.get(&req) {
+    pub fn take_if_done(&mut self, req: Key) -> FhResult<Option<FhResult<()>>> {
+        match self.reqs.get(req) {
             None => Err(fh_status::FH_ERR_UNKNOWN_HANDLE),
             Some(r) if r.implicit => Err(fh_status::FH_ERR_UNKNOWN_HANDLE),
             Some(r) if !r.done => Ok(None),
             Some(_) => {
-                let r = self.reqs.remove(&req).expect("present");
+                let r = self.reqs.remove(req).expect("present");
                 Ok(Some(r.error.map_or(Ok(()), Err)))
             }
         }
     }
 
+    /// Records a request; its key is the caller's handle.
+    pub fn add_request(&mut self, r: Request) -> Key {
+        if !r.done {
+            self.running += 1;
+        }
+        self.reqs.insert(r)
+    }
+
     /// Requests not yet done (explicit and implicit).
     pub fn running(&self) -> usize {
-        self.reqs.values().filter(|r| !r.done).count()
+        self.running
     }
 }

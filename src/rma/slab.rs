@@ -1,0 +1,135 @@
+//! `Slab`: the operation tables' storage. A key names a slot and the generation it was filled
+//! in, so a lookup is an index and a compare, not a hash probe (the tables are touched several
+//! times per put on the hit path), and a spent or made-up key finds nothing: a key of a slot
+//! refilled since carries an older generation. Keys are never 0 (0 is "no handle" in C);
+//! generations wrap after 2^32 reuses of one slot.
+
+/// A key: generation (high 32 bits, never 0) and slot index (low 32 bits).
+pub type Key = u64;
+
+#[derive(Debug)]
+struct Slot<T> {
+    gen: u32,
+    val: Option<T>,
+}
+
+#[derive(Debug)]
+pub struct Slab<T> {
+    slots: Vec<Slot<T>>,
+    /// Empty slots, reused last-freed first (warm in the cache).
+    free: Vec<u32>,
+    len: usize,
+}
+
+impl<T> Default for Slab<T> {
+    fn default() -> Self {
+        Slab {
+            slots: Vec::new(),
+            free: Vec::new(),
+            len: 0,
+        }
+    }
+}
+
+fn split(key: Key) -> (u32, usize) {
+    ((key >> 32) as u32, key as u32 as usize)
+}
+
+impl<T> Slab<T> {
+    /// Stores `val`; its key.
+    pub fn insert(&mut self, val: T) -> Key {
+        self.len += 1;
+        let idx = match self.free.pop() {
+            Some(i) => i,
+            None => {
+                let i = u32::try_from(self.slots.len()).expect("2^32 live operations");
+                self.slots.push(Slot { gen: 1, val: None });
+                i
+            }
+        };
+        let s = &mut self.slots[idx as usize];
+        debug_assert!(s.val.is_none());
+        s.val = Some(val);
+        (u64::from(s.gen) << 32) | u64::from(idx)
+    }
+
+    fn slot(&self, key: Key) -> Option<&Slot<T>> {
+        let (gen, idx) = split(key);
+        self.slots.get(idx).filter(|s| s.gen == gen)
+    }
+
+    pub fn get(&self, key: Key) -> Option<&T> {
+        self.slot(key)?.val.as_ref()
+    }
+
+    pub fn get_mut(&mut self, key: Key) -> Option<&mut T> {
+        let (gen, idx) = split(key);
+        self.slots
+            .get_mut(idx)
+            .filter(|s| s.gen == gen)?
+            .val
+            .as_mut()
+    }
+
+    /// Takes the value out; the key (and every earlier key of the slot) is spent.
+    pub fn remove(&mut self, key: Key) -> Option<T> {
+        let (gen, idx) = split(key);
+        let s = self.slots.get_mut(idx).filter(|s| s.gen == gen)?;
+        let v = s.val.take()?;
+        s.gen = s.gen.wrapping_add(1).max(1);
+        self.free.push(idx as u32);
+        self.len -= 1;
+        Some(v)
+    }
+
+    #[cfg(test)]
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn values(&self) -> impl Iterator<Item = &T> {
+        self.slots.iter().filter_map(|s| s.val.as_ref())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_never_zero_and_spent_keys_find_nothing() {
+        let mut s = Slab::default();
+        let a = s.insert("a");
+        let b = s.insert("b");
+        assert!(a != 0 && b != 0 && a != b);
+        assert_eq!((s.get(a), s.get(b), s.len()), (Some(&"a"), Some(&"b"), 2));
+        assert_eq!(s.remove(a), Some("a"));
+        assert_eq!(s.get(a), None);
+        assert_eq!((s.remove(a), s.len()), (None, 1));
+        // The slot is reused under a new generation: the old key still finds nothing.
+        let c = s.insert("c");
+        assert_eq!(c as u32, a as u32, "slot reused");
+        assert_ne!(c, a);
+        assert_eq!((s.get(a), s.get(c)), (None, Some(&"c")));
+        *s.get_mut(c).unwrap() = "d";
+        assert_eq!(s.values().copied().collect::<Vec<_>>(), vec!["d", "b"]);
+        // Made-up keys: 0, out of range, wrong generation.
+        for k in [0, u64::MAX, 7 << 32, (99 << 32) | 1] {
+            assert_eq!(s.get(k), None, "{k:#x}");
+            assert_eq!(s.get_mut(k), None);
+            assert_eq!(s.remove(k), None);
+        }
+        assert_eq!(s.len(), 2);
+    }
+
+    #[test]
+    fn generations_skip_zero_when_they_wrap() {
+        let mut s = Slab::default();
+        let k = s.insert(1);
+        s.slots[0].gen = u32::MAX;
+        let k2 = (u64::from(u32::MAX) << 32) | (k & 0xffff_ffff);
+        assert_eq!(s.remove(k2), Some(1));
+        let k3 = s.insert(2);
+        assert_eq!(k3 >> 32, 1, "generation 0 is skipped");
+    }
+}
