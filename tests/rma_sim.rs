@@ -128,10 +128,13 @@ fn config(rank: Rank, size: u32) -> FirehoseConfig {
     c
 }
 
-fn job(size: u32, buf_len: usize, seed: u64) -> Job {
+/// `inline`: WRITEs up to this long are inline on the links (`Link::max_inline_write`; verbs
+/// on rxe: 256), so `Rma` posts short puts with no local registration.
+fn job(size: u32, buf_len: usize, seed: u64, inline: usize) -> Job {
     let mut sc = SimConfig::new(size, seed, Delivery::Auto);
     sc.slots = NetSettings::default().recv_depth;
     let net = SimNet::new(sc);
+    net.set_max_inline_write(inline);
     let peak = Arc::new(AtomicU64::new(0));
     let cfg0 = config(0, size);
     let bound = (cfg0.m_bytes + cfg0.max_victim_bytes) as u64;
@@ -351,9 +354,9 @@ fn worker(
     model
 }
 
-fn run(size: u32, workers: usize, ops: usize, seed: u64) {
+fn run(size: u32, workers: usize, ops: usize, seed: u64, inline: usize) {
     let buf_len = 512 << 10;
-    let job = Arc::new(job(size, buf_len, seed));
+    let job = Arc::new(job(size, buf_len, seed, inline));
     let total = size as usize * workers;
     let stripe = buf_len / total;
     let bases: Vec<u64> = job.bufs.iter().map(Buf::addr).collect();
@@ -426,17 +429,18 @@ fn run(size: u32, workers: usize, ops: usize, seed: u64) {
 
 #[test]
 fn two_ranks_three_workers_each() {
-    run(2, 3, 400, 11);
+    run(2, 3, 400, 11, 0);
 }
 
 #[test]
 fn four_ranks() {
-    run(4, 1, 500, 12);
+    // Short puts inline (no local registration), the rest registered through the cache.
+    run(4, 1, 500, 12, 256);
 }
 
 #[test]
 fn unmapped_target_is_a_remote_fault() {
-    let job = job(2, 1 << 16, 3);
+    let job = job(2, 1 << 16, 3, 256);
     let rma = &job.rmas[0];
     // Page 1 is below mmap_min_addr: never mapped in any process.
     let hole = 4096u64;

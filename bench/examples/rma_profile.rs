@@ -8,6 +8,7 @@
 //! cargo build --release -p firehose-bench --example rma_profile
 //! valgrind --tool=callgrind target/release/examples/rma_profile fh 100000
 //! valgrind --tool=callgrind target/release/examples/rma_profile floor 100000
+//! valgrind --tool=callgrind target/release/examples/rma_profile fh 100000 0     # no inline: the source through the cache
 //! ```
 //!
 //! Instructions per put: run N and 2N and divide the difference by N (setup and warm-up cancel
@@ -47,9 +48,13 @@ fn main() {
     let mut args = std::env::args().skip(1);
     let what = args.next().unwrap_or_else(|| "fh".into());
     let n: usize = args.next().and_then(|s| s.parse().ok()).unwrap_or(100_000);
+    // Third argument: the links' inline WRITE size (rxe: 256; 0: every put registers its
+    // source through the pin-down cache).
+    let inline: usize = args.next().and_then(|s| s.parse().ok()).unwrap_or(256);
     let mut cfg = SimConfig::new(2, 1, Delivery::Auto);
     cfg.slots = NetSettings::default().recv_depth;
     let net = SimNet::new(cfg);
+    net.set_max_inline_write(inline);
     let (a, b) = (rank(&net, 0), rank(&net, 1));
     // The target: one page, 4 KiB aligned inside the allocation.
     let target = vec![0u8; 3 * 4096].into_boxed_slice();

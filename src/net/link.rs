@@ -179,6 +179,12 @@ pub trait Link: Send + Sync {
     /// most 2 GiB). Longer transfers are the caller's to split: one op, one completion. 0 when
     /// the link has no peers to reach.
     fn max_rdma(&self) -> usize;
+    /// WRITEs of at most this many bytes are inline: the link copies the payload when it posts
+    /// (verbs `IBV_SEND_INLINE`), so their local range need not be registered (`lkey` is
+    /// ignored) and is free again once `rdma` returns. 0 (the default): none are.
+    fn max_inline_write(&self) -> usize {
+        0
+    }
     /// Posts one RDMA WRITE or READ to `peer`; its `RdmaDone` comes from a later `poll`. Never
     /// blocks for long: when the send queue to `peer` is full it reaps completions until there
     /// is room, as `send` does. Refused, with nothing posted and no event to come: `BadRank`
@@ -187,7 +193,8 @@ pub trait Link: Send + Sync {
     /// # Safety
     /// The link hands both ranges to the device (or, in the simulator, copies through raw
     /// pointers). Until the op's `RdmaDone`: the local range must stay valid and registered
-    /// under `lkey`, must not be written (WRITE) or accessed at all (READ) by anyone else. The
-    /// remote range is the target's to keep valid (its rkey says it allowed this).
+    /// under `lkey`, must not be written (WRITE) or accessed at all (READ) by anyone else;
+    /// an inline WRITE (`len <= max_inline_write()`) only needs it readable during the call.
+    /// The remote range is the target's to keep valid (its rkey says it allowed this).
     unsafe fn rdma(&self, peer: Rank, op: RdmaOp) -> Result<(), LinkError>;
 }

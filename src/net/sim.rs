@@ -84,7 +84,8 @@ enum Arrival {
 /// What travels on a pair's FIFO.
 enum Flight {
     Msg(Vec<u8>),
-    Rdma(RdmaOp),
+    /// An RDMA op; an inline WRITE carries its payload, copied when it was posted.
+    Rdma(RdmaOp, Option<Vec<u8>>),
 }
 
 /// A registered range of a rank's memory.
@@ -147,6 +148,8 @@ struct Shared {
     arrived: Condvar,
     /// Per rank: held by the one `poll` handing out its arrivals (see `SimLink::poll`).
     handing_out: Vec<Mutex<()>>,
+    /// `Link::max_inline_write` of every rank's link (`SimNet::set_max_inline_write`).
+    max_inline: std::sync::atomic::AtomicUsize,
 }
 
 /// The simulated network; hands out one `SimLink` per rank.
@@ -175,7 +178,7 @@ impl State {
             self.active_pos[pair] = Some(self.active.len());
             self.active.push(pair);
         }
-        if matches!(f, Flight::Rdma(_)) {
+        if matches!(f, Flight::Rdma(..)) {
             self.rdma_in_pair[pair] += 1;
             self.rdma_from[from as usize] += 1;
         }
@@ -187,7 +190,7 @@ impl State {
     fn pop_flight(&mut self, pair: usize, from: Rank, to: Rank) -> Option<Flight> {
         let data = self.flights[pair].pop_front()?;
         self.in_flight_to[to as usize] -= 1;
-        if matches!(data, Flight::Rdma(_)) {
+        if matches!(data, Flight::Rdma(..)) {
             self.rdma_in_pair[pair] -= 1;
             self.rdma_from[from as usize] -= 1;
         }
@@ -206,7 +209,7 @@ impl State {
     fn clear_pair(&mut self, pair: usize, from: Rank, to: Rank) -> bool {
         let mut any = false;
         while let Some(f) = self.pop_flight(pair, from, to) {
-            if let Flight::Rdma(op) = f {
+            if let Flight::Rdma(op, _) = f {
                 any = true;
                 self.rdma_done += 1;
                 self.inbox[from as usize].push_back(Arrival::RdmaDone {
@@ -234,7 +237,7 @@ impl Shared {
         let (from, to) = ((pair / n) as Rank, (pair % n) as Rank);
         let data = match st.pop_flight(pair, from, to) {
             None => return,
-            Some(Flight::Rdma(op)) => return self.execute(st, from, to, op),
+            Some(Flight::Rdma(op, inline)) => return self.execute(st, from, to, op, inline),
             Some(Flight::Msg(data)) => data,
         };
         let occ = &mut st.occupied[to as usize * n + from as usize];
@@ -248,7 +251,7 @@ impl Shared {
     }
 
     /// The RDMA op `from` posted to `to` reaches `to`: check the key, copy, report to `from`.
-    fn execute(&self, st: &mut State, from: Rank, to: Rank, op: RdmaOp) {
+    fn execute(&self, st: &mut State, from: Rank, to: Rank, op: RdmaOp, inline: Option<Vec<u8>>) {
         st.rdma_done += 1;
         let done = |result| Arrival::RdmaDone {
             peer: to,
@@ -267,9 +270,10 @@ impl Shared {
             self.lose(st, from, to, true, true);
             return;
         }
-        let (src, dst) = match op.kind {
-            RdmaKind::Write => (op.local_addr, op.remote_addr),
-            RdmaKind::Read => (op.remote_addr, op.local_addr),
+        let (src, dst) = match (op.kind, &inline) {
+            (RdmaKind::Write, Some(payload)) => (payload.as_ptr() as u64, op.remote_addr),
+            (RdmaKind::Write, None) => (op.local_addr, op.remote_addr),
+            (RdmaKind::Read, _) => (op.remote_addr, op.local_addr),
         };
         // SAFETY: the remote range lies inside a region its rank registered (`register`'s
         // contract: valid for reads and writes until deregistered); the local range is valid by
@@ -330,6 +334,7 @@ impl SimNet {
                 state: Mutex::new(st),
                 arrived: Condvar::new(),
                 handing_out: (0..n).map(|_| Mutex::new(())).collect(),
+                max_inline: std::sync::atomic::AtomicUsize::new(0),
             }),
         }
     }
@@ -345,6 +350,14 @@ impl SimNet {
             sh: self.sh.clone(),
             rank,
         })
+    }
+
+    /// WRITEs of at most `n` bytes become inline on every rank's link (`Link::max_inline_write`:
+    /// the payload is copied when posted); 0, the default: none.
+    pub fn set_max_inline_write(&self, n: usize) {
+        self.sh
+            .max_inline
+            .store(n, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Delivers one in-flight message, of a pair the RNG picks. False if nothing is in flight.
@@ -617,6 +630,12 @@ impl Link for SimLink {
         SIM_MAX_RDMA
     }
 
+    fn max_inline_write(&self) -> usize {
+        self.sh
+            .max_inline
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     unsafe fn rdma(&self, peer: Rank, op: RdmaOp) -> Result<(), LinkError> {
         let n = self.sh.cfg.size;
         if peer >= n || peer == self.rank {
@@ -631,7 +650,12 @@ impl Link for SimLink {
         if st.silent[self.rank as usize] {
             return Ok(()); // a dead rank's calls go nowhere (it never polls again)
         }
-        st.push_flight(pair, self.rank, peer, Flight::Rdma(op));
+        let inline = (op.kind == RdmaKind::Write && op.len <= self.max_inline_write()).then(|| {
+            // SAFETY: `Link::rdma`'s contract: an inline WRITE's local range is readable for
+            // the call (copied now, as a verbs provider copies it into the WQE).
+            unsafe { std::slice::from_raw_parts(op.local_addr as *const u8, op.len) }.to_vec()
+        });
+        st.push_flight(pair, self.rank, peer, Flight::Rdma(op, inline));
         self.sh.arrived.notify_all();
         Ok(())
     }

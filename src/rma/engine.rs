@@ -89,6 +89,8 @@ pub struct Rma {
     size: u32,
     /// Longest chunk: Firehose's `max_op_len`, capped by the link's longest RDMA.
     max_chunk: usize,
+    /// Puts up to this long are posted inline, with no local registration (0: none).
+    inline_max: usize,
     small_put_max: usize,
     counters: Counters,
     /// Peers the endpoint declared lost, not yet told to the algorithm (a leaf lock).
@@ -199,6 +201,11 @@ impl Rma {
             rank,
             size,
             max_chunk,
+            inline_max: if size > 1 {
+                peers.link().max_inline_write().min(max_chunk)
+            } else {
+                0
+            },
             counters: Counters::default(),
             lost: Mutex::new(Vec::new()),
             revoke: Mutex::new(None),
@@ -403,7 +410,14 @@ impl Rma {
             return Ok(self.done_request(r, implicit));
         }
         let cache = self.local.as_ref().ok_or(fh_status::FH_ERR_NO_DEVICE)?;
-        let reg = cache.register(local as usize, len, Access::LOCAL_WRITE)?;
+        // A short put goes inline (the link copies it at post time): nothing to register, the
+        // pin-down cache's lookup and release leave its hit path.
+        let (reg, lkey) = if kind == RdmaKind::Write && len <= self.inline_max {
+            (None, 0)
+        } else {
+            let r = cache.register(local as usize, len, Access::LOCAL_WRITE)?;
+            (Some(r.handle), r.lkey)
+        };
         let n = len.div_ceil(self.max_chunk);
         let mut req = 0;
         for i in 0..n {
@@ -414,7 +428,7 @@ impl Rma {
                 peer,
                 kind,
                 local: local as u64 + off as u64,
-                lkey: reg.lkey,
+                lkey,
                 raddr: raddr + off as u64,
                 segs_left: 0,
                 holds_refs: false,
@@ -433,7 +447,7 @@ impl Rma {
                 if i == 0 {
                     req = ops.add_request(Request {
                         chunks_left: n as u32,
-                        reg: Some(reg.handle),
+                        reg,
                         error: None,
                         implicit,
                         done: false,

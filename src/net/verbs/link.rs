@@ -660,6 +660,10 @@ impl Link for VerbsLink {
         self.max_rdma
     }
 
+    fn max_inline_write(&self) -> usize {
+        self.max_inline
+    }
+
     unsafe fn rdma(&self, peer: Rank, op: RdmaOp) -> Result<(), LinkError> {
         if peer == self.rank {
             return Err(LinkError::BadRank(peer));
@@ -677,11 +681,14 @@ impl Link for VerbsLink {
             p.rdma_outstanding.fetch_add(1, Ordering::AcqRel);
             let flags = SendFlags {
                 signaled: true, // the caller needs every completion
-                inline: false,
+                // A short WRITE's payload is copied into the WQE: no local MR lookup at post
+                // or at transmit, and the caller needs no registration for it.
+                inline: op.kind == RdmaKind::Write && op.len <= self.max_inline,
             };
-            // SAFETY: `Link::rdma`'s contract: the local range is registered under `lkey` and
-            // left alone until the op's `RdmaDone`; the remote range is the target's, named by
-            // its rkey (a bad one fails the op at the target, never touches our memory).
+            // SAFETY: `Link::rdma`'s contract: the local range is registered under `lkey` (or,
+            // inline, readable for this call: the provider copies it) and left alone until the
+            // op's `RdmaDone`; the remote range is the target's, named by its rkey (a bad one
+            // fails the op at the target, never touches our memory).
             let r = unsafe {
                 match op.kind {
                     RdmaKind::Write => {
