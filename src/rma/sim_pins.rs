@@ -9,12 +9,10 @@
 
 use std::collections::HashMap;
 
-use super::self_copy;
 use crate::firehose::{PinFailure, RegionPins};
 use crate::net::sim::SimNet;
 use crate::net::Rank;
 use crate::pin::Access;
-use crate::status::fh_status;
 
 /// One rank's regions registered on the simulator for its peers.
 pub struct SimPins {
@@ -99,20 +97,7 @@ impl RegionPins for SimPins {
     }
 
     fn write(&mut self, addr: u64, data: &[u8]) -> Result<(), PinFailure> {
-        // SAFETY: `data` is a live slice, only read (a put reads the local side).
-        let r = unsafe {
-            self_copy::copy(
-                self_copy::Dir::Put,
-                data.as_ptr().cast_mut(),
-                addr,
-                data.len(),
-            )
-        };
-        r.map_err(|s| match s {
-            fh_status::FH_ERR_NO_MEMORY => PinFailure::NoMemory,
-            fh_status::FH_ERR_REMOTE_FAULT => PinFailure::Unmapped,
-            _ => PinFailure::Other,
-        })
+        super::target_pins::write_own_memory(addr, data)
     }
 }
 

@@ -110,21 +110,26 @@ impl RegionPins for TargetPins {
     }
 
     fn write(&mut self, addr: u64, data: &[u8]) -> Result<(), PinFailure> {
-        // A put that rode in a move: copied here by the kernel, so an unmapped target range is
-        // an error for the initiator and never a fault in this process.
-        // SAFETY: `data` is a live slice, only read (a put reads the local side).
-        let r = unsafe {
-            self_copy::copy(
-                self_copy::Dir::Put,
-                data.as_ptr().cast_mut(),
-                addr,
-                data.len(),
-            )
-        };
-        r.map_err(|s| match s {
-            crate::status::fh_status::FH_ERR_NO_MEMORY => PinFailure::NoMemory,
-            crate::status::fh_status::FH_ERR_REMOTE_FAULT => PinFailure::Unmapped,
-            _ => PinFailure::Other,
-        })
+        write_own_memory(addr, data)
     }
+}
+
+/// A put that rode in a move, written by its target into its own memory: copied by the kernel,
+/// so an unmapped target range is an error for the initiator and never a fault in this process.
+/// (Every `RegionPins` of a target in this process writes this way.)
+pub(crate) fn write_own_memory(addr: u64, data: &[u8]) -> Result<(), PinFailure> {
+    // SAFETY: `data` is a live slice, only read (a put reads the local side).
+    let r = unsafe {
+        self_copy::copy(
+            self_copy::Dir::Put,
+            data.as_ptr().cast_mut(),
+            addr,
+            data.len(),
+        )
+    };
+    r.map_err(|s| match s {
+        crate::status::fh_status::FH_ERR_NO_MEMORY => PinFailure::NoMemory,
+        crate::status::fh_status::FH_ERR_REMOTE_FAULT => PinFailure::Unmapped,
+        _ => PinFailure::Other,
+    })
 }
