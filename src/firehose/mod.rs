@@ -18,9 +18,10 @@
 //!   `Failed`) follows, no `release`. `small_put` (the payload, `len` bytes) only matters on
 //!   a miss and when `len <= small_put_max`; otherwise it is ignored (Hit/Pending: the driver
 //!   writes by RDMA). A put in a move still carries pins for its chunks when the quota allows,
-//!   so the next op there hits. Errors change nothing: zero length, overflow, bad rank,
-//!   own rank (the driver copies locally), longer than `max_op_len` (the driver splits),
-//!   duplicate op id, lost peer.
+//!   so the next op there hits, unless this peer's evicted firehoses go unused (then pinning
+//!   does not pay and most such moves carry none: `initiator/thrash.rs`, `FH_SMALL_PUT_PINS`).
+//!   Errors change nothing: zero length, overflow, bad rank, own rank (the driver copies
+//!   locally), longer than `max_op_len` (the driver splits), duplicate op id, lost peer.
 //! - `release(op)` after the RDMA of a `Hit`/`Ready` completed; unknown or repeated: error.
 //! - `poll_event()`: `Ready`, `Failed { error }` (`FhError::Remote(Unmapped)` when the target
 //!   could not pin: `FH_ERR_REMOTE_FAULT` via `FhError::status`; `PeerLost`), `PutDone`.
