@@ -279,7 +279,11 @@ fn sixteen_threads_each_see_their_range_unpinned() {
         h.join().unwrap();
     }
     let s = r.stats();
-    assert_eq!(s.waits, 16 * 40);
+    // Every unmap waited, except one whose range a sweep (another thread's push finding every
+    // slot busy) had already revoked between its pin and its unmap: that one finds nothing
+    // pinned and returns at once, correctly (its range is checked unpinned above either way).
+    assert_eq!(s.waits + s.fast_returns, 16 * 40, "{s:?}");
+    assert!(s.fast_returns == 0 || s.sweeps > 0, "{s:?}");
     assert_eq!(s.timeouts, 0);
     wait_until("every revocation finished", || {
         let s = r.stats();
