@@ -14,63 +14,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::{Duration, Instant};
 
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
-/// Memory the simulator may write behind Rust's back: reached only through its raw pointer while
-/// ops may run, and read as a slice only when none can.
-struct Buf {
-    ptr: *mut u8,
-    len: usize,
-}
-// SAFETY: plain heap memory; the tests synchronise access (completions, joins, barriers).
-unsafe impl Send for Buf {}
-// SAFETY: as above.
-unsafe impl Sync for Buf {}
-
-impl Buf {
-    fn new(len: usize, fill: u8) -> Buf {
-        let b = vec![fill; len].into_boxed_slice();
-        Buf {
-            ptr: Box::into_raw(b).cast::<u8>(),
-            len,
-        }
-    }
-    fn addr(&self) -> u64 {
-        self.ptr as u64
-    }
-    /// # Safety
-    /// No RDMA op may touch the buffer while the slice lives.
-    unsafe fn bytes(&self) -> &[u8] {
-        // SAFETY: allocated with `len` bytes in `new`; the caller guarantees no concurrent DMA.
-        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
-    }
-    /// # Safety
-    /// As `bytes`.
-    unsafe fn write(&self, off: usize, data: &[u8]) {
-        assert!(off + data.len() <= self.len);
-        // SAFETY: in bounds; the caller guarantees no concurrent DMA.
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.add(off), data.len()) }
-    }
-}
-
-impl Drop for Buf {
-    fn drop(&mut self) {
-        // SAFETY: made by Box::into_raw of a boxed slice of `len` bytes.
-        drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(self.ptr, self.len)) });
-    }
-}
+#[path = "common/sim_mem.rs"]
+#[allow(dead_code)]
+mod sim_mem;
+use sim_mem::{Buf, Rng};
 
 fn pattern(seed: u64, len: usize) -> Vec<u8> {
     let mut r = Rng(seed);

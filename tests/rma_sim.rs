@@ -28,56 +28,10 @@ use std::time::{Duration, Instant};
 
 const BUCKET: usize = 4096;
 
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
-/// Memory peers write behind Rust's back: reached only through its raw pointer while ops may
-/// run, read as a slice only when none can.
-struct Buf {
-    ptr: *mut u8,
-    len: usize,
-}
-// SAFETY: plain heap memory; the test synchronises access (completions, joins).
-unsafe impl Send for Buf {}
-// SAFETY: as above.
-unsafe impl Sync for Buf {}
-
-impl Buf {
-    fn new(len: usize) -> Buf {
-        let b = vec![0u8; len].into_boxed_slice();
-        Buf {
-            ptr: Box::into_raw(b).cast::<u8>(),
-            len,
-        }
-    }
-    fn addr(&self) -> u64 {
-        self.ptr as u64
-    }
-    /// # Safety
-    /// No op may touch the buffer while the slice lives.
-    unsafe fn bytes(&self) -> &[u8] {
-        // SAFETY: `len` bytes allocated in `new`; no concurrent access (caller).
-        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
-    }
-}
-
-impl Drop for Buf {
-    fn drop(&mut self) {
-        // SAFETY: made by Box::into_raw of a boxed slice of `len` bytes.
-        drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(self.ptr, self.len)) });
-    }
-}
+#[path = "common/sim_mem.rs"]
+#[allow(dead_code)]
+mod sim_mem;
+use sim_mem::{Buf, Rng};
 
 /// `SimPins` that checks Firehose's bound (pinned bytes <= M + MAXVICTIM) at every pin.
 struct Bounded {
@@ -160,7 +114,7 @@ fn job(size: u32, buf_len: usize, seed: u64, inline: usize) -> Job {
         .collect();
     Job {
         rmas,
-        bufs: (0..size).map(|_| Buf::new(buf_len)).collect(),
+        bufs: (0..size).map(|_| Buf::new(buf_len, 0)).collect(),
         peak,
         bound,
     }
