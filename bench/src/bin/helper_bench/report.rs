@@ -12,6 +12,8 @@ pub struct Header {
     pub backend: String,
     pub memlock: String,
     pub placement: String,
+    /// Where the program and the helper ran (`--cores`), or "unbound".
+    pub binding: String,
     pub reps: usize,
     pub quick: bool,
     /// The calibrated cost lines the model runs with.
@@ -22,6 +24,11 @@ pub struct Header {
 pub struct Row {
     pub mode: Mode,
     pub comm_ms: f64,
+    /// Sum over the communications of each one's median across the repetitions: the target is
+    /// judged on it. A preemption on a shared host lands on a few communications of one
+    /// repetition and drops out of their medians; a cost the mode itself adds (a caller's pin,
+    /// a slower transfer) recurs at the same communications in every repetition and stays in.
+    pub comm_step_ms: f64,
     pub comm_all: Vec<f64>,
     pub total_ms: f64,
     pub avg_kib: f64,
@@ -63,6 +70,15 @@ fn median(mut v: Vec<f64>) -> f64 {
     }
 }
 
+/// Sum over the program's communications of each one's median time across `rs` (ms).
+fn step_medians_ms(rs: &[&Run]) -> f64 {
+    let steps = rs.iter().map(|r| r.step_ns.len()).min().unwrap_or(0);
+    (0..steps)
+        .map(|i| median(rs.iter().map(|r| r.step_ns[i] as f64).collect()))
+        .sum::<f64>()
+        / 1e6
+}
+
 pub fn summarize(_p: &Program, runs: &[(Mode, Run)]) -> Summary {
     let rows = Mode::ALL
         .iter()
@@ -79,6 +95,7 @@ pub fn summarize(_p: &Program, runs: &[(Mode, Run)]) -> Summary {
             Row {
                 mode: m,
                 comm_ms: median(comm_all.clone()),
+                comm_step_ms: step_medians_ms(&rs),
                 comm_all,
                 total_ms: median(rs.iter().map(|r| r.total_ns as f64 / 1e6).collect()),
                 avg_kib: median(rs.iter().map(|r| r.pinned.avg / 1024.0).collect()),
@@ -110,6 +127,7 @@ pub fn summarize_model(runs: &[(Mode, firehose::helper::sim::Outcome)]) -> Summa
             Row {
                 mode: *m,
                 comm_ms: o.comm as f64 / 1e6,
+                comm_step_ms: o.comm as f64 / 1e6,
                 comm_all: vec![o.comm as f64 / 1e6],
                 total_ms: o.total as f64 / 1e6,
                 avg_kib: o.avg_pinned / 1024.0,
@@ -156,12 +174,15 @@ pub fn targets(programs: &[Program], results: &[Summary]) -> Vec<Target> {
             target: ">= 30 %",
             pass: saved >= 30.0,
         });
-        let over = 100.0 * (on.comm_ms / lazy.comm_ms.max(1e-9) - 1.0);
+        let over = 100.0 * (on.comm_step_ms / lazy.comm_step_ms.max(1e-9) - 1.0);
         out.push(Target {
             program: p.name,
             what: "communication time, helper over lazy",
             value: over,
-            text: format!("{over:+.1} % ({:.2} vs {:.2} ms)", on.comm_ms, lazy.comm_ms),
+            text: format!(
+                "{over:+.1} % ({:.2} vs {:.2} ms)",
+                on.comm_step_ms, lazy.comm_step_ms
+            ),
             target: "<= +5 %",
             pass: over <= 5.0,
         });
@@ -183,9 +204,10 @@ fn rows_table(o: &mut String, programs: &[Program], results: &[Summary]) {
         let _ = writeln!(o, "## {}: {}", p.name, p.about);
         let _ = writeln!(
             o,
-            " {:<8} {:>10} {:>9} {:>15} {:>16} {:>6} {:>6} {:>5} {:>6} {:>9} {:>10}",
+            " {:<8} {:>10} {:>13} {:>9} {:>15} {:>16} {:>6} {:>6} {:>5} {:>6} {:>9} {:>10}",
             "mode",
             "comm[ms]",
+            "comm_step[ms]",
             "total[ms]",
             "pinned_avg[KiB]",
             "pinned_peak[KiB]",
@@ -209,9 +231,10 @@ fn rows_table(o: &mut String, programs: &[Program], results: &[Summary]) {
             let n = |v: u64| if helper { v.to_string() } else { "-".into() };
             let _ = writeln!(
                 o,
-                " {:<8} {:>10.2} {:>9.1} {:>15.0} {:>16.0} {:>6} {:>6} {:>5} {:>6} {:>9} {:>10}",
+                " {:<8} {:>10.2} {:>13.2} {:>9.1} {:>15.0} {:>16.0} {:>6} {:>6} {:>5} {:>6} {:>9} {:>10}",
                 r.mode.name(),
                 r.comm_ms,
+                r.comm_step_ms,
                 r.total_ms,
                 r.avg_kib,
                 r.peak_kib,
@@ -257,12 +280,16 @@ pub fn table(
     );
     let _ = writeln!(
         o,
-        "# helper forced on; the placement policy (FH_HELPER_CPU=auto) says: {}",
-        h.placement
+        "# helper forced on ({}); the placement policy (FH_HELPER_CPU=auto) says: {}",
+        h.binding, h.placement
     );
     let _ = writeln!(
         o,
         "# comm = register + transfer (copy) + deregister summed over all communications; medians over reps"
+    );
+    let _ = writeln!(
+        o,
+        "# comm_step = each communication's median over reps, summed (preemptions drop out; the target uses it)"
     );
     let _ = writeln!(o, "# MEASURED on this host, helper forced on");
     rows_table(&mut o, programs, results);
@@ -295,6 +322,7 @@ fn json_rows(programs: &[Program], results: &[Summary]) -> Vec<serde_json::Value
                     json!({
                         "mode": r.mode.name(),
                         "comm_ms": r.comm_ms,
+                        "comm_step_ms": r.comm_step_ms,
                         "comm_ms_runs": r.comm_all,
                         "total_ms": r.total_ms,
                         "pinned_avg_kib": r.avg_kib,
@@ -332,6 +360,7 @@ pub fn json(h: &Header, programs: &[Program], results: &[Summary], modelled: &[S
         "backend": h.backend,
         "memlock": h.memlock,
         "placement_policy": h.placement,
+        "binding": h.binding,
         "reps": h.reps,
         "quick": h.quick,
         "model_costs": h.costs,
