@@ -269,7 +269,7 @@ fn bounded<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static
 /// # Safety
 /// `local` is valid for `len` bytes and left alone until this returns.
 unsafe fn op(
-    rma: &Arc<Rma>,
+    j: &Job,
     kind: RdmaKind,
     peer: Rank,
     raddr: u64,
@@ -277,6 +277,7 @@ unsafe fn op(
     len: usize,
     mode: Mode,
 ) -> Result<(), fh_status> {
+    let rma = &j.rmas[0];
     let implicit = mode == Mode::Implicit;
     // SAFETY: forwarded contract.
     let h = unsafe { rma.start(kind, peer, raddr, local, len, implicit) }.expect("start");
@@ -303,6 +304,13 @@ unsafe fn op(
             bounded("quiet", move || rma.quiet())
         }
     };
+    // The request may end only after its last completion: nothing of rank 0's (this rank is the
+    // only one posting, and nobody else polls it) is still to be reported.
+    assert_eq!(
+        j.net.rdma_unreported(0),
+        0,
+        "done before its last completion"
+    );
     if implicit {
         let rma = rma.clone();
         assert_eq!(
@@ -319,15 +327,14 @@ unsafe fn op(
 
 /// A verified put then get of fresh bytes at `raddr` of `peer`: the `Rma` still works.
 fn still_works(j: &Job, peer: Rank, raddr: u64, len: usize, seed: u64) {
-    let rma = &j.rmas[0];
     let src = pattern(seed, len);
     let mut back = vec![0u8; len];
     // SAFETY: both buffers outlive their ops (`op` returns when they are done).
     unsafe {
         let p = src.as_ptr().cast_mut();
-        op(rma, RdmaKind::Write, peer, raddr, p, len, Mode::Blocking).expect("put after");
+        op(j, RdmaKind::Write, peer, raddr, p, len, Mode::Blocking).expect("put after");
         let g = back.as_mut_ptr();
-        op(rma, RdmaKind::Read, peer, raddr, g, len, Mode::Blocking).expect("get after");
+        op(j, RdmaKind::Read, peer, raddr, g, len, Mode::Blocking).expect("get after");
         assert!(
             j.remote(peer as usize, raddr, len) == src,
             "put after: bytes"
@@ -384,7 +391,7 @@ fn refused_post_case(j: &Job, kind: RdmaKind, mode: Mode, path: Path, fail: usiz
         // SAFETY: `warm` outlives the op.
         unsafe {
             op(
-                rma,
+                j,
                 RdmaKind::Read,
                 1,
                 raddr,
@@ -406,7 +413,7 @@ fn refused_post_case(j: &Job, kind: RdmaKind, mode: Mode, path: Path, fail: usiz
     let refused0 = j.net.posts_refused();
     j.net.fail_rdma_posts(PostFault::Nth(fail as u64));
     // SAFETY: `local` outlives the op.
-    let r = unsafe { op(rma, kind, 1, raddr, local.as_mut_ptr(), len, mode) };
+    let r = unsafe { op(j, kind, 1, raddr, local.as_mut_ptr(), len, mode) };
     j.net.fail_rdma_posts(PostFault::Off);
     let s1 = rma.stats();
     assert_eq!(r, Err(SEG_FAILED), "{what}");
@@ -466,7 +473,7 @@ fn refused_post_with_inline_segments() {
     // SAFETY: the buffers outlive their ops.
     unsafe {
         op(
-            rma,
+            &j,
             RdmaKind::Read,
             1,
             raddr,
@@ -480,7 +487,7 @@ fn refused_post_with_inline_segments() {
             let s0 = rma.stats().rdma_posted;
             j.net.fail_rdma_posts(PostFault::Nth(fail));
             let p = src.as_ptr().cast_mut();
-            let r = op(rma, RdmaKind::Write, 1, raddr, p, 200, Mode::Blocking);
+            let r = op(&j, RdmaKind::Write, 1, raddr, p, 200, Mode::Blocking);
             assert_eq!(r, Err(SEG_FAILED), "inline segment {fail} refused");
             assert_eq!(rma.stats().rdma_posted - s0, 2, "two segments");
             let after = j.remote(1, raddr, 200);
@@ -493,7 +500,7 @@ fn refused_post_with_inline_segments() {
             j.check_no_leak();
             // Restore, for the next round's `before`.
             op(
-                rma,
+                &j,
                 RdmaKind::Write,
                 1,
                 raddr,
@@ -534,7 +541,7 @@ fn refused_post_in_a_later_chunk() {
         let fail = MAX_CHUNK_BUCKETS + 4;
         j.net.fail_rdma_posts(PostFault::Nth(fail as u64));
         // SAFETY: `local` outlives the op.
-        let r = unsafe { op(rma, kind, 1, raddr, local.as_mut_ptr(), len, mode) };
+        let r = unsafe { op(&j, kind, 1, raddr, local.as_mut_ptr(), len, mode) };
         j.net.fail_rdma_posts(PostFault::Off);
         let what = format!("{kind:?} {mode:?}");
         assert_eq!(r, Err(SEG_FAILED), "{what}");
@@ -569,7 +576,7 @@ fn segment_completing_with_an_error() {
                 let raddr = j.bases[1];
                 let mut warm = vec![0u8; len];
                 // SAFETY: `warm` outlives the op.
-                unsafe { op(rma, RdmaKind::Read, 1, raddr, warm.as_mut_ptr(), len, mode) }
+                unsafe { op(&j, RdmaKind::Read, 1, raddr, warm.as_mut_ptr(), len, mode) }
                     .expect("warm-up");
                 // Forget the rkey of the region of segment `fail` (as if the target had
                 // deregistered it behind Firehose's back).
@@ -592,7 +599,7 @@ fn segment_completing_with_an_error() {
                 };
                 let s0 = rma.stats();
                 // SAFETY: `local` outlives the op.
-                let r = unsafe { op(rma, kind, 1, raddr, local.as_mut_ptr(), len, mode) };
+                let r = unsafe { op(&j, kind, 1, raddr, local.as_mut_ptr(), len, mode) };
                 let s1 = rma.stats();
                 assert_eq!(r, Err(SEG_FAILED), "{what}");
                 assert_eq!(s1.fh.hits - s0.fh.hits, 1, "{what}: posted from start");
@@ -605,7 +612,7 @@ fn segment_completing_with_an_error() {
                 // Rank 1 is lost to rank 0: later ops to it fail at once, cleanly ...
                 let mut b = vec![0u8; 8];
                 // SAFETY: `b` outlives the op.
-                let r = unsafe { op(rma, RdmaKind::Read, 1, raddr, b.as_mut_ptr(), 8, mode) };
+                let r = unsafe { op(&j, RdmaKind::Read, 1, raddr, b.as_mut_ptr(), 8, mode) };
                 assert_eq!(r, Err(fh_status::FH_ERR_PEER_LOST), "{what}: after");
                 // ... and rank 2 still works.
                 still_works(&j, 2, j.bases[2], len, 10);

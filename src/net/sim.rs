@@ -440,6 +440,18 @@ impl SimNet {
         self.sh.lock().rdma_done
     }
 
+    /// RDMA ops `rank` posted whose `RdmaDone` its `poll` has not handed out yet (on the wire,
+    /// or arrived and waiting in its inbox). A layer above that reports an op done while this is
+    /// non-zero (and no poll of `rank` runs) ended it before its last completion.
+    pub fn rdma_unreported(&self, rank: Rank) -> usize {
+        let st = self.sh.lock();
+        let done = st.inbox[rank as usize]
+            .iter()
+            .filter(|a| matches!(a, Arrival::RdmaDone { .. }))
+            .count();
+        st.rdma_from[rank as usize] + done
+    }
+
     /// From now on, refuse the `rdma` posts `fault` picks (replacing the previous choice):
     /// `rdma` returns `LinkError::Device` with nothing posted, and no `RdmaDone` ever comes for
     /// it, as when a verbs `ibv_post_send` fails; the connection stays up. For tests.
