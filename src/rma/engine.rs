@@ -119,7 +119,10 @@ fn link_status(e: &LinkError) -> fh_status {
         LinkError::BadRank(_) => fh_status::FH_ERR_BAD_RANK,
         LinkError::TooLong { .. } => fh_status::FH_ERR_TOO_LARGE,
         LinkError::Closed => fh_status::FH_ERR_FINALIZED,
-        // A remote access error breaks the connection (RC); so does a device error.
+        // A remote access error breaks the connection (RC); so does a device error. A post the
+        // device refused (`Device` from `rdma`, the connection possibly still up) is reported
+        // the same: no status says "this transfer failed, the peer is fine", and the caller's
+        // remedy is the same (the transfer did not complete; tests/rma_seg_fail.rs).
         _ => fh_status::FH_ERR_PEER_LOST,
     }
 }
