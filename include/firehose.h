@@ -812,10 +812,12 @@ enum fh_status fh_get_limits(const struct fh_cache *cache, size_t *max_pinned, s
  * they are there. Any address of the target is valid (stack, heap, mmap; never registered by
  * anyone); the local buffer is registered through the context's pin-down cache, except a put
  * no longer than the device's inline size (256 bytes on rxe), which is copied when posted and
- * needs no registration. Errors (and nothing is written): `FH_ERR_NULL`, `FH_ERR_ZERO_LENGTH`,
- * `FH_ERR_OVERFLOW`, `FH_ERR_BAD_RANK`, `FH_ERR_REMOTE_FAULT` (the target range is not mapped
- * there), `FH_ERR_PIN_FAILED` (a longer `src` cannot be registered), `FH_ERR_PEER_LOST`,
- * `FH_ERR_FINALIZED`.
+ * needs no registration. Errors: `FH_ERR_NULL`, `FH_ERR_ZERO_LENGTH`, `FH_ERR_OVERFLOW`,
+ * `FH_ERR_BAD_RANK` (these write nothing), `FH_ERR_REMOTE_FAULT` (the target range is not
+ * mapped there), `FH_ERR_PIN_FAILED` (a longer `src` cannot be registered), `FH_ERR_PEER_LOST`
+ * (also when the device refused to post part of the transfer), `FH_ERR_FINALIZED`. A put moves
+ * in pieces (one RDMA per remote region it spans): after a failure the pieces that ran stay
+ * written, so the target range may hold part of the data.
  * A put to the own rank is a local copy (with the same checks).
  *
  * # Safety

@@ -2,10 +2,11 @@
 //! random writes and reads land byte-exact and report their token exactly once, a write then a
 //! send on one pair arrive in that order, bad keys and ranges fail with `RemoteAccess` and lose
 //! the peer (outstanding ops fail first), bad arguments are refused with nothing posted, 16
-//! threads post at once, and the AM endpoint passes completions up to its RDMA handler.
+//! threads post at once, the AM endpoint passes completions up to its RDMA handler, and posts
+//! refused on purpose (`SimNet::fail_rdma_posts`) report nothing and leave the connection up.
 
 use firehose::net::settings::NetSettings;
-use firehose::net::sim::{Delivery, SimConfig, SimLink, SimNet};
+use firehose::net::sim::{Delivery, PostFault, SimConfig, SimLink, SimNet};
 use firehose::net::solo::SoloLink;
 use firehose::net::{Am, Link, LinkError, LinkEvent, Rank, RdmaKind, RdmaOp};
 use firehose::pin::Access;
@@ -767,4 +768,58 @@ fn inline_write_takes_its_bytes_at_post_time() {
         let want = if inline > 0 { 0x11 } else { 0x22 };
         assert_eq!(got, vec![want; 8], "inline {inline}");
     }
+}
+
+/// `fail_rdma_posts`: the chosen post is refused with `Device` (nothing posted, no `RdmaDone`),
+/// the posts around it run, the connection stays up; `OneIn` refuses about one in n.
+#[test]
+fn refused_posts_report_nothing_and_keep_the_connection() {
+    let j = job(2, 6, Delivery::Manual, 256);
+    let local = Buf::new(256, 0x5A);
+    let post = |t: u64| {
+        let o = op(
+            RdmaKind::Write,
+            local.addr() + 32 * t,
+            32,
+            j.regions[1].addr() + 32 * t,
+            j.rkeys[1],
+            t,
+        );
+        // SAFETY: registered target range; `local` outlives the ops (drained below).
+        unsafe { j.links[0].rdma(1, o) }
+    };
+    j.net.fail_rdma_posts(PostFault::Nth(1));
+    let got: Vec<_> = (0..4).map(post).collect();
+    assert!(matches!(got[1], Err(LinkError::Device(_))), "{got:?}");
+    assert!(got.iter().enumerate().all(|(i, r)| i == 1 || r.is_ok()));
+    assert_eq!(j.net.posts_refused(), 1);
+    j.net.steps(100);
+    let want: Vec<Ev> = [0, 2, 3].iter().map(|&t| Ev::Done(1, t, Ok(()))).collect();
+    assert_eq!(
+        drain(&j.links[0]),
+        want,
+        "no completion for the refused post"
+    );
+    assert!(drain(&j.links[1]).is_empty(), "nobody lost");
+    // SAFETY: every op is done.
+    let region = unsafe { j.regions[1].bytes() };
+    assert!(region[..32].iter().all(|&b| b == 0x5A));
+    assert!(
+        region[32..64].iter().all(|&b| b == 0),
+        "the refused one wrote nothing"
+    );
+    assert!(region[64..128].iter().all(|&b| b == 0x5A));
+
+    j.net.fail_rdma_posts(PostFault::OneIn(4));
+    let refused = (0..400u64)
+        .filter(|t| matches!(post(t % 8), Err(LinkError::Device(_))))
+        .count();
+    assert!((50..150).contains(&refused), "{refused} of 400 refused");
+    assert_eq!(j.net.posts_refused(), 1 + refused as u64);
+    j.net.fail_rdma_posts(PostFault::Off);
+    assert!(post(0).is_ok());
+    j.net.steps(10_000);
+    let done = drain(&j.links[0]);
+    assert_eq!(done.len(), 400 - refused + 1);
+    assert!(done.iter().all(|e| matches!(e, Ev::Done(1, _, Ok(())))));
 }

@@ -250,6 +250,17 @@ impl Firehose {
     pub fn ops_in_flight(&self) -> usize {
         self.init.ops.len()
     }
+
+    /// References held on this rank's firehoses, all peers together (for drivers and tests:
+    /// zero once every op is released; each Active or Waiting op holds one per firehose it uses).
+    #[doc(hidden)]
+    pub fn refs_held(&self) -> u64 {
+        let p = &self.init.peers;
+        p.iter()
+            .flat_map(|p| p.by_handle.values())
+            .map(|&id| u64::from(self.init.fhs[id as usize].refs))
+            .sum()
+    }
 }
 
 impl Firehose {

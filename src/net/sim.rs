@@ -24,6 +24,10 @@
 //!   `poll` moves its pairs up to their last RDMA op (a one-sided op must not wait for the
 //!   target's CPU); in `Manual` mode `step` moves them like messages. An op whose target was
 //!   `silence`d fails with `PeerLost` and loses the peer for the initiator, as a probe does.
+//! - Refused posts: `fail_rdma_posts` makes chosen `rdma` calls return `LinkError::Device`
+//!   synchronously, as a verbs `ibv_post_send` error does: nothing is posted, no `RdmaDone`
+//!   follows, the connection stays up (for tests of what the layers above do with a refusal in
+//!   the middle of several posts).
 
 use crate::net::{Link, LinkError, LinkEvent, Rank, RdmaKind, RdmaOp};
 use crate::pin::Access;
@@ -65,6 +69,20 @@ impl SimConfig {
 
 /// The longest RDMA op the simulator accepts (as rxe's port maximum).
 pub const SIM_MAX_RDMA: usize = 1 << 31;
+
+/// Which `Link::rdma` posts the simulator refuses (`SimNet::fail_rdma_posts`). Posts are
+/// numbered in the order they reach the simulator, on every rank together, counting only those
+/// that would otherwise be accepted (arguments valid, connection up).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PostFault {
+    /// None is refused (the default).
+    Off,
+    /// The `n`-th post from now (0: the next one) is refused; the fault then turns `Off`.
+    Nth(u64),
+    /// Each post is refused with probability `1 / n`, drawn from a seeded RNG of its own (the
+    /// delivery order of a seed is unchanged). `OneIn(0)` and `OneIn(1)` refuse every post.
+    OneIn(u64),
+}
 
 enum Arrival {
     Msg {
@@ -140,6 +158,10 @@ struct State {
     overruns: u64,
     delivered: u64,
     rdma_done: u64,
+    post_fault: PostFault,
+    fault_rng: u64,
+    /// Posts refused by `post_fault` so far.
+    posts_refused: u64,
 }
 
 struct Shared {
@@ -173,6 +195,24 @@ fn splitmix(s: &mut u64) -> u64 {
 }
 
 impl State {
+    /// Whether `post_fault` refuses the post being made (counted if so).
+    fn refuse_post(&mut self) -> bool {
+        let refuse = match self.post_fault {
+            PostFault::Off => false,
+            PostFault::Nth(0) => {
+                self.post_fault = PostFault::Off;
+                true
+            }
+            PostFault::Nth(n) => {
+                self.post_fault = PostFault::Nth(n - 1);
+                false
+            }
+            PostFault::OneIn(n) => splitmix(&mut self.fault_rng) % n.max(1) == 0,
+        };
+        self.posts_refused += u64::from(refuse);
+        refuse
+    }
+
     fn push_flight(&mut self, pair: usize, from: Rank, to: Rank, f: Flight) {
         if self.active_pos[pair].is_none() {
             self.active_pos[pair] = Some(self.active.len());
@@ -327,6 +367,9 @@ impl SimNet {
             overruns: 0,
             delivered: 0,
             rdma_done: 0,
+            post_fault: PostFault::Off,
+            fault_rng: cfg.seed ^ 0x5EED_FA17,
+            posts_refused: 0,
         };
         SimNet {
             sh: Arc::new(Shared {
@@ -395,6 +438,30 @@ impl SimNet {
     /// RDMA ops executed or failed so far (each accepted op counts once).
     pub fn rdma_done(&self) -> u64 {
         self.sh.lock().rdma_done
+    }
+
+    /// RDMA ops `rank` posted whose `RdmaDone` its `poll` has not handed out yet (on the wire,
+    /// or arrived and waiting in its inbox). A layer above that reports an op done while this is
+    /// non-zero (and no poll of `rank` runs) ended it before its last completion.
+    pub fn rdma_unreported(&self, rank: Rank) -> usize {
+        let st = self.sh.lock();
+        let done = st.inbox[rank as usize]
+            .iter()
+            .filter(|a| matches!(a, Arrival::RdmaDone { .. }))
+            .count();
+        st.rdma_from[rank as usize] + done
+    }
+
+    /// From now on, refuse the `rdma` posts `fault` picks (replacing the previous choice):
+    /// `rdma` returns `LinkError::Device` with nothing posted, and no `RdmaDone` ever comes for
+    /// it, as when a verbs `ibv_post_send` fails; the connection stays up. For tests.
+    pub fn fail_rdma_posts(&self, fault: PostFault) {
+        self.sh.lock().post_fault = fault;
+    }
+
+    /// `rdma` posts refused by `fail_rdma_posts` so far.
+    pub fn posts_refused(&self) -> u64 {
+        self.sh.lock().posts_refused
     }
 
     /// Registers `[addr, addr + len)` of `rank`'s memory for remote read and write; returns its
@@ -646,6 +713,9 @@ impl Link for SimLink {
         let pair = (self.rank * n + peer) as usize;
         if st.lost[pair] {
             return Err(LinkError::PeerLost(peer));
+        }
+        if st.refuse_post() {
+            return Err(LinkError::Device("simulated post failure".into()));
         }
         if st.silent[self.rank as usize] {
             return Ok(()); // a dead rank's calls go nowhere (it never polls again)

@@ -41,6 +41,10 @@ struct Counters {
     self_ops: AtomicU64,
     rejected: AtomicU64,
     rdma_posted: AtomicU64,
+    /// Releases (`Firehose::release`, the cache's `deregister`) that `after` saw fail: a chunk
+    /// or a registration released twice (a bug; `check_idle` reports it), or a cache that was
+    /// quarantined by a fork.
+    bad_releases: AtomicU64,
 }
 
 /// A snapshot of `Rma::stats`.
@@ -115,7 +119,10 @@ fn link_status(e: &LinkError) -> fh_status {
         LinkError::BadRank(_) => fh_status::FH_ERR_BAD_RANK,
         LinkError::TooLong { .. } => fh_status::FH_ERR_TOO_LARGE,
         LinkError::Closed => fh_status::FH_ERR_FINALIZED,
-        // A remote access error breaks the connection (RC); so does a device error.
+        // A remote access error breaks the connection (RC); so does a device error. A post the
+        // device refused (`Device` from `rdma`, the connection possibly still up) is reported
+        // the same: no status says "this transfer failed, the peer is fine", and the caller's
+        // remedy is the same (the transfer did not complete; tests/rma_seg_fail.rs).
         _ => fh_status::FH_ERR_PEER_LOST,
     }
 }
@@ -304,11 +311,16 @@ impl Rma {
     fn after(&self, op: u64, f: Option<Finished>) {
         let Some(f) = f else { return };
         if f.release {
-            // Cannot fail for an op that holds references (the table says it does).
-            let _ = self.with_core(|fh, _| fh.release(op));
+            // Cannot fail for an op that holds references (the table says it does); counted if
+            // it ever does (a double release), for `check_idle`.
+            if self.with_core(|fh, _| fh.release(op)).is_err() {
+                self.counters.bad_releases.fetch_add(1, Relaxed);
+            }
         }
         if let (Some(h), Some(c)) = (f.dereg, &self.local) {
-            let _ = c.deregister(h);
+            if c.deregister(h).is_err() {
+                self.counters.bad_releases.fetch_add(1, Relaxed);
+            }
         }
     }
 
@@ -557,6 +569,28 @@ impl Rma {
         v.sort_unstable();
         v.dedup();
         v
+    }
+
+    /// For tests: `Ok` when nothing is left of past operations (call once every request is
+    /// done and no thread starts more): no chunk or running request in the table, no Firehose
+    /// op unreleased, no reference held on a firehose, no release that failed (a double
+    /// release), and the algorithm's own bookkeeping consistent. Otherwise what is left.
+    #[doc(hidden)]
+    pub fn check_idle(&self) -> Result<(), String> {
+        let (chunks, running) = {
+            let ops = lock(&self.ops);
+            (ops.chunks.values().count(), ops.running())
+        };
+        let g = lock(&self.engine);
+        let (fh_ops, refs) = (g.fh.ops_in_flight(), g.fh.refs_held());
+        let bad = self.counters.bad_releases.load(Relaxed);
+        if chunks + running + fh_ops > 0 || refs > 0 || bad > 0 {
+            return Err(format!(
+                "chunks {chunks}, running requests {running}, Firehose ops {fh_ops}, \
+                 firehose refs {refs}, failed releases {bad}"
+            ));
+        }
+        g.fh.check_invariants()
     }
 
     pub fn stats(&self) -> RmaStats {
