@@ -6,6 +6,9 @@
 //! no older than the invalidations finished before the op was acquired, no unpin while an
 //! RDMA uses a key, the core's own bookkeeping invariants. At the end every op completed.
 
+#[path = "common/sim_mem.rs"]
+#[allow(dead_code)]
+mod sim_mem;
 #[path = "firehose_sim/world.rs"]
 mod world;
 

@@ -14,19 +14,10 @@ use std::time::{Duration, Instant};
 const ECHO: u16 = 1;
 const SINK: u16 = 2;
 
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
+#[path = "common/sim_mem.rs"]
+#[allow(dead_code)]
+mod sim_mem;
+use sim_mem::Rng;
 
 /// The echo handler's answer: the target's rank, then the payload reversed.
 fn echo_of(target: Rank, payload: &[u8]) -> Vec<u8> {

@@ -1,6 +1,7 @@
-//! Test scaffolding shared by the simulator tests (`tests/net_rdma_sim.rs`, `tests/rma_sim.rs`):
-//! a seeded RNG and a buffer the simulator writes through raw pointers. Included with
-//! `#[path]`; not every test uses every item.
+//! Test scaffolding shared by the simulator tests (`tests/net_sim.rs`, `tests/net_rdma_sim.rs`,
+//! `tests/rma_sim.rs`, `tests/rma_seg_fail.rs`, `tests/firehose_sim.rs`): a seeded RNG
+//! (splitmix64: the same seed gives the same run) and a buffer the simulator writes through raw
+//! pointers. Included with `#[path]`; not every test uses every item.
 
 pub struct Rng(pub u64);
 impl Rng {
@@ -11,8 +12,13 @@ impl Rng {
         z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
         z ^ (z >> 31)
     }
+    /// Uniform in `0..n` (0 when `n` is 0).
     pub fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
+        self.next() % n.max(1)
+    }
+    /// True with probability `pct` percent.
+    pub fn chance(&mut self, pct: u64) -> bool {
+        self.below(100) < pct
     }
 }
 
