@@ -10,11 +10,13 @@
 //! are ignored), unpin when
 //!
 //! ```text
-//!     now + t_unpin + t_pin + t_event + slack <= next      (the paper's inequality (1))
+//!     now + t_unpin + t_pin + t_event + slack + min_unpinned <= next
 //! ```
 //!
-//! and queue the region in the registration queue (`rq.rs`) with deadline `next - slack`. A
-//! region with no prediction at all is unpinned at once (the paper: it may never be used again).
+//! (the paper's inequality (1), plus `min_unpinned`: an unpin must buy at least that long
+//! unpinned, see `PlannerConfig`), and queue the region in the registration queue (`rq.rs`) with
+//! deadline `next - slack`. A region with no prediction at all is unpinned once it has been idle
+//! `unpredicted_idle_ns` (the paper: at once, it may never be used again).
 //! Otherwise it stays pinned and is looked at again when its prediction is overdue, so a wrong
 //! prediction (the last iteration of an inner loop looks like every other one) costs only that
 //! delay. A region the helper pinned whose use does not come is treated the same way.
@@ -50,10 +52,22 @@ pub struct PlannerConfig {
     /// that (a helper needs an idle core), the cap keeps it useful where it runs anyway.
     pub max_lateness_ns: u64,
     /// A region with no prediction yet is unpinned once it has been idle this long (ns). The
-    /// paper unpins at once (a buffer used once should not stay pinned); waiting a little keeps
-    /// loops that are still being learned from paying a pin per iteration (in the MG skeleton:
-    /// +9.5 % communication time with 0, +2.2 % with 5 ms, modelled).
+    /// paper unpins at once (a buffer used once should not stay pinned); waiting keeps loops
+    /// that are still being learned from paying a pin per iteration. 20 ms covers an outer
+    /// iteration of the NAS skeletons, so their loops are learned before their buffers go (MG,
+    /// modelled: +9.5 % communication time with 0, +2.2 % with 5 ms, +0.0 % with 20 ms; measured
+    /// with `helper_bench --cores 0,1`: 5 unpredicted caller pins per run with 5 ms, none with
+    /// 20 ms). A buffer used once stays pinned that much longer (the lazy cache: for ever).
     pub unpredicted_idle_ns: u64,
+    /// An unpin is planned only if the region then stays unpinned at least this long (ns). The
+    /// paper's inequality accepts any gap the pin and unpin fit into; but each unpin and its
+    /// re-pin are two system calls on the helper's core whose effects reach the program's (its
+    /// cache lines, the cache's shared lines), while the pinned bytes a sub-millisecond gap
+    /// saves are small. Measured (`helper_bench --cores 0,1`, comm_step): the CG skeleton's
+    /// inner loop (0.8 ms between uses of two 512 KiB buffers) cost +7.8..+9.0 % communication
+    /// time with 0 (about 700 unpin/re-pin pairs per run), +2.8..+3.4 % with 2 ms (about 45),
+    /// for 71 % -> 54 % fewer pinned bytes than lazy.
+    pub min_unpinned_ns: u64,
 }
 
 impl Default for PlannerConfig {
@@ -65,7 +79,8 @@ impl Default for PlannerConfig {
             page_shift: 12,
             max_regions: 1 << 16,
             max_lateness_ns: 2_000_000,
-            unpredicted_idle_ns: 5_000_000,
+            unpredicted_idle_ns: 20_000_000,
+            min_unpinned_ns: 2_000_000,
         }
     }
 }
@@ -448,7 +463,7 @@ impl Planner {
         let next = p.earliest;
         let t_pin = self.cost.pin_ns(pages) + self.cfg.event_ns;
         let t_unpin = self.cost.unpin_ns(pages);
-        if now + t_unpin + t_pin + slack <= next {
+        if now + t_unpin + t_pin + slack + self.cfg.min_unpinned_ns <= next {
             r.pin = PinState::Unpinned { planned: true };
             self.rq.insert(key, next - slack, t_pin);
             return Some(Action::Unpin(key));
@@ -636,6 +651,47 @@ mod tests {
         let wake = p.next_wakeup().unwrap();
         assert!(wake > 5 * period && wake < 7 * period, "{wake}");
         assert_eq!(p.poll(wake), Some(Action::Unpin(key(1))));
+    }
+
+    /// Uses every 1.5 ms: unpin + pin + slack (~0.2 ms) fit into the gap, so the paper's
+    /// inequality alone unpins and re-pins every time; `min_unpinned_ns` (2 ms by default)
+    /// keeps the region pinned once its period is learned.
+    #[test]
+    fn a_gap_shorter_than_min_unpinned_is_not_worth_an_unpin() {
+        let run = |min_unpinned_ns: u64| {
+            let mut p = Planner::new(
+                PlannerConfig {
+                    slack_ns: 100_000,
+                    unpredicted_idle_ns: 0,
+                    min_unpinned_ns,
+                    ..Default::default()
+                },
+                CostModel::fixed((20_000, 100), (5_000, 50)),
+            );
+            let period = 1_500_000;
+            let mut unpins_after_learning = 0;
+            for i in 0..8u64 {
+                use_at(&mut p, key(1), i + 1, i * period, i == 0);
+                p.on_event(Event::Release {
+                    handle: i + 1,
+                    t: i * period + 10_000,
+                });
+                while let Some(a) = p.poll(i * period + 10_000) {
+                    if let Action::Unpin(k) = a {
+                        p.unpinned(k, k.len(), 0, 0);
+                        unpins_after_learning += u32::from(i >= 3);
+                    }
+                }
+            }
+            unpins_after_learning
+        };
+        assert_eq!(
+            run(0),
+            5,
+            "the paper's rule: an unpin in every gap once learned"
+        );
+        assert_eq!(PlannerConfig::default().min_unpinned_ns, 2_000_000);
+        assert_eq!(run(2_000_000), 0, "kept pinned");
     }
 
     #[test]

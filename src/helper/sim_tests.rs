@@ -208,12 +208,30 @@ fn no_reuse_is_unpinned_once_idle() {
         })
         .collect();
     let lazy = run(&prog, None);
-    let on = run(&prog, Some(helper_cfg(2)));
+    let on = run(
+        &prog,
+        Some(PlannerConfig {
+            unpredicted_idle_ns: 5 * MS,
+            ..helper_cfg(2)
+        }),
+    );
     report("no reuse", &lazy, &on);
     assert_eq!((on.stats.late, on.stats.early), (0, 0));
     // The last few were still within their idle time when the program ended.
     assert!(on.stats.helper_unpins >= 95, "{:?}", on.stats);
     assert!(on.avg_pinned <= 0.15 * lazy.avg_pinned);
+    // The default idle time: every buffer idle longer than it by the end (one every 1.1 ms) is
+    // unpinned, and none before it.
+    let default = run(&prog, Some(helper_cfg(2)));
+    let idle = PlannerConfig::default().unpredicted_idle_ns;
+    let still_idle = idle.div_ceil(MS + 100 * US);
+    assert!(
+        default.stats.helper_unpins + still_idle + 1 >= 100,
+        "{:?}",
+        default.stats
+    );
+    assert!(default.stats.helper_unpins < 100, "{:?}", default.stats);
+    assert!(default.avg_pinned < lazy.avg_pinned);
     let paper = run(
         &prog,
         Some(PlannerConfig {
