@@ -19,8 +19,8 @@
 //! summed, which the communication-time target is judged on (on a shared host a preemption
 //! lands in a few communications of one repetition and can decide a median of whole runs).
 //! `--cores A,B` binds the program to core A and the helper to core B, the idle core the
-//! paper's placement policy gives a helper. `--series DIR` writes each mode's pinned-bytes series of the last
-//! repetition as CSV (`scripts/bench-helper` plots them).
+//! paper's placement policy gives a helper. `--series DIR` writes each mode's pinned-bytes
+//! series of the last repetition as CSV (`scripts/bench-helper` plots them).
 
 #[path = "../../cli.rs"]
 mod cli;
@@ -181,21 +181,18 @@ struct Bound(libc::cpu_set_t);
 
 impl Bound {
     fn to(cpu: usize) -> Bound {
-        let size = std::mem::size_of::<libc::cpu_set_t>();
-        // SAFETY: an all-zero cpu_set_t is a valid empty set; both calls get valid sets of
-        // `size` bytes and affect this thread only.
-        unsafe {
+        // SAFETY: an all-zero cpu_set_t is a valid empty set; sched_getaffinity fills it for
+        // this thread.
+        let old = unsafe {
             let mut old: libc::cpu_set_t = std::mem::zeroed();
-            let mut one: libc::cpu_set_t = std::mem::zeroed();
+            let size = std::mem::size_of::<libc::cpu_set_t>();
             assert_eq!(libc::sched_getaffinity(0, size, &mut old), 0);
-            libc::CPU_SET(cpu, &mut one);
-            assert_eq!(
-                libc::sched_setaffinity(0, size, &one),
-                0,
-                "bind to core {cpu}"
-            );
-            Bound(old)
+            old
+        };
+        if let Err(e) = helper::placement::bind_current_thread(cpu) {
+            panic!("helper_bench: cannot bind the program to core {cpu}: errno {e}");
         }
+        Bound(old)
     }
 }
 
