@@ -19,3 +19,23 @@ where
 pub fn finish<A>(parsed: Result<Option<A>, lexopt::Error>) -> Result<A, String> {
     parsed.map_err(|e| e.to_string())?.ok_or_else(String::new)
 }
+
+/// The parsed arguments, or the end of the process as every bench binary ends it: `--help`
+/// prints the usage (exit 0), a bad argument prints `name: error` and the usage on stderr
+/// (exit 2).
+#[allow(dead_code)] // not every binary parses through `finish`
+pub fn or_exit<A>(parsed: Result<A, String>, name: &str, usage: &str) -> A {
+    use std::io::Write as _;
+    match parsed {
+        Ok(a) => a,
+        Err(e) if e.is_empty() => {
+            print!("{usage}");
+            let _ = std::io::stdout().flush();
+            std::process::exit(0);
+        }
+        Err(e) => {
+            eprintln!("{name}: {e}\n{usage}");
+            std::process::exit(2);
+        }
+    }
+}

@@ -194,17 +194,7 @@ fn measure(test: &'static str, region: u32, ws: u64, f: usize, a: &Args) -> Row 
 }
 
 fn main() {
-    let a = match parse() {
-        Ok(a) => a,
-        Err(e) if e.is_empty() => {
-            print!("{USAGE}");
-            return;
-        }
-        Err(e) => {
-            eprintln!("fh_core: {e}\n{USAGE}");
-            std::process::exit(2);
-        }
-    };
+    let a = cli::or_exit(parse(), "fh_core", USAGE);
     let mut rows = Vec::new();
     for region in [1u32, 32] {
         for ws in [1u64, 1024, 16384] {

@@ -68,17 +68,7 @@ fn parse() -> Result<Cmd, String> {
 }
 
 fn main() {
-    let cmd = match parse() {
-        Ok(c) => c,
-        Err(e) if e.is_empty() => {
-            print!("{USAGE}");
-            return;
-        }
-        Err(e) => {
-            eprintln!("fh_plot: {e}\n{USAGE}");
-            std::process::exit(2);
-        }
-    };
+    let cmd = cli::or_exit(parse(), "fh_plot", USAGE);
     let done = match cmd {
         Cmd::Fh { json, out } => fh::run(&json, &out),
         Cmd::Helper { dir, out } => helper_series::run(&dir, &out),

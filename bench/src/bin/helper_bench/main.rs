@@ -297,17 +297,7 @@ fn open_backend(name: &str) -> Result<Arc<dyn Pinner>, String> {
 }
 
 fn main() {
-    let args = match parse() {
-        Ok(a) => a,
-        Err(e) if e.is_empty() => {
-            print!("{USAGE}");
-            return;
-        }
-        Err(e) => {
-            eprintln!("helper_bench: {e}\n{USAGE}");
-            std::process::exit(2);
-        }
-    };
+    let args = cli::or_exit(parse(), "helper_bench", USAGE);
     let memlock = memlock::raise();
     if let Some((a, b)) = args.cores {
         let allowed = helper::placement::allowed_cpus();
