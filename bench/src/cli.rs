@@ -23,7 +23,7 @@ pub fn finish<A>(parsed: Result<Option<A>, lexopt::Error>) -> Result<A, String> 
 /// The parsed arguments, or the end of the process as every bench binary ends it: `--help`
 /// prints the usage (exit 0), a bad argument prints `name: error` and the usage on stderr
 /// (exit 2).
-#[allow(dead_code)] // not every binary parses through `finish`
+#[allow(dead_code)] // am_bench, fh_bench, reg_write_bw print their help on stderr instead
 pub fn or_exit<A>(parsed: Result<A, String>, name: &str, usage: &str) -> A {
     use std::io::Write as _;
     match parsed {

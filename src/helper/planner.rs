@@ -65,7 +65,7 @@ pub struct PlannerConfig {
     /// cache lines, the cache's shared lines), while the pinned bytes a sub-millisecond gap
     /// saves are small. Measured (`helper_bench --cores 0,1`, comm_step): the CG skeleton's
     /// inner loop (0.8 ms between uses of two 512 KiB buffers) cost +7.8..+9.0 % communication
-    /// time with 0 (about 700 unpin/re-pin pairs per run), +2.8..+3.4 % with 2 ms (about 45),
+    /// time with 0 (about 700 unpin/re-pin pairs per run), -3.0..+3.4 % with 2 ms (about 45),
     /// for 71 % -> 54 % fewer pinned bytes than lazy.
     pub min_unpinned_ns: u64,
 }
