@@ -36,7 +36,8 @@ series = {
     "am_msg_rate_mpps": values("am", lambda r: r["msg_rate_mpps"], "rate"),
     "am_msg_rate_512_mpps": values("am_rate512", lambda r: r["msg_rate_mpps"], "rate"),
 }
-for tool, tag in (("am_attn_pt", "thread"), ("am_attn_poll", "polling"), ("am_attn_nopt", "nothread")):
+for tool, tag in (("am_attn_pt", "thread"), ("am_attn_poll", "polling"), ("am_attn_nopt", "nothread"),
+                  ("wake_floor", "wakefloor")):
     for busy in ("compute", "sleep"):
         for stat in ("typical", "p99"):
             series[f"attn_{tag}_{busy}_{stat}_us"] = values(tool, lambda r: phase(r, busy)[stat])
@@ -45,7 +46,9 @@ med = {k: statistics.median(v) for k, v in series.items() if v}
 
 
 def ratio(a, b):
-    return med[a] / med[b] if med.get(b) else float("inf")
+    # A measurement that is missing gives NaN, which fails every target (an infinite ratio
+    # would pass a ">=" one).
+    return med[a] / med[b] if a in med and med.get(b) else float("nan")
 
 
 targets = [
@@ -94,6 +97,16 @@ for tag, what in (("thread", "FH_PROGRESS_THREAD=1"), ("polling", "thread, FH_PR
         if f"{k}_typical_us" in med:
             print(f"reply while rank 1 {busy:7}s, {what}: median {med[k + '_typical_us']:10.1f} usec, "
                   f"p99 {med[k + '_p99_us']:10.1f} usec")
+# The floor under any progress thread that sleeps (wake_floor: a pipe, no RDMA, same phases and
+# CPUs): informative, the target stays the idle RTT.
+if "attn_wakefloor_compute_typical_us" in med:
+    wf = {b: med[f"attn_wakefloor_{b}_typical_us"] for b in ("compute", "sleep")}
+    print(f"wake-up floor (wake_floor: a thread sleeping in poll() answers a pipe write from the other CPU): "
+          f"median {wf['compute']:.1f} usec while its process computes, {wf['sleep']:.1f} while it sleeps"
+          + (f"; {wf['compute'] / med['am_rtt_typical_us']:.1f}x the idle AM RTT" if med.get("am_rtt_typical_us") else ""))
+    if "attn_thread_compute_typical_us" in med:
+        print(f"  firehose's reply while computing (progress thread) / this floor: "
+              f"{med['attn_thread_compute_typical_us'] / wf['compute']:.2f}")
 if "am_msg_rate_512_mpps" in med and med.get("ib_send_bw_msg_rate_mpps"):
     r512 = per_rep("am_rate512", lambda r: r["msg_rate_mpps"], "rate", "ib_send_bw", lambda r: r["msg_rate_mpps"])
     print(f"firehose AM one-way with FH_AM_RECV_DEPTH=512 (ib_send_bw's receive depth): "
@@ -127,7 +140,7 @@ for n, v, kind, t, what in targets:
 doc = {
     "bench": "bench-am", "bytes": 8, "iterations": iters, "reps": reps,
     "median": med, "series": series,
-    "ratios": {n: v for n, v, *_ in targets},
+    "ratios": {n: (v if v == v else None) for n, v, *_ in targets},  # NaN (missing) as null
     "per_rep_ratios": ranges,
     "targets": {n: {kind: t, "result": verdict[n]} for n, _, kind, t, _ in targets},
     "runs": runs,
