@@ -13,6 +13,8 @@
 
 #[path = "../cli.rs"]
 mod cli;
+#[path = "am_bench/pace.rs"]
+mod pace;
 #[path = "am_bench/summary.rs"]
 mod summary;
 
@@ -20,7 +22,7 @@ use serde_json::json;
 use std::hint::black_box;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use summary::Summary;
 
 const USAGE: &str = "\
@@ -157,15 +159,7 @@ fn child(req: i32, ans: i32, block: Duration) -> ! {
         match phase.load(Ordering::Acquire) {
             QUIT => break,
             SLEEP => std::thread::sleep(block),
-            _ => {
-                // The same arithmetic as am_bench's rank 1; the clock every 4096 steps.
-                let end = Instant::now() + block;
-                while Instant::now() < end {
-                    for _ in 0..4096 {
-                        x = black_box(x.rotate_left(7) ^ x.wrapping_mul(0xBF58_476D_1CE4_E5B9));
-                    }
-                }
-            }
+            _ => x = pace::compute(block, x), // am_bench rank 1's arithmetic
         }
     }
     black_box(x);
@@ -197,15 +191,6 @@ fn ask(req: i32, ans: i32, what: u8) -> (f64, f64) {
         t2.saturating_sub(t0) as f64 / 1e3,
         woke.saturating_sub(t0) as f64 / 1e3,
     )
-}
-
-/// splitmix64 step: am_bench attn's request times.
-fn next(s: &mut u64) -> u64 {
-    *s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    let mut z = *s;
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
 }
 
 struct Phase {
@@ -245,10 +230,12 @@ fn main() {
     for (i, (code, name)) in PHASES.into_iter().enumerate() {
         ask(req[1], ans[0], code);
         std::thread::sleep(block); // the child is in its phase before the first request
-        let mut seed = 42 + i as u64;
+        let mut seed = pace::seed(i);
         let (mut reply, mut wake) = (Vec::new(), Vec::new());
         for _ in 0..a.samples {
-            std::thread::sleep(Duration::from_micros(next(&mut seed) % (a.block_ms * 1000)));
+            std::thread::sleep(Duration::from_micros(
+                pace::next(&mut seed) % (a.block_ms * 1000),
+            ));
             let (r, w) = ask(req[1], ans[0], REQUEST);
             reply.push(r);
             wake.push(w);

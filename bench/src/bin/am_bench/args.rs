@@ -40,17 +40,22 @@ pub struct Args {
     pub attn_samples: usize,
     /// Length of one responder compute (or sleep) block in `attn`.
     pub block_ms: u64,
+    /// How rank 0 waits between `attn` requests: busy (true) or asleep.
+    pub spin_gaps: bool,
     pub json: bool,
 }
 
 pub const USAGE: &str = "\
 usage: mpirun -np 2 am_bench [--test lat,rate,attn] [--size 8] [--iters 2000] [--msgs 20000]
-                             [--warmup 200] [--attn-samples 40] [--block-ms 100] [--json]
+                             [--warmup 200] [--attn-samples 40] [--block-ms 100]
+                             [--attn-gaps sleep|spin] [--json]
   Active messages of net::Peers (PeersConfig::from_env), rank 0 -> rank 1 (other ranks idle).
   lat:  request/reply round trip, requester busy-polling wait; RTT and RTT/2 (ib_send_lat's unit).
   rate: one-way messages; rate = messages / time until a final request's reply (sender side).
   attn: rank 1 computes (then sleeps) in --block-ms blocks, calling progress only between blocks;
         rank 0 sends requests at random times. FH_PROGRESS_THREAD applies to rank 1 only here.
+        --attn-gaps: rank 0 sleeps between requests (default) or busy-waits, as in lat, so
+        that its own wake-up from a sleep is not in the reply time.
   --json: one JSON object per test per line (rank 0 only prints).
 ";
 
@@ -87,6 +92,7 @@ where
         warmup: 200,
         attn_samples: 40,
         block_ms: 100,
+        spin_gaps: false,
         json: false,
     };
     let mut p = lexopt::Parser::from_args(args);
@@ -99,6 +105,15 @@ where
             Long("warmup") => a.warmup = num(&mut p, "--warmup")?,
             Long("attn-samples") => a.attn_samples = num(&mut p, "--attn-samples")?,
             Long("block-ms") => a.block_ms = num(&mut p, "--block-ms")?,
+            Long("attn-gaps") => {
+                a.spin_gaps = match p.value()?.string()?.as_str() {
+                    "spin" => true,
+                    "sleep" => false,
+                    other => {
+                        return Err(format!("--attn-gaps: {other:?} is not sleep or spin").into())
+                    }
+                }
+            }
             Long("json") => a.json = true,
             Short('h') | Long("help") => return Ok(None),
             _ => return Err(arg.unexpected()),
@@ -123,6 +138,9 @@ mod tests {
         assert_eq!(a.tests, vec![Test::Rate, Test::Lat]);
         assert_eq!(a.iters, 5);
         assert!(a.json);
+        assert!(!a.spin_gaps);
+        assert!(parse(["--attn-gaps", "spin"]).unwrap().spin_gaps);
+        assert!(parse(["--attn-gaps", "nap"]).is_err());
         assert!(parse(["--test", "bw"]).is_err());
         assert!(parse(["--iters", "0"]).is_err());
         assert_eq!(parse(["--help"]).unwrap_err(), "");

@@ -6,6 +6,7 @@
 //! average.
 
 use crate::args::Args;
+use crate::pace;
 use crate::summary::Summary;
 use crate::{fail, Ctx, ECHO};
 use std::hint::black_box;
@@ -74,18 +75,9 @@ fn work(ctx: &Ctx, a: &Args, b: Busy) {
     let threaded = ctx.peers.am().has_progress_thread();
     let mut x = 0x9E37_79B9_7F4A_7C15u64;
     while !ctx.stop.swap(false, Ordering::AcqRel) {
-        let end = Instant::now() + block;
         match b {
             Busy::Sleep => std::thread::sleep(block),
-            // Arithmetic the optimiser cannot drop; the clock is read every few thousand steps
-            // (a read costs microseconds under TCG).
-            Busy::Compute => {
-                while Instant::now() < end {
-                    for _ in 0..4096 {
-                        x = black_box(x.rotate_left(7) ^ x.wrapping_mul(0xBF58_476D_1CE4_E5B9));
-                    }
-                }
-            }
+            Busy::Compute => x = pace::compute(block, x),
         }
         if !threaded {
             if let Err(e) = ctx.peers.progress() {
@@ -96,24 +88,26 @@ fn work(ctx: &Ctx, a: &Args, b: Busy) {
     black_box(x);
 }
 
-/// splitmix64 step: the request times, reproducible from run to run.
-fn next(s: &mut u64) -> u64 {
-    *s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    let mut z = *s;
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
-/// Rank 0: requests at random times, each reply timed; then STOP and the phase's barrier.
+/// Rank 0: requests at random times (sleeping or busy in between, `--attn-gaps`), each reply
+/// timed; then STOP and the phase's barrier.
 fn ask(ctx: &Ctx, a: &Args, b: Busy) -> Phase {
     let am = ctx.peers.am();
     let msg = vec![0x3Cu8; a.size];
-    let mut seed = 42 + b as u64;
+    let mut seed = pace::seed(b as usize);
     let block_us = a.block_ms * 1000;
     let mut us = Vec::with_capacity(a.attn_samples);
     for _ in 0..a.attn_samples {
-        std::thread::sleep(Duration::from_micros(next(&mut seed) % block_us));
+        let gap = Duration::from_micros(pace::next(&mut seed) % block_us);
+        if a.spin_gaps {
+            // Busy, as rank 0 is through the lat test: the reply time then holds no wake-up
+            // of the requester itself.
+            let end = Instant::now() + gap;
+            while Instant::now() < end {
+                std::hint::spin_loop();
+            }
+        } else {
+            std::thread::sleep(gap);
+        }
         let t = Instant::now();
         let r = am
             .call(1, ECHO, &msg)

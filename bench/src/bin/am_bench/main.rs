@@ -13,6 +13,7 @@ mod attn;
 #[path = "../../cli.rs"]
 mod cli;
 mod lat;
+mod pace;
 mod rate;
 mod report;
 mod summary;

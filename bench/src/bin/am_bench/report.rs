@@ -79,14 +79,16 @@ pub fn attn(r: &Attn, a: &Args) -> String {
         return format!(
             "{}\n",
             json!({"test": "attn", "bytes": a.size, "block_ms": a.block_ms,
+                   "gaps": if a.spin_gaps { "spin" } else { "sleep" },
                    "progress_thread": r.progress_thread, "phases": phases})
         );
     }
     let mut s = format!(
-        "Attentiveness: rank 1 busy in {} ms blocks, progress thread {}; reply latency of requests at random times\n \
+        "Attentiveness: rank 1 busy in {} ms blocks, progress thread {}; reply latency of requests at random times (rank 0 {} in between)\n \
          busy      #samples  t_min[usec]  t_typical[usec]  99% percentile[usec]  t_max[usec]\n",
         a.block_ms,
-        if r.progress_thread { "on" } else { "off" }
+        if r.progress_thread { "on" } else { "off" },
+        if a.spin_gaps { "busy" } else { "asleep" }
     );
     for p in &r.phases {
         s += &format!(
