@@ -174,6 +174,13 @@ impl Firehose {
         self.out.pop_front()
     }
 
+    /// Whether `poll_transmit` or `poll_event` has something (a driver that finds nothing can
+    /// skip draining them: the common case after a hit or a release).
+    #[inline]
+    pub fn has_output(&self) -> bool {
+        !self.out.is_empty() || !self.init.events.is_empty()
+    }
+
     pub fn handle_message(
         &mut self,
         from: Rank,
