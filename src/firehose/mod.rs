@@ -59,6 +59,7 @@ pub mod config;
 pub mod error;
 mod fifo;
 mod initiator;
+mod op_table;
 mod small;
 pub mod stats;
 mod target;
@@ -171,6 +172,13 @@ impl Firehose {
 
     pub fn poll_transmit(&mut self) -> Option<(Rank, Vec<u8>)> {
         self.out.pop_front()
+    }
+
+    /// Whether `poll_transmit` or `poll_event` has something (a driver that finds nothing can
+    /// skip draining them: the common case after a hit or a release).
+    #[inline]
+    pub fn has_output(&self) -> bool {
+        !self.out.is_empty() || !self.init.events.is_empty()
     }
 
     pub fn handle_message(

@@ -260,28 +260,37 @@ impl Rma {
     /// under the lock: they must leave in order), then handles its events without the lock.
     fn with_core<R>(&self, f: impl FnOnce(&mut Firehose, &mut dyn RegionPins) -> R) -> R {
         let _inside = crate::inside::enter();
-        let mut events = Vec::new();
-        let r = {
-            let mut g = lock(&self.engine);
-            let Engine { fh, pins } = &mut *g;
-            let r = match pins {
-                Some(p) => f(fh, p.as_mut()),
-                None => f(fh, &mut NoPins),
-            };
-            while let Some((to, msg)) = fh.poll_transmit() {
-                // A failed send means the peer is lost (or we finalized): the loss handler
-                // tells the algorithm, which fails what waited on it.
-                let _ = self.peers.am().send_oneway(to, FIREHOSE_AM, &msg);
-            }
-            while let Some(ev) = fh.poll_event() {
-                events.push(ev);
-            }
-            r
+        let mut g = lock(&self.engine);
+        let Engine { fh, pins } = &mut *g;
+        let r = match pins {
+            Some(p) => f(fh, p.as_mut()),
+            None => f(fh, &mut NoPins),
         };
+        // A hit or a release usually leaves nothing to send or handle.
+        if !fh.has_output() {
+            return r;
+        }
+        let events = self.drain(fh);
+        drop(g);
         for ev in events {
             self.on_event(ev);
         }
         r
+    }
+
+    /// Sends the algorithm's messages (under the engine lock, `fh` is its content: they must
+    /// leave in order) and takes its events, to be handled once the lock is released.
+    fn drain(&self, fh: &mut Firehose) -> Vec<Event> {
+        while let Some((to, msg)) = fh.poll_transmit() {
+            // A failed send means the peer is lost (or we finalized): the loss handler tells
+            // the algorithm, which fails what waited on it.
+            let _ = self.peers.am().send_oneway(to, FIREHOSE_AM, &msg);
+        }
+        let mut events = Vec::new();
+        while let Some(ev) = fh.poll_event() {
+            events.push(ev);
+        }
+        events
     }
 
     fn on_message(&self, from: Rank, data: &[u8]) {

@@ -18,6 +18,7 @@ mod messages;
 mod thrash;
 
 use super::fifo::{Links, List};
+use super::op_table::OpTable;
 use super::small::{Inline2, IntMap};
 use super::{Event, FirehoseConfig, OpId};
 use crate::net::Rank;
@@ -116,7 +117,7 @@ pub(crate) struct Initiator {
     pub pin_free: Vec<u32>,
     /// (peer, request id) -> what the move asked. Peer-chosen keys in replies: SipHash.
     pub moves: HashMap<(Rank, u32), MoveRec>,
-    pub ops: IntMap<OpId, Op>,
+    pub ops: OpTable<Op>,
     pub events: VecDeque<Event>,
     /// Ops failed since the stats were last updated (`take_failures`).
     pub failed: u64,
@@ -146,7 +147,7 @@ impl Initiator {
             pins: Vec::new(),
             pin_free: Vec::new(),
             moves: HashMap::new(),
-            ops: IntMap::default(),
+            ops: OpTable::default(),
             events: VecDeque::new(),
             failed: 0,
         }
