@@ -76,11 +76,11 @@ pub struct Cache {
     pub(super) page: usize,
     pub(super) shift: u32,
     pub(super) slots: Box<[ReaderSlot; SLOTS]>,
-    /// Writer bit, overflow bit and announced invalidations: the one word a hit checks.
+    /// Writer bit, overflow bit and announced invalidations: the one word a hit checks. Beside
+    /// them, in the same line, `gate.0.joined`: exclusive slots that ever entered this cache, and
+    /// the highest such id (writers scan slots 0..=max only, and skip the membarrier when the
+    /// only joined slot is their own).
     pub(super) gate: Padded<Gate>,
-    /// Exclusive slots that ever entered this cache, and the highest such id (writers scan
-    /// slots 0..=max only, and skip the membarrier when the only joined slot is their own).
-    pub(super) joined: Padded<(AtomicUsize, AtomicUsize)>,
     /// The ranges announced in `gate` (a ring that is full raises the gate's overflow bit).
     pub(super) queue: Padded<InvalQueue>,
     /// Set in a child process after `fork` (see `quarantine`): every call fails with
@@ -133,7 +133,6 @@ impl Cache {
             shift: page.trailing_zeros(),
             slots: Box::new(std::array::from_fn(|_| ReaderSlot::default())),
             gate: Padded(Gate::new()),
-            joined: Padded((AtomicUsize::new(0), AtomicUsize::new(0))),
             queue: Padded(InvalQueue::new()),
             forked: AtomicBool::new(false),
             index: UnsafeCell::new(Index::new(page.trailing_zeros())),

@@ -58,8 +58,8 @@ impl Writer<'_> {
         let c = self.cache;
         c.gate.0.raise_writer();
         // A slot joining after these loads sees the flag (its join RMWs precede its flag load).
-        let n = c.joined.0 .0.load(Ordering::SeqCst);
-        let max = c.joined.0 .1.load(Ordering::SeqCst);
+        let n = c.gate.0.joined.0.load(Ordering::SeqCst);
+        let max = c.gate.0.joined.1.load(Ordering::SeqCst);
         if membarrier::available() {
             let me = my_slot();
             let alone = n == 0 || (n == 1 && me != 0 && c.slots[me].joined.load(Ordering::Relaxed));
@@ -95,7 +95,7 @@ impl Cache {
     #[cold]
     pub(super) fn join(&self, sid: usize) {
         self.slots[sid].joined.store(true, Ordering::Relaxed);
-        self.joined.0 .1.fetch_max(sid, Ordering::SeqCst);
-        self.joined.0 .0.fetch_add(1, Ordering::SeqCst);
+        self.gate.0.joined.1.fetch_max(sid, Ordering::SeqCst);
+        self.gate.0.joined.0.fetch_add(1, Ordering::SeqCst);
     }
 }

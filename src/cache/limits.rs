@@ -67,9 +67,20 @@ impl Cache {
     pub(super) fn detach(&self, x: &Exclusive, p: RegionPtr, unpins: &mut Vec<RegionPtr>) {
         x.index().remove(&self.slab, p);
         // SAFETY: `p` was indexed, hence live; readers are excluded, so its count cannot rise.
-        let prev = unsafe { p.as_ref() }
-            .state
-            .fetch_or(DETACHED, Ordering::AcqRel);
+        let state = &unsafe { p.as_ref() }.state;
+        // An idle region (every eviction): with readers excluded nobody can acquire it, and with
+        // no holder nobody can release it, so the word cannot change under us and a plain store
+        // sets DETACHED (no locked instruction: slow on the miss path, right after system calls).
+        // Acquire: the last holder's release (its AcqRel decrement) happens before our unpin.
+        // (A PENDING region has a holder, the miss pinning it, so it never takes this branch.)
+        let now = state.load(Ordering::Acquire);
+        if now & COUNT_MASK == 0 {
+            state.store(now | DETACHED, Ordering::Release);
+            unpins.push(p);
+            return;
+        }
+        // Held: a holder may release meanwhile, and whichever of us comes last unpins.
+        let prev = state.fetch_or(DETACHED, Ordering::AcqRel);
         if prev & COUNT_MASK == 0 {
             unpins.push(p);
         }

@@ -1,44 +1,107 @@
 //! Ordered map start -> id for containment and overlap queries, as a two-level sorted array:
-//! blocks of at most `BLOCK` (start, id) pairs plus one array of each block's first start.
-//! 12 bytes per entry in blocks that stay >= half full (appends at the end fill blocks
+//! blocks of at most `BLOCK` (start, id) entries plus one array of (each block's first start,
+//! block). 12 bytes per entry in blocks that stay >= half full (appends at the end fill blocks
 //! completely), against ~40 bytes per entry for a `BTreeMap<usize, ptr>` with its node overhead.
 //! Mutated only by the writer with readers excluded; `&self` queries run concurrently.
+//!
+//! Cache lines, for the miss path (which runs cold, between system calls): an entry's start and
+//! id sit side by side (packed, 12 bytes), a block is one 64-byte aligned allocation with its
+//! length in front of its entries, and a block's first start sits next to its pointer. Looking
+//! up, inserting or removing in a small index then touches two lines (the top array and the
+//! block's first line), where separate arrays of starts, ids, firsts and `Vec` headers took five.
 
 const BLOCK: usize = 256;
 
+/// One (start, id) pair: 12 bytes, aligned to 4, so the start and the id share a line.
+#[derive(Clone, Copy, Default)]
+#[repr(C, packed(4))]
+struct Entry {
+    key: usize,
+    id: u32,
+}
+
+/// Up to `BLOCK` entries in key order; `len` sits in the first line, with the first entries.
+#[repr(C, align(64))]
 struct Block {
-    keys: Vec<usize>,
-    ids: Vec<u32>,
+    len: u32,
+    entries: [Entry; BLOCK],
 }
 
 impl Block {
-    fn with(keys: Vec<usize>, ids: Vec<u32>) -> Block {
-        Block { keys, ids }
+    fn new() -> Box<Block> {
+        Box::new(Block {
+            len: 0,
+            entries: [Entry::default(); BLOCK],
+        })
+    }
+
+    #[inline]
+    fn entries(&self) -> &[Entry] {
+        &self.entries[..self.len as usize]
+    }
+
+    /// Position of the first entry with key > `key`.
+    #[inline]
+    fn upper(&self, key: usize) -> usize {
+        self.entries().partition_point(|e| { e.key } <= key)
+    }
+
+    #[inline]
+    fn key(&self, i: usize) -> usize {
+        self.entries[i].key
+    }
+
+    fn insert_at(&mut self, i: usize, key: usize, id: u32) {
+        let n = self.len as usize;
+        debug_assert!(n < BLOCK && i <= n);
+        if i < n {
+            // (Not for appends: a copy of nothing is still a call to memmove.)
+            self.entries.copy_within(i..n, i + 1);
+        }
+        self.entries[i] = Entry { key, id };
+        self.len += 1;
+    }
+
+    fn remove_at(&mut self, i: usize) {
+        let n = self.len as usize;
+        debug_assert!(i < n);
+        if i + 1 < n {
+            self.entries.copy_within(i + 1..n, i);
+        }
+        self.len -= 1;
     }
 }
 
 pub struct Sorted {
-    firsts: Vec<usize>,
-    blocks: Vec<Block>,
+    /// (first key, block) per block, in key order; no block is empty.
+    blocks: Vec<(usize, Box<Block>)>,
     /// The last block that emptied, kept for the next new block: a cache that goes empty <->
     /// one region on every miss (tight bounds) then pays no malloc/free pair per insert/remove.
-    spare: Option<Block>,
+    spare: Option<Box<Block>>,
 }
 
 impl Sorted {
     pub fn new() -> Self {
         Sorted {
-            firsts: Vec::new(),
             blocks: Vec::new(),
             spare: None,
         }
     }
 
+    /// Block of the last entry with key <= `key` (`None`: every key is greater).
+    #[inline]
+    fn pred_block(&self, key: usize) -> Option<usize> {
+        self.blocks
+            .partition_point(|&(f, _)| f <= key)
+            .checked_sub(1)
+    }
+
     /// (block, position) of the last entry with key <= `key`.
     #[inline]
     fn pred_pos(&self, key: usize) -> Option<(usize, usize)> {
-        let b = self.firsts.partition_point(|&f| f <= key).checked_sub(1)?;
-        let i = self.blocks[b].keys.partition_point(|&k| k <= key) - 1;
+        let b = self.pred_block(key)?;
+        // The block's first key is <= `key`, so `upper` is at least 1.
+        let i = self.blocks[b].1.upper(key) - 1;
         Some((b, i))
     }
 
@@ -46,8 +109,8 @@ impl Sorted {
     #[inline]
     pub fn pred(&self, key: usize) -> Option<(usize, u32)> {
         let (b, i) = self.pred_pos(key)?;
-        let blk = &self.blocks[b];
-        Some((blk.keys[i], blk.ids[i]))
+        let e = self.blocks[b].1.entries[i];
+        Some((e.key, e.id))
     }
 
     /// Visit entries in key order, starting at the last one with key <= `key` (or at the first
@@ -59,12 +122,10 @@ impl Sorted {
 
     fn scan_at(&self, mut b: usize, mut i: usize, mut f: impl FnMut(usize, u32) -> bool) {
         while b < self.blocks.len() {
-            let blk = &self.blocks[b];
-            while i < blk.keys.len() {
-                if !f(blk.keys[i], blk.ids[i]) {
+            for e in &self.blocks[b].1.entries()[i..] {
+                if !f(e.key, e.id) {
                     return;
                 }
-                i += 1;
             }
             b += 1;
             i = 0;
@@ -74,7 +135,7 @@ impl Sorted {
     /// Visit entries with key >= `from` in key order until `f` returns false.
     pub fn scan_from(&self, from: usize, f: impl FnMut(usize, u32) -> bool) {
         let (b, i) = match self.pred_pos(from) {
-            Some((b, i)) if self.blocks[b].keys[i] == from => (b, i),
+            Some((b, i)) if self.blocks[b].1.key(i) == from => (b, i),
             Some((b, i)) => (b, i + 1),
             None => (0, 0),
         };
@@ -82,7 +143,7 @@ impl Sorted {
     }
 
     pub fn insert(&mut self, key: usize, id: u32) {
-        let b = match self.firsts.partition_point(|&f| f <= key).checked_sub(1) {
+        let b = match self.pred_block(key) {
             Some(b) => b,
             None if self.blocks.is_empty() => {
                 self.push_block(key, id);
@@ -91,13 +152,12 @@ impl Sorted {
             None => 0, // new smallest key: goes to the front of block 0
         };
         let last = b + 1 == self.blocks.len();
-        let blk = &mut self.blocks[b];
-        let i = blk.keys.partition_point(|&k| k < key);
-        debug_assert!(blk.keys.get(i) != Some(&key), "duplicate key");
-        if blk.keys.len() < BLOCK {
-            blk.keys.insert(i, key);
-            blk.ids.insert(i, id);
-            self.firsts[b] = blk.keys[0];
+        let (first, blk) = &mut self.blocks[b];
+        let i = blk.entries().partition_point(|e| { e.key } < key);
+        debug_assert!(i == blk.len as usize || blk.key(i) != key, "duplicate key");
+        if (blk.len as usize) < BLOCK {
+            blk.insert_at(i, key, id);
+            *first = blk.key(0);
             return;
         }
         if i == BLOCK && last {
@@ -106,68 +166,60 @@ impl Sorted {
             return;
         }
         // Split in half, then insert into the proper half.
-        let mut keys = Vec::with_capacity(BLOCK);
-        let mut ids = Vec::with_capacity(BLOCK);
-        keys.extend(blk.keys.drain(BLOCK / 2..));
-        ids.extend(blk.ids.drain(BLOCK / 2..));
-        self.firsts.insert(b + 1, keys[0]);
-        self.blocks.insert(b + 1, Block::with(keys, ids));
+        let mut upper = self.spare.take().unwrap_or_else(Block::new);
+        upper.entries[..BLOCK - BLOCK / 2].copy_from_slice(&blk.entries[BLOCK / 2..]);
+        upper.len = (BLOCK - BLOCK / 2) as u32;
+        blk.len = (BLOCK / 2) as u32;
+        self.blocks.insert(b + 1, (upper.key(0), upper));
         self.insert(key, id);
     }
 
     /// A new last block holding just (key, id); reuses the spare block if there is one.
     fn push_block(&mut self, key: usize, id: u32) {
-        let blk = match self.spare.take() {
-            Some(mut blk) => {
-                debug_assert!(blk.keys.is_empty() && blk.ids.is_empty());
-                blk.keys.push(key);
-                blk.ids.push(id);
-                blk
-            }
-            None => Block::with(alloc_keys(key), alloc_ids(id)),
-        };
-        self.firsts.push(key);
-        self.blocks.push(blk);
+        let mut blk = self.spare.take().unwrap_or_else(Block::new);
+        debug_assert!(blk.len == 0);
+        blk.insert_at(0, key, id);
+        self.blocks.push((key, blk));
     }
 
     pub fn remove(&mut self, key: usize) -> Option<u32> {
         let (b, i) = self.pred_pos(key)?;
         let nblocks = self.blocks.len();
-        let next_len = self.blocks.get(b + 1).map_or(usize::MAX, |n| n.keys.len());
-        let blk = &mut self.blocks[b];
-        if blk.keys[i] != key {
+        let next_len = self
+            .blocks
+            .get(b + 1)
+            .map_or(usize::MAX, |n| n.1.len as usize);
+        let (first, blk) = &mut self.blocks[b];
+        let e = blk.entries[i];
+        if { e.key } != key {
             return None;
         }
-        let id = blk.ids[i];
-        if blk.keys.len() == 1 {
+        if blk.len == 1 {
             // The block empties: keep it as the spare (no element moves; the last block, the
             // usual case, is popped rather than shifted out).
-            blk.keys.clear();
-            blk.ids.clear();
+            blk.len = 0;
             let empty = if b + 1 == nblocks {
-                self.firsts.pop();
                 self.blocks.pop()
             } else {
-                self.firsts.remove(b);
                 Some(self.blocks.remove(b))
             };
-            self.spare = empty;
-            return Some(id);
+            self.spare = empty.map(|(_, blk)| blk);
+            return Some(e.id);
         }
-        blk.keys.remove(i);
-        blk.ids.remove(i);
-        {
-            self.firsts[b] = blk.keys[0];
-            // Merge with the next block when both fit in one (keeps blocks dense under churn).
-            if b + 1 < nblocks && blk.keys.len().saturating_add(next_len) <= BLOCK / 2 {
-                let next = self.blocks.remove(b + 1);
-                self.firsts.remove(b + 1);
-                let blk = &mut self.blocks[b];
-                blk.keys.extend(next.keys);
-                blk.ids.extend(next.ids);
-            }
+        blk.remove_at(i);
+        *first = blk.key(0);
+        // Merge with the next block when both fit in one (keeps blocks dense under churn).
+        if b + 1 < nblocks && (blk.len as usize).saturating_add(next_len) <= BLOCK / 2 {
+            let (_, next) = self.blocks.remove(b + 1);
+            let blk = &mut self.blocks[b].1;
+            let (n, m) = (blk.len as usize, next.len as usize);
+            blk.entries[n..n + m].copy_from_slice(next.entries());
+            blk.len += m as u32;
+            let mut next = next;
+            next.len = 0;
+            self.spare = Some(next);
         }
-        Some(id)
+        Some(e.id)
     }
 
     pub fn is_empty(&self) -> bool {
@@ -176,20 +228,8 @@ impl Sorted {
 
     #[cfg(test)]
     pub fn len(&self) -> usize {
-        self.blocks.iter().map(|b| b.keys.len()).sum()
+        self.blocks.iter().map(|b| b.1.len as usize).sum()
     }
-}
-
-fn alloc_keys(k: usize) -> Vec<usize> {
-    let mut v = Vec::with_capacity(BLOCK);
-    v.push(k);
-    v
-}
-
-fn alloc_ids(id: u32) -> Vec<u32> {
-    let mut v = Vec::with_capacity(BLOCK);
-    v.push(id);
-    v
 }
 
 #[cfg(test)]
@@ -237,5 +277,74 @@ mod tests {
         }
         let dense = s.len() as f64 / (s.blocks.len() * BLOCK) as f64;
         assert!(dense > 0.3, "blocks stay reasonably full: {dense}");
+    }
+
+    /// Layout the miss path counts on: a start and its id in one line, a block's length and its
+    /// first entries in the block's first line.
+    #[test]
+    fn entries_share_lines() {
+        assert_eq!(std::mem::size_of::<Entry>(), 12);
+        assert_eq!(std::mem::align_of::<Block>(), 64);
+        assert_eq!(std::mem::offset_of!(Block, entries), 4);
+        let b = Block::new();
+        assert_eq!(&*b as *const Block as usize % 64, 0);
+    }
+
+    /// Descending inserts (every insert goes to the front of block 0: splits of a full first
+    /// block), then blocks emptied one at a time from the middle and from the end (the spare is
+    /// reused), then refilled: the map matches a `BTreeMap` after every step.
+    #[test]
+    fn front_inserts_and_emptied_blocks() {
+        let mut s = Sorted::new();
+        let mut m: BTreeMap<usize, u32> = BTreeMap::new();
+        let check = |s: &Sorted, m: &BTreeMap<usize, u32>| {
+            let mut got = Vec::new();
+            s.scan_from(0, |k, v| {
+                got.push((k, v));
+                true
+            });
+            let want: Vec<_> = m.iter().map(|(&k, &v)| (k, v)).collect();
+            assert_eq!(got, want);
+            assert_eq!(s.is_empty(), m.is_empty());
+            for (b, (first, blk)) in s.blocks.iter().enumerate() {
+                assert!(blk.len > 0, "block {b} is empty");
+                assert_eq!(*first, blk.key(0), "first key of block {b}");
+            }
+        };
+        let n = 5 * BLOCK as u32;
+        for k in (0..n).rev() {
+            s.insert(k as usize * 16, k);
+            m.insert(k as usize * 16, k);
+        }
+        check(&s, &m);
+        assert!(s.blocks.len() >= 5);
+        // Empty a middle block entry by entry, then the last one.
+        for which in [s.blocks.len() / 2, s.blocks.len() - 2] {
+            let keys: Vec<usize> = s.blocks[which].1.entries().iter().map(|e| e.key).collect();
+            for k in keys {
+                assert_eq!(s.remove(k), m.remove(&k));
+                assert_eq!(s.remove(k), None, "removed twice");
+            }
+            check(&s, &m);
+        }
+        for k in (0..n).filter(|k| k % 3 == 0) {
+            assert_eq!(s.remove(k as usize * 16), m.remove(&(k as usize * 16)));
+        }
+        check(&s, &m);
+        for k in 0..n {
+            let key = k as usize * 16 + 8;
+            s.insert(key, k + n);
+            m.insert(key, k + n);
+        }
+        check(&s, &m);
+        for k in 0..2 * n {
+            let key = k as usize * 8;
+            assert_eq!(s.remove(key), m.remove(&key));
+        }
+        check(&s, &m);
+        assert!(s.is_empty());
+        s.insert(77, 1);
+        assert_eq!(s.pred(100), Some((77, 1)));
+        assert_eq!(s.pred(76), None);
     }
 }
