@@ -48,11 +48,15 @@ pub(super) struct Padded<T>(pub(super) T);
 
 /// Counters changed only on slow paths (misses, evictions, releases of detached regions); see
 /// counters.rs for why most need no locked instruction.
+///
+/// `repr(C)`, the ones every miss touches first (`misses`, `evictions`, both `PinCount`s, read by
+/// `count_pin`, and `pinned_peak`: 56 bytes), so they end the `Cache`'s miss-written lines and
+/// the rarely changed rest spills into a line an evicting miss does not touch (see `Cache`).
 #[derive(Default)]
+#[repr(C)]
 pub(super) struct SlowCounters {
     pub(super) misses: Locked,
     pub(super) evictions: Locked,
-    pub(super) invalidations: Locked,
     /// Pinned pages and regions that count against the bounds: everything that was cached
     /// (indexed now, or detached and still held).
     pub(super) cached: PinCount,
@@ -60,6 +64,8 @@ pub(super) struct SlowCounters {
     pub(super) uncached: PinCount,
     /// High-water mark of all pinned bytes.
     pub(super) pinned_peak: AtomicU64,
+    // The rest changes only on rare paths.
+    pub(super) invalidations: Locked,
     /// Registrations ever handed out uncached.
     pub(super) uncached_total: Locked,
     pub(super) pin_retries: Locked,
@@ -70,25 +76,53 @@ pub(super) struct SlowCounters {
 }
 
 /// The pin-down cache. `Send + Sync`; share it as `Arc<Cache>`.
+///
+/// Field order is the layout (`repr(C)`; `Arc` puts the 128-aligned struct at a line boundary),
+/// grouped by who touches which line. An evicting miss runs cold between system calls, so each
+/// line it touches is a likely cache miss; hits on other threads must not share a line that
+/// every miss writes unless they read what the miss wrote. Lines from the start (`layout` test):
+/// * 0 (and 1, padding): `gate`, which every reader checks and every writer raises.
+/// * 2, read by every hit and constant after construction: `handles` (its table pointers; its
+///   global-pool counter and locks change only when a slot refills a batch or a thread beyond
+///   the slot count uses the shared list, as before), `slots`, `page`, `shift`, `forked`.
+/// * 3, read-mostly: what a hit also reads (`max_request`, and `max_pinned`/`max_regions` when
+///   a release leaves a region idle, the slab's chunk table, which `Slab` keeps first), and the
+///   backend and watcher, which only misses read. Written only by `set_limits`.
+/// * 4-7, written by every miss: the rest of the slab (its free list, taken and given back by
+///   each evicting miss), the mutex with the writer's scratch lists, the index (CLOCK hand, hash
+///   and sorted lengths) and the counters a miss bumps (`SlowCounters` puts them first). Hits
+///   read the index and the pinned counts here, which the miss changes anyway.
+/// * Then what an evicting miss does not touch: the rarely changed counters, the invalidation
+///   ring (a drain looks at it only when the gate says so), `deferred` (helper only).
+///
+/// Before this order an evicting miss touched 8 of the struct's lines, now 7 (`scripts/miss-lines`).
+#[repr(C)]
 pub struct Cache {
-    pub(super) pinner: Arc<dyn Pinner>,
-    pub(super) watcher: Option<Arc<dyn RangeWatcher>>,
-    pub(super) page: usize,
-    pub(super) shift: u32,
-    pub(super) slots: Box<[ReaderSlot; SLOTS]>,
     /// Writer bit, overflow bit and announced invalidations: the one word a hit checks. Beside
     /// them, in the same line, `gate.0.joined`: exclusive slots that ever entered this cache, and
     /// the highest such id (writers scan slots 0..=max only, and skip the membarrier when the
     /// only joined slot is their own).
     pub(super) gate: Padded<Gate>,
-    /// The ranges announced in `gate` (a ring that is full raises the gate's overflow bit).
-    pub(super) queue: Padded<InvalQueue>,
+    // --- read by every hit, constant ---
+    pub(super) handles: Handles,
+    pub(super) slots: Box<[ReaderSlot; SLOTS]>,
+    pub(super) page: usize,
+    pub(super) shift: u32,
     /// Set in a child process after `fork` (see `quarantine`): every call fails with
     /// `FH_ERR_FORKED` before touching a lock, and drop leaves the parent's pins alone.
     pub(super) forked: AtomicBool,
-    pub(super) index: UnsafeCell<Index>,
-    /// Region records (ids are what the index stores).
+    // --- read-mostly (written by `set_limits` only) ---
+    /// Largest page-aligned request `register` accepts: `max_pinned`, capped so that the length
+    /// in pages fits the region's u32 (one compare on the hit path covers both).
+    pub(super) max_request: AtomicUsize,
+    pub(super) max_pinned: AtomicUsize,
+    pub(super) max_regions: AtomicUsize,
+    pub(super) pinner: Arc<dyn Pinner>,
+    pub(super) watcher: Option<Arc<dyn RangeWatcher>>,
+    /// Region records (ids are what the index stores). Its chunk table (read by every hit) ends
+    /// the read-mostly line, its free list (written by every miss) starts the next.
     pub(super) slab: Slab,
+    // --- written by every miss ---
     /// Serialises writers (misses, drains, evictions); guards the limits.
     ///
     /// Lock order: `mutex`, then the reader exclusion (`Writer::exclude`), then the leaf locks
@@ -96,13 +130,11 @@ pub struct Cache {
     /// which never call out while held. The backend is called with `mutex` held (never with
     /// readers excluded). Hooks take no lock at all (`invalidate`).
     pub(super) mutex: Mutex<WriterState>,
-    pub(super) max_pinned: AtomicUsize,
-    /// Largest page-aligned request `register` accepts: `max_pinned`, capped so that the length
-    /// in pages fits the region's u32 (one compare on the hit path covers both).
-    pub(super) max_request: AtomicUsize,
-    pub(super) max_regions: AtomicUsize,
-    pub(super) handles: Handles,
+    pub(super) index: UnsafeCell<Index>,
     pub(super) c: SlowCounters,
+    // --- not touched by an evicting miss ---
+    /// The ranges announced in `gate` (a ring that is full raises the gate's overflow bit).
+    pub(super) queue: Padded<InvalQueue>,
     /// With a helper thread: detached regions whose last holder let go, for the helper to unpin
     /// (`ahead.rs`), so `deregister` never calls the backend. Unset without a helper.
     pub(super) deferred: OnceLock<ArrayQueue<usize>>,
@@ -212,5 +244,32 @@ impl Drop for Cache {
             self.pinner.unpin(r.pinned(), r.start, self.len_of(r));
             self.unwatch(r);
         }
+    }
+}
+
+#[cfg(test)]
+mod layout {
+    use super::{Cache, SlowCounters};
+    use std::mem::offset_of;
+
+    /// The line groups documented on `Cache` (the struct is 128-aligned, so offset / 64 is the
+    /// line). A failure means a field or a std type changed size: regroup, don't just renumber.
+    #[test]
+    fn miss_touches_few_lines_and_hit_lines_stay_apart() {
+        assert_eq!(std::mem::align_of::<Cache>(), 128);
+        let line = |off: usize| off / 64;
+        let end = |off: usize, size: usize| line(off + size - 1);
+        // Hit line: everything a hit reads that never changes.
+        assert_eq!(line(offset_of!(Cache, handles)), 2);
+        assert_eq!(line(offset_of!(Cache, forked)), 2);
+        // Read-mostly line, ending with the slab's chunk table (the slab's first field).
+        assert_eq!(line(offset_of!(Cache, max_request)), 3);
+        assert_eq!(line(offset_of!(Cache, slab)), 3);
+        assert_eq!(offset_of!(Cache, slab) % 64, 64 - 8);
+        // Miss-written lines 4..=7: the slab's free list .. the counters a miss bumps.
+        assert_eq!(line(offset_of!(Cache, slab) + 8), 4);
+        let hot = offset_of!(SlowCounters, invalidations);
+        assert_eq!(hot, offset_of!(SlowCounters, pinned_peak) + 8);
+        assert_eq!(end(offset_of!(Cache, c), hot), 7);
     }
 }

@@ -44,6 +44,9 @@ struct Alloc {
     len: u32,
 }
 
+/// `repr(C)`, `chunks` first: every hit reads it, every miss writes the free list (`alloc`), and
+/// `Cache` places the slab so that `chunks` ends a read-mostly line (see `Cache`).
+#[repr(C)]
 pub struct Slab {
     chunks: Box<[AtomicPtr<Region>; MAX_CHUNKS]>,
     len: AtomicU32,
