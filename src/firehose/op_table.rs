@@ -1,19 +1,22 @@
 //! `OpTable`: the initiator's unfinished ops by id, touched several times per op on the hit path
 //! (`acquire` checks the id is new and inserts, `release` finds and removes).
 //!
-//! Op ids are the driver's, any `u64` unique among its unfinished ops. The driver of `crate::rma`
-//! uses slab keys (a small slot index in the low 32 bits, a generation above), so an id whose low
-//! 32 bits are below `DIRECT_MAX` sits in a vector at that index: a lookup is an index and a
-//! compare of the whole id, no hash. Any other id (a larger index, or a second live id with the
-//! same low bits) goes to a hash map, looked into only when it is not empty. Same contract as a
-//! map: an id is in at most one of the two places, `insert` replaces.
+//! Op ids are the driver's, any `u64` unique among its unfinished ops. An id sits in a small
+//! vector at its low bits (`id % SLOTS`): a lookup is an index and a compare of the whole id, no
+//! hash. That suits both kinds of driver: `crate::rma` uses slab keys (a small slot index in the
+//! low bits, a generation above), a simple driver counts ids up (consecutive ids take
+//! consecutive slots, reused every `SLOTS` ids, so the vector stays small and warm). An id whose
+//! slot holds another live id goes to a hash map, looked into only when it is not empty. Same
+//! contract as a map: an id is in at most one of the two places, `insert` replaces.
 
 use super::small::IntMap;
 use super::OpId;
 
-/// Ids with low 32 bits below this are stored by index (the vector grows to the highest such
-/// index used, so it stays small for a driver that reuses low slots, as a slab does).
-const DIRECT_MAX: usize = 4096;
+/// Slots of the vector (a power of two). It grows to the highest slot used: a few for a slab
+/// driver with a few ops in flight, all of them (about 24 KiB with the initiator's ops) for one
+/// that counts ids up. A driver with more than this many ops in flight still works: the ids
+/// whose slot is taken go to the map.
+const SLOTS: usize = 256;
 
 #[derive(Debug)]
 pub(crate) struct OpTable<V> {
@@ -32,17 +35,16 @@ impl<V> Default for OpTable<V> {
     }
 }
 
-/// The vector index of `id`, if ids like it are stored by index.
+/// The vector slot of `id`.
 #[inline]
-fn index(id: OpId) -> Option<usize> {
-    let i = id as u32 as usize;
-    (i < DIRECT_MAX).then_some(i)
+fn index(id: OpId) -> usize {
+    id as usize & (SLOTS - 1)
 }
 
 impl<V> OpTable<V> {
     #[inline]
     pub fn get(&self, id: &OpId) -> Option<&V> {
-        if let Some(Some((k, v))) = index(*id).and_then(|i| self.direct.get(i)) {
+        if let Some(Some((k, v))) = self.direct.get(index(*id)) {
             if k == id {
                 return Some(v);
             }
@@ -55,7 +57,7 @@ impl<V> OpTable<V> {
 
     #[inline]
     pub fn get_mut(&mut self, id: &OpId) -> Option<&mut V> {
-        if let Some(Some((k, v))) = index(*id).and_then(|i| self.direct.get_mut(i)) {
+        if let Some(Some((k, v))) = self.direct.get_mut(index(*id)) {
             if k == id {
                 return Some(v);
             }
@@ -75,7 +77,7 @@ impl<V> OpTable<V> {
     #[inline]
     pub fn insert(&mut self, id: OpId, v: V) {
         // The usual case: a free slot, and no id in the map that could be this one.
-        if let Some(slot) = index(id).and_then(|i| self.direct.get_mut(i)) {
+        if let Some(slot) = self.direct.get_mut(index(id)) {
             if slot.is_none() && self.other.is_empty() {
                 *slot = Some((id, v));
                 self.len += 1;
@@ -94,22 +96,21 @@ impl<V> OpTable<V> {
             return;
         }
         self.len += 1;
-        if let Some(i) = index(id) {
-            if i >= self.direct.len() {
-                self.direct.resize_with(i + 1, || None);
-            }
-            let slot = &mut self.direct[i];
-            if slot.is_none() {
-                *slot = Some((id, v));
-                return;
-            }
+        let i = index(id);
+        if i >= self.direct.len() {
+            self.direct.resize_with(i + 1, || None);
+        }
+        let slot = &mut self.direct[i];
+        if slot.is_none() {
+            *slot = Some((id, v));
+            return;
         }
         self.other.insert(id, v);
     }
 
     #[inline]
     pub fn remove(&mut self, id: &OpId) -> Option<V> {
-        if let Some(slot) = index(*id).and_then(|i| self.direct.get_mut(i)) {
+        if let Some(slot) = self.direct.get_mut(index(*id)) {
             if slot.as_ref().is_some_and(|(k, _)| k == id) {
                 self.len -= 1;
                 return slot.take().map(|(_, v)| v);
@@ -159,7 +160,8 @@ mod tests {
             let id = match r % 4 {
                 // Slab-like: a few low slots, a few generations (so low bits collide).
                 0 | 1 => (((r >> 8) % 4) << 32) | ((r >> 16) % 8),
-                2 => (((r >> 8) % 3) << 32) | (DIRECT_MAX as u64 - 1 + (r >> 16) % 3),
+                // Counted up: consecutive ids around a wrap of the slots.
+                2 => SLOTS as u64 * ((r >> 8) % 3) + (r >> 16) % 5,
                 _ => r >> 2,
             };
             match next() % 3 {
@@ -184,7 +186,22 @@ mod tests {
         a.sort_unstable();
         b.sort_unstable();
         assert_eq!(a, b);
-        assert!(t.direct.len() <= DIRECT_MAX);
+        assert!(t.direct.len() <= SLOTS);
+    }
+
+    /// A driver that counts ids up with a few ops in flight never needs the map, and the
+    /// vector stays at `SLOTS` (the hit path's case of fh_core, for one).
+    #[test]
+    fn counted_up_ids_stay_in_the_vector() {
+        let mut t = OpTable::default();
+        for id in 1..20_000u64 {
+            t.insert(id, id);
+            if id > 3 {
+                assert_eq!(t.remove(&(id - 3)), Some(id - 3));
+            }
+            assert!(t.other.is_empty(), "id {id} went to the map");
+        }
+        assert_eq!((t.len(), t.direct.len()), (3, SLOTS));
     }
 
     #[test]
