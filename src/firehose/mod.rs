@@ -59,7 +59,6 @@ pub mod config;
 pub mod error;
 mod fifo;
 mod initiator;
-mod op_table;
 mod small;
 pub mod stats;
 mod target;

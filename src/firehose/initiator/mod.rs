@@ -18,7 +18,6 @@ mod messages;
 mod thrash;
 
 use super::fifo::{Links, List};
-use super::op_table::OpTable;
 use super::small::{Inline2, IntMap};
 use super::{Event, FirehoseConfig, OpId};
 use crate::net::Rank;
@@ -117,7 +116,7 @@ pub(crate) struct Initiator {
     pub pin_free: Vec<u32>,
     /// (peer, request id) -> what the move asked. Peer-chosen keys in replies: SipHash.
     pub moves: HashMap<(Rank, u32), MoveRec>,
-    pub ops: OpTable<Op>,
+    pub ops: IntMap<OpId, Op>,
     pub events: VecDeque<Event>,
     /// Ops failed since the stats were last updated (`take_failures`).
     pub failed: u64,
@@ -147,7 +146,7 @@ impl Initiator {
             pins: Vec::new(),
             pin_free: Vec::new(),
             moves: HashMap::new(),
-            ops: OpTable::default(),
+            ops: IntMap::default(),
             events: VecDeque::new(),
             failed: 0,
         }
