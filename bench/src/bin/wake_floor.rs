@@ -143,6 +143,9 @@ fn child(req: i32, ans: i32, block: Duration) -> ! {
             (libc::read(req, (&mut b as *mut u8).cast(), 1), b)
         };
         let woke = mono_ns();
+        if n == 0 {
+            std::process::exit(0); // end of file: the parent is gone, so are we
+        }
         if n != 1 {
             continue; // EINTR: poll again
         }
@@ -220,8 +223,20 @@ fn main() {
     if pid < 0 {
         die(format!("fork: {}", std::io::Error::last_os_error()));
     }
+    // Each side closes the other's ends, so that either one sees end of file when the other
+    // is gone.
     if pid == 0 {
+        // SAFETY: closing descriptors this process owns and no longer uses.
+        unsafe {
+            libc::close(req[1]);
+            libc::close(ans[0]);
+        }
         child(req[0], ans[1], block);
+    }
+    // SAFETY: as above.
+    unsafe {
+        libc::close(req[0]);
+        libc::close(ans[1]);
     }
     bind(a.cpus.0).unwrap_or_else(|e| die(e));
     // SAFETY: `ans[0]` is our open read end.
