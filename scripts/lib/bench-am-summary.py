@@ -129,7 +129,8 @@ if hw_sum:
     print("\nrxe hw_counters over all reps (only those that moved; rdma_sends/sent_pkts for scale):")
     for tool, d in hw_sum.items():
         shown = ", ".join(f"{k} {d[k]}" for k in ("rdma_sends",) + interesting if d.get(k))
-        print(f"  {tool:16} {shown}")
+        if shown:  # wake_floor sends nothing over rxe: no row
+            print(f"  {tool:16} {shown}")
 print()
 for n, v, kind, t, what in targets:
     rr = ranges.get(n)

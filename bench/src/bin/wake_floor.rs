@@ -100,22 +100,16 @@ fn mono_ns() -> u64 {
 
 /// Binds the calling thread (and the threads it creates later) to `cpu`.
 fn bind(cpu: usize) -> Result<(), String> {
+    // bind_current_thread expects a CPU its caller checked (CPU_SET indexes a fixed-size set).
     if cpu >= libc::CPU_SETSIZE as usize {
         return Err(format!("CPU {cpu} is out of range"));
     }
-    // SAFETY: a zeroed cpu_set_t is an empty set; CPU_SET stays inside it (checked above).
-    let rc = unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
-    };
-    if rc != 0 {
-        return Err(format!(
+    firehose::helper::placement::bind_current_thread(cpu).map_err(|errno| {
+        format!(
             "cannot bind to CPU {cpu}: {}",
-            std::io::Error::last_os_error()
-        ));
-    }
-    Ok(())
+            std::io::Error::from_raw_os_error(errno)
+        )
+    })
 }
 
 fn write_all(fd: i32, b: &[u8]) {
