@@ -592,3 +592,136 @@ fn small_puts_stop_pinning_only_when_pinning_does_not_pay() {
         "pinning resumes once it pays: hit rate {h_auto}"
     );
 }
+
+/// The unused FIFO evicts the least recently released firehose: a hit leaves its firehose in
+/// place in the FIFO (lazy removal), so the eviction scan must give a firehose released since
+/// it was queued a second chance. F = 2 regions of one bucket: A and B are pinned (A first),
+/// A is used again, then C needs room: B goes, A stays (it hits afterwards).
+#[test]
+fn eviction_takes_the_least_recently_released() {
+    use firehose::firehose::Event;
+    let mk = |r| {
+        let mut c = FirehoseConfig::new(r, 2);
+        c.bucket_size = 4096;
+        c.m_bytes = 2 * 4096;
+        c.max_victim_bytes = 4096;
+        c.max_region_buckets = 1;
+        Firehose::new(c).unwrap()
+    };
+    let (mut a, mut b) = (mk(0), mk(1));
+    let mut pins = CountPins::default();
+    let mut put = |a: &mut Firehose, op: u64, bucket: u64| -> bool {
+        let hit = match a.acquire(op, 1, BASE + bucket * 4096, 8, None).unwrap() {
+            Acquire::Hit(_) => true,
+            Acquire::Pending => {
+                loop {
+                    while let Some((_, m)) = a.poll_transmit() {
+                        b.handle_message(0, &m, &mut pins).unwrap();
+                    }
+                    while let Some((_, m)) = b.poll_transmit() {
+                        a.handle_message(1, &m, &mut CountPins::default()).unwrap();
+                    }
+                    match a.poll_event() {
+                        Some(Event::Ready { op: o, .. }) if o == op => break,
+                        Some(e) => panic!("unexpected {e:?}"),
+                        None => {}
+                    }
+                }
+                false
+            }
+            Acquire::DoneInMove => panic!("no small put here"),
+        };
+        a.release(op).unwrap();
+        a.check_invariants().unwrap();
+        hit
+    };
+    assert!(!put(&mut a, 1, 0), "A misses");
+    assert!(!put(&mut a, 2, 1), "B misses");
+    assert!(put(&mut a, 3, 0), "A hits");
+    assert!(!put(&mut a, 4, 2), "C misses and evicts one of A, B");
+    assert!(put(&mut a, 5, 0), "A, released last, was kept");
+    assert!(!put(&mut a, 6, 1), "B, released before A, was evicted");
+}
+
+/// Hits wait for their release in the op table's front slot when it is free, in the table
+/// otherwise: ids stay unique across both, either can be released first, a release is good
+/// once, and a hit over three firehoses goes to the table. Checked against the invariants
+/// (refs held equal what the live ops hold) after every step.
+#[test]
+fn hits_in_the_front_slot_and_the_table() {
+    use firehose::firehose::Event;
+    let mk = |r| {
+        let mut c = FirehoseConfig::new(r, 2);
+        c.bucket_size = 4096;
+        c.m_bytes = 64 * 4096;
+        c.max_victim_bytes = 4096;
+        c.max_region_buckets = 1;
+        Firehose::new(c).unwrap()
+    };
+    let (mut a, mut b) = (mk(0), mk(1));
+    let mut pins = CountPins::default();
+    // Pin buckets 0..4 (each its own region).
+    for k in 0..4u64 {
+        assert_eq!(
+            a.acquire(100 + k, 1, BASE + k * 4096, 8, None),
+            Ok(Acquire::Pending)
+        );
+        loop {
+            while let Some((_, m)) = a.poll_transmit() {
+                b.handle_message(0, &m, &mut pins).unwrap();
+            }
+            while let Some((_, m)) = b.poll_transmit() {
+                a.handle_message(1, &m, &mut CountPins::default()).unwrap();
+            }
+            match a.poll_event() {
+                Some(Event::Ready { op, .. }) => {
+                    a.release(op).unwrap();
+                    break;
+                }
+                Some(e) => panic!("unexpected {e:?}"),
+                None => {}
+            }
+        }
+    }
+    let ok = |a: &Firehose| a.check_invariants().unwrap();
+    let hit = |r: Result<Acquire, FhError>| matches!(r, Ok(Acquire::Hit(_)));
+    assert_eq!(a.refs_held(), 0);
+    // Op 1 takes the front slot (one firehose), op 2 the table (two), op 3 the table (three).
+    assert!(hit(a.acquire(1, 1, BASE, 8, None)));
+    assert_eq!(
+        a.acquire(1, 1, BASE + 4096, 8, None),
+        Err(FhError::DuplicateOp),
+        "an id in the front slot is taken"
+    );
+    assert_eq!(
+        a.acquire(1, 1, BASE + 40 * 4096, 8, None),
+        Err(FhError::DuplicateOp),
+        "by a miss too"
+    );
+    assert!(hit(a.acquire(2, 1, BASE + 4096 - 4, 8, None)));
+    assert_eq!(
+        a.acquire(2, 1, BASE, 8, None),
+        Err(FhError::DuplicateOp),
+        "an id in the table is taken"
+    );
+    assert!(hit(a.acquire(3, 1, BASE + 4096 - 4, 4096 + 8, None)));
+    ok(&a);
+    assert_eq!(a.ops_in_flight(), 3);
+    assert_eq!(a.refs_held(), 1 + 2 + 3);
+    // Release out of order; each once.
+    assert_eq!(a.release(2), Ok(()));
+    assert_eq!(a.release(2), Err(FhError::UnknownOp));
+    assert_eq!(a.release(1), Ok(()));
+    assert_eq!(a.release(1), Err(FhError::UnknownOp));
+    ok(&a);
+    assert_eq!(a.refs_held(), 3);
+    // The front slot is free again while op 3 sits in the table: op 4 (two firehoses) takes it.
+    assert!(hit(a.acquire(4, 1, BASE + 2 * 4096 - 4, 8, None)));
+    assert_eq!(a.ops_in_flight(), 2);
+    assert_eq!(a.refs_held(), 5);
+    assert_eq!(a.release(3), Ok(()));
+    assert_eq!(a.release(4), Ok(()));
+    assert_eq!(a.release(4), Err(FhError::UnknownOp));
+    ok(&a);
+    assert_eq!((a.ops_in_flight(), a.refs_held()), (0, 0));
+}

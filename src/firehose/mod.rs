@@ -255,7 +255,7 @@ impl Firehose {
 
     /// Ops not finished (for drivers and tests: zero once everything drained and released).
     pub fn ops_in_flight(&self) -> usize {
-        self.init.ops.len()
+        self.init.ops.len() + usize::from(self.init.front.op.is_some())
     }
 
     /// References held on this rank's firehoses, all peers together (for drivers and tests:
@@ -286,6 +286,9 @@ impl Firehose {
     /// The state of op `op` and its peer's queues, for test failure messages.
     #[doc(hidden)]
     pub fn debug_op(&self, op: OpId) -> String {
+        if self.init.front.op == Some(op) {
+            return format!("{:?} (hit, front slot)", self.init.front);
+        }
         match self.init.ops.get(&op) {
             None => "gone".into(),
             Some(o) => {

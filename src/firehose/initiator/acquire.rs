@@ -1,6 +1,6 @@
 //! The hot path: `acquire` on a hit and `release`, plus the refcount helpers everything uses.
 
-use super::{Initiator, Op, OpState};
+use super::{Front, Initiator, Op, OpState};
 use crate::firehose::error::FhError;
 use crate::firehose::small::Inline2;
 use crate::firehose::stats::FirehoseStats;
@@ -57,10 +57,8 @@ impl Initiator {
         if p.lost {
             return Err(FhError::PeerLost(peer));
         }
-        if self.ops.contains_key(&op) {
-            return Err(FhError::DuplicateOp);
-        }
-        // Hit path: one map lookup per region spanned.
+        // Hit path: one map lookup per region spanned. The duplicate-op check follows it
+        // (nothing has changed yet); on a hit it skips the table while the table is empty.
         let (mut b, last) = self.bucket_span(raddr, len);
         let mut cur = raddr;
         let mut segs = Segs::default();
@@ -87,23 +85,35 @@ impl Initiator {
             cur = seg_end;
         };
         if hit {
+            if self.front.op == Some(op) || (!self.ops.is_empty() && self.ops.contains_key(&op)) {
+                return Err(FhError::DuplicateOp);
+            }
             for &id in fhs.iter() {
                 self.take_ref(id);
                 self.fhs[id as usize].uses = self.fhs[id as usize].uses.saturating_add(1);
             }
-            self.ops.insert(
-                op,
-                Op {
-                    peer,
-                    raddr,
-                    len,
-                    fhs,
-                    state: OpState::Active,
-                    epoch: 0,
-                },
-            );
+            match (self.front.op, fhs.as_slice()) {
+                (None, &[a]) => self.front = Front::new(op, peer, [a, a], 1),
+                (None, &[a, b]) => self.front = Front::new(op, peer, [a, b], 2),
+                _ => {
+                    self.ops.insert(
+                        op,
+                        Op {
+                            peer,
+                            raddr,
+                            len,
+                            fhs,
+                            state: OpState::Active,
+                            epoch: 0,
+                        },
+                    );
+                }
+            }
             st.hits += 1;
             return Ok(Acquire::Hit(segs));
+        }
+        if self.front.op == Some(op) || self.ops.contains_key(&op) {
+            return Err(FhError::DuplicateOp);
         }
         st.misses += 1;
         if let Some(data) = small_put.filter(|d| d.len() <= self.small_put_max) {
@@ -134,36 +144,45 @@ impl Initiator {
         out: &mut Outbox,
         st: &mut FirehoseStats,
     ) -> Result<(), FhError> {
-        match self.ops.get(&op) {
-            Some(o) if o.state == OpState::Active => {}
-            _ => return Err(FhError::UnknownOp),
-        }
-        let o = self.ops.remove(&op).expect("checked");
-        for &id in o.fhs.iter() {
-            self.drop_ref(id);
-        }
-        let p = &self.peers[o.peer as usize];
+        let peer = if self.front.op == Some(op) {
+            let f = std::mem::take(&mut self.front);
+            for &id in &f.ids[..f.n as usize] {
+                self.drop_ref(id);
+            }
+            f.peer
+        } else {
+            match self.ops.get(&op) {
+                Some(o) if o.state == OpState::Active => {}
+                _ => return Err(FhError::UnknownOp),
+            }
+            let o = self.ops.remove(&op).expect("checked");
+            for &id in o.fhs.iter() {
+                self.drop_ref(id);
+            }
+            o.peer
+        };
+        let p = &self.peers[peer as usize];
         if !p.blocked.is_empty() || p.cut.is_some() || !p.acks.is_empty() {
-            self.after_budget_change(o.peer, out, st);
+            self.after_budget_change(peer, out, st);
         }
         Ok(())
     }
 
-    /// One more ref on firehose `id` (out of the unused FIFO if it was there).
+    /// One more ref on firehose `id`. A firehose that was unused stays where it is in its
+    /// peer's FIFO (lazy removal: the eviction scan drops entries in use, `pop_unused`), so
+    /// a hit touches the firehose and its peer, not its FIFO neighbours.
     #[inline]
     pub(crate) fn take_ref(&mut self, id: u32) {
         let fh = &mut self.fhs[id as usize];
         fh.refs += 1;
         if fh.refs == 1 {
-            let p = &mut self.peers[fh.peer as usize];
-            if self.links.remove(&mut p.fifo, id) {
-                p.fifo_buckets -= fh.nb as u64;
-            }
+            self.peers[fh.peer as usize].fifo_buckets -= fh.nb as u64;
         }
     }
 
-    /// One ref less; at zero the firehose goes to its peer's unused FIFO, or, revoked, is
-    /// acked and forgotten.
+    /// One ref less; at zero the firehose is unused again: still in its peer's FIFO, it is
+    /// marked recently used (the scan gives it a second chance); out of it, it goes to the
+    /// tail. Revoked, it is acked and forgotten.
     #[inline]
     pub(crate) fn drop_ref(&mut self, id: u32) {
         let fh = &mut self.fhs[id as usize];
@@ -173,10 +192,43 @@ impl Initiator {
                 self.forget(id, true);
             } else {
                 let p = &mut self.peers[fh.peer as usize];
-                self.links.push_back(&mut p.fifo, id);
                 p.fifo_buckets += fh.nb as u64;
+                if self.links.is_linked(id) {
+                    fh.recent = true;
+                } else {
+                    self.links.push_back(&mut p.fifo, id);
+                }
             }
         }
+    }
+
+    /// The oldest unused firehose of `peer`, out of its FIFO (its buckets still counted in
+    /// `fifo_buckets`: the caller takes them off). On the way, entries in use leave the FIFO
+    /// (their last release puts them back at the tail) and entries used since they were
+    /// queued go to the tail once (second chance: the order stays close to least recently
+    /// released, as the paper's FIFO, without touching the FIFO on every hit).
+    pub(crate) fn pop_unused(&mut self, peer: Rank) -> Option<u32> {
+        let p = &mut self.peers[peer as usize];
+        loop {
+            let id = self.links.pop_front(&mut p.fifo)?;
+            let fh = &mut self.fhs[id as usize];
+            if fh.refs > 0 {
+                fh.recent = false;
+                continue;
+            }
+            if fh.recent {
+                fh.recent = false;
+                self.links.push_back(&mut p.fifo, id);
+                continue;
+            }
+            return Some(id);
+        }
+    }
+
+    /// Takes a revoked firehose out of its peer's FIFO (it may sit there in use, lazily).
+    pub(crate) fn unqueue(&mut self, id: u32) {
+        let peer = self.fhs[id as usize].peer;
+        self.links.remove(&mut self.peers[peer as usize].fifo, id);
     }
 
     /// Drops a firehose with no refs and out of the FIFO: its charge goes; a revoked one is

@@ -262,12 +262,8 @@ impl Initiator {
             let p = &self.peers[peer as usize];
             p.charged + need > p.quota
         } {
-            let p = &mut self.peers[peer as usize];
-            let id = self
-                .links
-                .pop_front(&mut p.fifo)
-                .expect("fits() was checked");
-            p.fifo_buckets -= self.fhs[id as usize].nb as u64;
+            let id = self.pop_unused(peer).expect("fits() was checked");
+            self.peers[peer as usize].fifo_buckets -= self.fhs[id as usize].nb as u64;
             rel.push(self.fhs[id as usize].handle);
             self.note_evicted(peer, self.fhs[id as usize].uses);
             self.unmap(id);
@@ -281,14 +277,13 @@ impl Initiator {
     pub(crate) fn evict_down_to(&mut self, peer: Rank, limit: u64) -> Vec<u64> {
         let mut rel = Vec::new();
         loop {
-            let p = &mut self.peers[peer as usize];
-            if p.charged <= limit {
+            if self.peers[peer as usize].charged <= limit {
                 break;
             }
-            let Some(id) = self.links.pop_front(&mut p.fifo) else {
+            let Some(id) = self.pop_unused(peer) else {
                 break;
             };
-            p.fifo_buckets -= self.fhs[id as usize].nb as u64;
+            self.peers[peer as usize].fifo_buckets -= self.fhs[id as usize].nb as u64;
             rel.push(self.fhs[id as usize].handle);
             self.note_evicted(peer, self.fhs[id as usize].uses);
             self.unmap(id);

@@ -87,10 +87,11 @@ impl Initiator {
                         }
                         self.take_ref(id);
                     }
+                    // Queued now if no waiter holds it, else at its last release (as fresh:
+                    // the uses it was pinned for do not earn it a second chance).
                     if self.fhs[id as usize].refs == 0 {
-                        let p = &mut self.peers[from as usize];
-                        self.links.push_back(&mut p.fifo, id);
-                        p.fifo_buckets += g.nb as u64;
+                        self.links
+                            .push_back(&mut self.peers[from as usize].fifo, id);
                     }
                 }
                 Err(e) => {
@@ -134,6 +135,7 @@ impl Initiator {
             rkey: g.rkey,
             refs: 0,
             revoked: false,
+            recent: false,
             uses: 0,
         };
         let id = match self.fh_free.pop() {
@@ -152,6 +154,8 @@ impl Initiator {
         for b in g.start..g.start + g.nb as u64 {
             p.map.insert(b, id);
         }
+        // Unused until its waiters take their refs (the caller queues it).
+        p.fifo_buckets += g.nb as u64;
         id
     }
 
@@ -191,11 +195,9 @@ impl Initiator {
             self.fhs[id as usize].revoked = true;
             st.revoked += 1;
             self.unmap(id);
+            self.unqueue(id);
             if self.fhs[id as usize].refs == 0 {
-                let p = &mut self.peers[from as usize];
-                if self.links.remove(&mut p.fifo, id) {
-                    p.fifo_buckets -= self.fhs[id as usize].nb as u64;
-                }
+                self.peers[from as usize].fifo_buckets -= self.fhs[id as usize].nb as u64;
                 self.forget(id, true);
             }
         }
@@ -291,11 +293,9 @@ impl Initiator {
             }
             self.fhs[id as usize].revoked = true;
             self.unmap(id);
+            self.unqueue(id);
             if self.fhs[id as usize].refs == 0 {
-                let p = &mut self.peers[peer as usize];
-                if self.links.remove(&mut p.fifo, id) {
-                    p.fifo_buckets -= self.fhs[id as usize].nb as u64;
-                }
+                self.peers[peer as usize].fifo_buckets -= self.fhs[id as usize].nb as u64;
                 self.forget(id, false);
             }
         }

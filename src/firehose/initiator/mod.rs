@@ -1,7 +1,7 @@
 //! The initiator side: this rank's firehoses on its peers' memory and the ops that use them.
 //!
 //! Owns the firehose slab (one entry per region a target granted us), per peer the bucket map
-//! (bucket -> firehose covering it), the FIFO of unused firehoses (refcount 0), the charge
+//! (bucket -> firehose covering it), the FIFO of unused firehoses (refcount 0, lazily), the charge
 //! (buckets of firehoses not yet released + reservations of pins in flight) against the quota
 //! F, the pins in flight ("hit pending" joins them) and the ops blocked for want of quota;
 //! the op table; the event queue.
@@ -10,7 +10,12 @@
 //! is covered so it cannot be evicted) | Blocked (its new pins do not fit the quota yet; holds
 //! nothing, so blocked ops never deadlock each other) | PutInMove (rides in a move, no refs).
 //! Waiting -> all its pins answered -> covered: Ready event, Active | else advance again.
-//! Active -> `release`.
+//! Active -> `release`. A hit on one or two firehoses waits for its release in the op
+//! table's front slot when that is free (`Front`), everything else in the table.
+//!
+//! The unused FIFO is lazy: a hit leaves its firehose queued; the eviction scan skips the
+//! ones in use and gives the ones released since they were queued a second chance
+//! (`pop_unused`), so a hit touches neither the table nor the FIFO's links.
 
 mod acquire;
 mod advance;
@@ -33,6 +38,8 @@ pub(crate) struct Fh {
     pub refs: u32,
     /// The target revoked it: out of the bucket map; ack once refs reach 0.
     pub revoked: bool,
+    /// Released since it was queued in the unused FIFO (second chance, `pop_unused`).
+    pub recent: bool,
     /// Ops that used it after the one it was pinned for (`thrash`: did pinning pay?).
     pub uses: u32,
 }
@@ -63,6 +70,29 @@ pub(crate) struct Op {
     pub state: OpState,
     /// Bumped when the op leaves Waiting, so stale waiter entries of pins are skipped.
     pub epoch: u32,
+}
+
+/// One Active hit op kept out of the op table: a driver that waits for each op before the
+/// next (blocking puts) has one at a time, and then a hit's acquire and release never touch
+/// the table (a hash insert and remove were a third of a hit's instructions). Only hits on
+/// one or two firehoses go here, and only when it is free; everything else is in `ops`.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Front {
+    pub op: Option<OpId>,
+    pub peer: Rank,
+    pub n: u32,
+    pub ids: [u32; 2],
+}
+
+impl Front {
+    pub fn new(op: OpId, peer: Rank, ids: [u32; 2], n: u32) -> Front {
+        Front {
+            op: Some(op),
+            peer,
+            n,
+            ids,
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -117,6 +147,8 @@ pub(crate) struct Initiator {
     /// (peer, request id) -> what the move asked. Peer-chosen keys in replies: SipHash.
     pub moves: HashMap<(Rank, u32), MoveRec>,
     pub ops: IntMap<OpId, Op>,
+    /// The op table's front slot (`Front`): an id is there or in `ops`, never both.
+    pub front: Front,
     pub events: VecDeque<Event>,
     /// Ops failed since the stats were last updated (`take_failures`).
     pub failed: u64,
@@ -147,6 +179,7 @@ impl Initiator {
             pin_free: Vec::new(),
             moves: HashMap::new(),
             ops: IntMap::default(),
+            front: Front::default(),
             events: VecDeque::new(),
             failed: 0,
         }
@@ -163,6 +196,11 @@ impl Initiator {
 
 impl Initiator {
     pub fn check(&self) -> Result<(), String> {
+        if let Some(op) = self.front.op {
+            if self.ops.contains_key(&op) || !(1..=2).contains(&self.front.n) {
+                return Err(format!("front slot {:?} also in the op table", self.front));
+            }
+        }
         let free: std::collections::HashSet<u32> = self.fh_free.iter().copied().collect();
         for (i, p) in self.peers.iter().enumerate() {
             let mut held = 0u64;
@@ -173,10 +211,14 @@ impl Initiator {
                 }
                 let fh = &self.fhs[id as usize];
                 held += fh.nb as u64;
-                if self.links.is_linked(id) {
+                // Unused = no refs, not revoked; the FIFO holds every unused firehose and,
+                // lazily, some in use (never a revoked one).
+                if fh.refs == 0 && !fh.revoked {
                     fifo += fh.nb as u64;
-                    if fh.refs != 0 || fh.revoked {
-                        return Err(format!("firehose {id} in FIFO with refs {}", fh.refs));
+                }
+                if self.links.is_linked(id) {
+                    if fh.revoked {
+                        return Err(format!("revoked firehose {id} in the FIFO"));
                     }
                 } else if fh.refs == 0 && !p.lost {
                     return Err(format!("firehose {id} unused but not in the FIFO"));
