@@ -237,10 +237,11 @@ impl Initiator {
         let fh = self.fhs[id as usize];
         debug_assert_eq!(fh.refs, 0);
         let p = &mut self.peers[fh.peer as usize];
-        p.by_handle.remove(&fh.handle);
+        let handle = self.handles[id as usize];
+        p.by_handle.remove(&handle);
         p.charged -= fh.nb as u64;
         if ack && !p.lost {
-            p.acks.push(fh.handle);
+            p.acks.push(handle);
         }
         self.fh_free.push(id);
     }

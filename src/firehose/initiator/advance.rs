@@ -264,8 +264,8 @@ impl Initiator {
         } {
             let id = self.pop_unused(peer).expect("fits() was checked");
             self.peers[peer as usize].fifo_buckets -= self.fhs[id as usize].nb as u64;
-            rel.push(self.fhs[id as usize].handle);
-            self.note_evicted(peer, self.fhs[id as usize].uses);
+            rel.push(self.handles[id as usize]);
+            self.note_evicted(peer, u32::from(self.fhs[id as usize].uses));
             self.unmap(id);
             self.forget(id, false);
         }
@@ -284,8 +284,8 @@ impl Initiator {
                 break;
             };
             self.peers[peer as usize].fifo_buckets -= self.fhs[id as usize].nb as u64;
-            rel.push(self.fhs[id as usize].handle);
-            self.note_evicted(peer, self.fhs[id as usize].uses);
+            rel.push(self.handles[id as usize]);
+            self.note_evicted(peer, u32::from(self.fhs[id as usize].uses));
             self.unmap(id);
             self.forget(id, false);
         }

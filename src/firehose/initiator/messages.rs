@@ -129,7 +129,6 @@ impl Initiator {
     fn install(&mut self, peer: Rank, g: &Grant) -> u32 {
         let fh = Fh {
             peer,
-            handle: g.handle,
             start: g.start,
             nb: g.nb,
             rkey: g.rkey,
@@ -141,10 +140,12 @@ impl Initiator {
         let id = match self.fh_free.pop() {
             Some(i) => {
                 self.fhs[i as usize] = fh;
+                self.handles[i as usize] = g.handle;
                 i
             }
             None => {
                 self.fhs.push(fh);
+                self.handles.push(g.handle);
                 (self.fhs.len() - 1) as u32
             }
         };

@@ -28,21 +28,28 @@ use super::{Event, FirehoseConfig, OpId};
 use crate::net::Rank;
 use std::collections::{HashMap, VecDeque};
 
+/// One firehose: what a hit reads and writes, in 32 bytes aligned to 32, so a hit touches one
+/// line of the slab (the target's handle, needed only to release or revoke, is in
+/// `Initiator::handles`).
 #[derive(Debug, Clone, Copy, Default)]
+#[repr(C, align(32))]
 pub(crate) struct Fh {
-    pub peer: Rank,
-    pub handle: u64,
     pub start: u64,
+    pub peer: Rank,
     pub nb: u32,
     pub rkey: u32,
     pub refs: u32,
+    /// Ops that used it after the one it was pinned for, saturating (`thrash`: did pinning
+    /// pay? it only asks whether there were a few).
+    pub uses: u8,
     /// The target revoked it: out of the bucket map; ack once refs reach 0.
     pub revoked: bool,
     /// Released since it was queued in the unused FIFO (second chance, `pop_unused`).
     pub recent: bool,
-    /// Ops that used it after the one it was pinned for (`thrash`: did pinning pay?).
-    pub uses: u32,
 }
+
+// A hit's one line: a field added to `Fh` must go to a side array (as `handles`) or make room.
+const _: () = assert!(std::mem::size_of::<Fh>() == 32 && std::mem::align_of::<Fh>() == 32);
 
 #[derive(Debug)]
 pub(crate) struct Pin {
@@ -140,6 +147,8 @@ pub(crate) struct Initiator {
     pub adaptive: bool,
     pub peers: Vec<PeerI>,
     pub fhs: Vec<Fh>,
+    /// The target-chosen handle of each slot of `fhs`.
+    pub handles: Vec<u64>,
     pub fh_free: Vec<u32>,
     pub links: Links,
     pub pins: Vec<Option<Pin>>,
@@ -173,6 +182,7 @@ impl Initiator {
                 })
                 .collect(),
             fhs: Vec::new(),
+            handles: Vec::new(),
             fh_free: Vec::new(),
             links: Links::default(),
             pins: Vec::new(),
