@@ -55,6 +55,7 @@
 //!
 //! Not modelled here: local-side pinning (the pin-down cache does that).
 
+mod bucket_map;
 pub mod config;
 pub mod error;
 mod fifo;

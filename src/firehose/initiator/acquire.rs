@@ -64,7 +64,7 @@ impl Initiator {
         let mut segs = Segs::default();
         let mut fhs = Inline2::<u32>::default();
         let hit = loop {
-            let Some(&id) = p.map.get(&b) else {
+            let Some(id) = p.map.get(b) else {
                 break false;
             };
             let fh = &self.fhs[id as usize];
@@ -251,8 +251,8 @@ impl Initiator {
         let fh = self.fhs[id as usize];
         let p = &mut self.peers[fh.peer as usize];
         for b in fh.start..fh.start + fh.nb as u64 {
-            if p.map.get(&b) == Some(&id) {
-                p.map.remove(&b);
+            if p.map.get(b) == Some(id) {
+                p.map.remove(b);
             }
         }
     }

@@ -57,7 +57,7 @@ impl Initiator {
                 }
             }
             if best.is_none() {
-                if let Some(&m) = self.peers[peer as usize].map.get(&b) {
+                if let Some(m) = self.peers[peer as usize].map.get(b) {
                     self.take_ref(m);
                     self.fhs[m as usize].uses = self.fhs[m as usize].uses.saturating_add(1);
                     held.push(m);
@@ -193,7 +193,7 @@ impl Initiator {
         let p = &self.peers[peer as usize];
         for b in first..=last {
             let chunk = b / r;
-            if p.map.contains_key(&b) || p.pending.contains_key(&chunk) {
+            if p.map.contains_key(b) || p.pending.contains_key(&chunk) {
                 continue;
             }
             match new.last_mut() {

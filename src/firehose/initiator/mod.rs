@@ -22,6 +22,7 @@ mod advance;
 mod messages;
 mod thrash;
 
+use super::bucket_map::BucketMap;
 use super::fifo::{Links, List};
 use super::small::{Inline2, IntMap};
 use super::{Event, FirehoseConfig, OpId};
@@ -104,7 +105,7 @@ impl Front {
 
 #[derive(Debug, Default)]
 pub(crate) struct PeerI {
-    pub map: IntMap<u64, u32>,
+    pub map: BucketMap,
     /// Target-chosen handles: SipHash (peer-controlled keys).
     pub by_handle: HashMap<u64, u32>,
     pub fifo: List,
@@ -252,7 +253,7 @@ impl Initiator {
                     p.charged, p.quota
                 ));
             }
-            for (&b, &id) in &p.map {
+            for (b, id) in p.map.iter() {
                 let fh = &self.fhs[id as usize];
                 if fh.revoked || b < fh.start || b >= fh.start + fh.nb as u64 {
                     return Err(format!("peer {i}: bucket {b} maps to a wrong firehose"));
