@@ -593,40 +593,50 @@ fn small_puts_stop_pinning_only_when_pinning_does_not_pay() {
     );
 }
 
+/// Two ranks in page mode (regions of one bucket), M = `m_buckets` pages, MAXVICTIM one page.
+fn page_mode_pair(m_buckets: usize) -> (Firehose, Firehose) {
+    let mk = |r| {
+        let mut c = FirehoseConfig::new(r, 2);
+        c.bucket_size = 4096;
+        c.m_bytes = m_buckets * 4096;
+        c.max_victim_bytes = 4096;
+        c.max_region_buckets = 1;
+        Firehose::new(c).unwrap()
+    };
+    (mk(0), mk(1))
+}
+
+/// Carries messages between `a` (rank 0) and `b` (rank 1) until op `op` of `a` is Ready.
+fn until_ready(a: &mut Firehose, b: &mut Firehose, op: u64) {
+    use firehose::firehose::Event;
+    let mut pins = CountPins::default();
+    loop {
+        while let Some((_, m)) = a.poll_transmit() {
+            b.handle_message(0, &m, &mut pins).unwrap();
+        }
+        while let Some((_, m)) = b.poll_transmit() {
+            a.handle_message(1, &m, &mut CountPins::default()).unwrap();
+        }
+        match a.poll_event() {
+            Some(Event::Ready { op: o, .. }) if o == op => return,
+            Some(e) => panic!("unexpected {e:?}"),
+            None => {}
+        }
+    }
+}
+
 /// The unused FIFO evicts the least recently released firehose: a hit leaves its firehose in
 /// place in the FIFO (lazy removal), so the eviction scan must give a firehose released since
 /// it was queued a second chance. F = 2 regions of one bucket: A and B are pinned (A first),
 /// A is used again, then C needs room: B goes, A stays (it hits afterwards).
 #[test]
 fn eviction_takes_the_least_recently_released() {
-    use firehose::firehose::Event;
-    let mk = |r| {
-        let mut c = FirehoseConfig::new(r, 2);
-        c.bucket_size = 4096;
-        c.m_bytes = 2 * 4096;
-        c.max_victim_bytes = 4096;
-        c.max_region_buckets = 1;
-        Firehose::new(c).unwrap()
-    };
-    let (mut a, mut b) = (mk(0), mk(1));
-    let mut pins = CountPins::default();
-    let mut put = |a: &mut Firehose, op: u64, bucket: u64| -> bool {
+    let (mut a, mut b) = page_mode_pair(2);
+    let mut put = |op: u64, bucket: u64| -> bool {
         let hit = match a.acquire(op, 1, BASE + bucket * 4096, 8, None).unwrap() {
             Acquire::Hit(_) => true,
             Acquire::Pending => {
-                loop {
-                    while let Some((_, m)) = a.poll_transmit() {
-                        b.handle_message(0, &m, &mut pins).unwrap();
-                    }
-                    while let Some((_, m)) = b.poll_transmit() {
-                        a.handle_message(1, &m, &mut CountPins::default()).unwrap();
-                    }
-                    match a.poll_event() {
-                        Some(Event::Ready { op: o, .. }) if o == op => break,
-                        Some(e) => panic!("unexpected {e:?}"),
-                        None => {}
-                    }
-                }
+                until_ready(&mut a, &mut b, op);
                 false
             }
             Acquire::DoneInMove => panic!("no small put here"),
@@ -635,12 +645,12 @@ fn eviction_takes_the_least_recently_released() {
         a.check_invariants().unwrap();
         hit
     };
-    assert!(!put(&mut a, 1, 0), "A misses");
-    assert!(!put(&mut a, 2, 1), "B misses");
-    assert!(put(&mut a, 3, 0), "A hits");
-    assert!(!put(&mut a, 4, 2), "C misses and evicts one of A, B");
-    assert!(put(&mut a, 5, 0), "A, released last, was kept");
-    assert!(!put(&mut a, 6, 1), "B, released before A, was evicted");
+    assert!(!put(1, 0), "A misses");
+    assert!(!put(2, 1), "B misses");
+    assert!(put(3, 0), "A hits");
+    assert!(!put(4, 2), "C misses and evicts one of A, B");
+    assert!(put(5, 0), "A, released last, was kept");
+    assert!(!put(6, 1), "B, released before A, was evicted");
 }
 
 /// Hits wait for their release in the op table's front slot when it is free, in the table
@@ -649,39 +659,15 @@ fn eviction_takes_the_least_recently_released() {
 /// (refs held equal what the live ops hold) after every step.
 #[test]
 fn hits_in_the_front_slot_and_the_table() {
-    use firehose::firehose::Event;
-    let mk = |r| {
-        let mut c = FirehoseConfig::new(r, 2);
-        c.bucket_size = 4096;
-        c.m_bytes = 64 * 4096;
-        c.max_victim_bytes = 4096;
-        c.max_region_buckets = 1;
-        Firehose::new(c).unwrap()
-    };
-    let (mut a, mut b) = (mk(0), mk(1));
-    let mut pins = CountPins::default();
+    let (mut a, mut b) = page_mode_pair(64);
     // Pin buckets 0..4 (each its own region).
     for k in 0..4u64 {
         assert_eq!(
             a.acquire(100 + k, 1, BASE + k * 4096, 8, None),
             Ok(Acquire::Pending)
         );
-        loop {
-            while let Some((_, m)) = a.poll_transmit() {
-                b.handle_message(0, &m, &mut pins).unwrap();
-            }
-            while let Some((_, m)) = b.poll_transmit() {
-                a.handle_message(1, &m, &mut CountPins::default()).unwrap();
-            }
-            match a.poll_event() {
-                Some(Event::Ready { op, .. }) => {
-                    a.release(op).unwrap();
-                    break;
-                }
-                Some(e) => panic!("unexpected {e:?}"),
-                None => {}
-            }
-        }
+        until_ready(&mut a, &mut b, 100 + k);
+        a.release(100 + k).unwrap();
     }
     let ok = |a: &Firehose| a.check_invariants().unwrap();
     let hit = |r: Result<Acquire, FhError>| matches!(r, Ok(Acquire::Hit(_)));

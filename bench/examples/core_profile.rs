@@ -12,20 +12,11 @@
 //! prints is a sanity check only; `fh_core` is the benchmark.
 use std::time::Instant;
 
-use firehose::firehose::{Acquire, Firehose, FirehoseConfig, PinFailure, RegionPins};
+use firehose::firehose::{Acquire, Firehose, FirehoseConfig};
 
-/// Pins nothing: hands out keys.
-struct NullPins(u32);
-impl RegionPins for NullPins {
-    fn pin(&mut self, _: u64, _: usize) -> Result<u32, PinFailure> {
-        self.0 += 1;
-        Ok(self.0)
-    }
-    fn unpin(&mut self, _: u64, _: usize, _: u32) {}
-    fn write(&mut self, _: u64, _: &[u8]) -> Result<(), PinFailure> {
-        Ok(())
-    }
-}
+#[path = "../src/null_pins.rs"]
+mod null_pins;
+use null_pins::NullPins;
 
 fn arg(i: usize, default: u64) -> u64 {
     std::env::args()

@@ -96,17 +96,8 @@ impl Initiator {
                 (None, &[a]) => self.front = Front::new(op, peer, [a, a], 1),
                 (None, &[a, b]) => self.front = Front::new(op, peer, [a, b], 2),
                 _ => {
-                    self.ops.insert(
-                        op,
-                        Op {
-                            peer,
-                            raddr,
-                            len,
-                            fhs,
-                            state: OpState::Active,
-                            epoch: 0,
-                        },
-                    );
+                    let o = Op::new(peer, raddr, len, fhs, OpState::Active);
+                    self.ops.insert(op, o);
                 }
             }
             st.hits += 1;
@@ -120,17 +111,14 @@ impl Initiator {
             self.put_in_move(op, peer, raddr, data, out, st);
             return Ok(Acquire::DoneInMove);
         }
-        self.ops.insert(
-            op,
-            Op {
-                peer,
-                raddr,
-                len,
-                fhs: Inline2::default(),
-                state: OpState::Waiting { outstanding: 0 },
-                epoch: 0,
-            },
+        let o = Op::new(
+            peer,
+            raddr,
+            len,
+            Inline2::default(),
+            OpState::Waiting { outstanding: 0 },
         );
+        self.ops.insert(op, o);
         self.advance(op, false, out, st);
         // A new op queued behind blocked ones drops its holds into the FIFO: that may be
         // what the head of the queue was waiting for.

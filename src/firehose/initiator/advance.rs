@@ -219,17 +219,14 @@ impl Initiator {
                 .map(|g| self.new_pin(peer, *g, Vec::new()))
                 .collect();
         }
-        self.ops.insert(
-            id,
-            super::Op {
-                peer,
-                raddr,
-                len: data.len(),
-                fhs: Inline2::default(),
-                state: OpState::PutInMove,
-                epoch: 0,
-            },
+        let o = super::Op::new(
+            peer,
+            raddr,
+            data.len(),
+            Inline2::default(),
+            OpState::PutInMove,
         );
+        self.ops.insert(id, o);
         st.puts_in_move += 1;
         self.send_moves(peer, &releases, &pins, Some((id, raddr, data)), out, st);
         self.flush_acks(peer, out);

@@ -103,6 +103,19 @@ impl Front {
     }
 }
 
+impl Op {
+    pub fn new(peer: Rank, raddr: u64, len: usize, fhs: Inline2<u32>, state: OpState) -> Op {
+        Op {
+            peer,
+            raddr,
+            len,
+            fhs,
+            state,
+            epoch: 0,
+        }
+    }
+}
+
 #[derive(Debug, Default)]
 pub(crate) struct PeerI {
     pub map: BucketMap,

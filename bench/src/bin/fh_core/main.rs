@@ -13,8 +13,11 @@
 
 #[path = "../../cli.rs"]
 mod cli;
+#[path = "../../null_pins.rs"]
+mod null_pins;
 
-use firehose::firehose::{Acquire, Event, Firehose, FirehoseConfig, PinFailure, RegionPins};
+use firehose::firehose::{Acquire, Event, Firehose, FirehoseConfig};
+use null_pins::NullPins;
 use serde_json::json;
 use std::time::Instant;
 
@@ -58,19 +61,6 @@ fn parse() -> Result<Args, String> {
         Ok(Some(()))
     })())?;
     Ok(a)
-}
-
-/// Pins nothing: hands out keys.
-struct NullPins(u32);
-impl RegionPins for NullPins {
-    fn pin(&mut self, _: u64, _: usize) -> Result<u32, PinFailure> {
-        self.0 += 1;
-        Ok(self.0)
-    }
-    fn unpin(&mut self, _: u64, _: usize, _: u32) {}
-    fn write(&mut self, _: u64, _: &[u8]) -> Result<(), PinFailure> {
-        Ok(())
-    }
 }
 
 struct Pair {
