@@ -190,8 +190,8 @@ impl Initiator {
         }
     }
 
-    /// The oldest unused firehose of `peer`, out of its FIFO (its buckets still counted in
-    /// `fifo_buckets`: the caller takes them off). On the way, entries in use leave the FIFO
+    /// The oldest unused firehose of `peer`, out of its FIFO and off `fifo_buckets` (the
+    /// caller evicts it). On the way, entries in use leave the FIFO
     /// (their last release puts them back at the tail) and entries used since they were
     /// queued go to the tail once (second chance: the order stays close to least recently
     /// released, as the paper's FIFO, without touching the FIFO on every hit).
@@ -209,6 +209,7 @@ impl Initiator {
                 self.links.push_back(&mut p.fifo, id);
                 continue;
             }
+            p.fifo_buckets -= fh.nb as u64;
             return Some(id);
         }
     }

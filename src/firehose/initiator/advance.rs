@@ -260,7 +260,6 @@ impl Initiator {
             p.charged + need > p.quota
         } {
             let id = self.pop_unused(peer).expect("fits() was checked");
-            self.peers[peer as usize].fifo_buckets -= self.fhs[id as usize].nb as u64;
             rel.push(self.handles[id as usize]);
             self.note_evicted(peer, u32::from(self.fhs[id as usize].uses));
             self.unmap(id);
@@ -280,7 +279,6 @@ impl Initiator {
             let Some(id) = self.pop_unused(peer) else {
                 break;
             };
-            self.peers[peer as usize].fifo_buckets -= self.fhs[id as usize].nb as u64;
             rel.push(self.handles[id as usize]);
             self.note_evicted(peer, u32::from(self.fhs[id as usize].uses));
             self.unmap(id);
