@@ -1,5 +1,6 @@
-//! The hit path alone (register + deregister of one cached 4 KiB range, counting backend), for
-//! instruction-level profiling, e.g.
+//! The hit path alone (register + deregister of a cached 4 KiB range, counting backend), for
+//! instruction-level profiling; `hit_profile OPS REGIONS` hits REGIONS cached ranges in a random
+//! order (for cachegrind: the lines a hit touches at 10^5 regions), e.g.
 //!
 //! ```text
 //! cargo build --release -p firehose-bench --example hit_profile
@@ -26,15 +27,37 @@ fn main() {
         max_regions: usize::MAX,
     };
     let cache = Cache::new(pinner, unbounded, None);
-    let buf = vec![0u8; 1 << 16];
-    let addr = buf.as_ptr() as usize;
+    // Optional second argument: that many cached 4 KiB regions side by side (as
+    // firehose-bench's hit rows), hit in a random order: the case whose lines matter.
+    let regions: usize = std::env::args()
+        .nth(2)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1)
+        .max(1);
+    let buf = vec![0u8; (regions + 1) * 4096];
+    let base = (buf.as_ptr() as usize + 4095) & !4095;
     let access = Access(Access::LOCAL_WRITE.0 | Access::REMOTE_WRITE.0 | Access::REMOTE_READ.0);
-    let first = cache
-        .register(addr, 4096, access)
-        .expect("first registration");
-    cache.deregister(first.handle).expect("release");
+    for i in 0..regions {
+        let first = cache
+            .register(base + i * 4096, 4096, access)
+            .expect("first registration");
+        cache.deregister(first.handle).expect("release");
+    }
+    let mut x = 0x9E37_79B9u64;
+    let seq: Vec<usize> = (0..1 << 16)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            base + (x % regions as u64) as usize * 4096
+        })
+        .collect();
+    let before = cache.stats().hits;
     let t = std::time::Instant::now();
-    for _ in 0..n {
+    for i in 0..n {
+        // One region: the same address every time, as before the random mode (comparable
+        // instruction counts).
+        let addr = if regions == 1 { base } else { seq[i & 0xffff] };
         let r = cache
             .register(std::hint::black_box(addr), 4096, access)
             .expect("hit");
@@ -43,7 +66,7 @@ fn main() {
             .expect("release");
     }
     let ns = t.elapsed().as_nanos() as f64 / n as f64;
-    let hits = cache.stats().hits;
+    let hits = cache.stats().hits - before;
     assert_eq!(hits, n as u64, "every timed op must be a hit");
-    eprintln!("{ns:.2} ns per register+deregister ({n} hits)");
+    eprintln!("{ns:.2} ns per register+deregister ({n} hits, {regions} regions)");
 }
