@@ -89,8 +89,7 @@ impl Initiator {
                 return Err(FhError::DuplicateOp);
             }
             for &id in fhs.iter() {
-                self.take_ref(id);
-                self.fhs[id as usize].uses = self.fhs[id as usize].uses.saturating_add(1);
+                self.take_use(id);
             }
             match (self.front.op, fhs.as_slice()) {
                 (None, &[a]) => self.front = Front::new(op, peer, [a, a], 1),
@@ -166,6 +165,14 @@ impl Initiator {
         if fh.refs == 1 {
             self.peers[fh.peer as usize].fifo_buckets -= fh.nb as u64;
         }
+    }
+
+    /// A ref for an op that found firehose `id` already there: counted as a use (`thrash`).
+    #[inline]
+    pub(crate) fn take_use(&mut self, id: u32) {
+        self.take_ref(id);
+        let fh = &mut self.fhs[id as usize];
+        fh.uses = fh.uses.saturating_add(1);
     }
 
     /// One ref less; at zero the firehose is unused again: still in its peer's FIFO, it is

@@ -58,8 +58,7 @@ impl Initiator {
             }
             if best.is_none() {
                 if let Some(m) = self.peers[peer as usize].map.get(b) {
-                    self.take_ref(m);
-                    self.fhs[m as usize].uses = self.fhs[m as usize].uses.saturating_add(1);
+                    self.take_use(m);
                     held.push(m);
                     let fh = &self.fhs[m as usize];
                     best = Some(fh.start + fh.nb as u64);

@@ -221,8 +221,11 @@ impl Initiator {
 impl Initiator {
     pub fn check(&self) -> Result<(), String> {
         if let Some(op) = self.front.op {
-            if self.ops.contains_key(&op) || !(1..=2).contains(&self.front.n) {
+            if self.ops.contains_key(&op) {
                 return Err(format!("front slot {:?} also in the op table", self.front));
+            }
+            if !(1..=2).contains(&self.front.n) {
+                return Err(format!("front slot {:?} holds no firehose", self.front));
             }
         }
         let free: std::collections::HashSet<u32> = self.fh_free.iter().copied().collect();
