@@ -263,6 +263,64 @@ fn deregister_hands_unpins_to_the_helper_16_threads() {
     assert_eq!((counting.live_count(), counting.bad_unpins()), (0, 0));
 }
 
+/// Callers do not report releases: the helper sees each handle it saw used go, whoever
+/// deregisters it (`Helper::deregister` or the cache directly), exactly once, under 16 threads
+/// that hold up to three registrations at a time. Fails when the helper stops looking
+/// (`releases.rs`'s `poll`) or looks only once.
+#[test]
+fn every_release_reaches_the_planner_16_threads() {
+    let _g = serial();
+    let (counting, cache, h) = setup(Duration::ZERO);
+    let h = Arc::new(h);
+    const OPS: usize = 300;
+    let threads: Vec<_> = (0..16usize)
+        .map(|t| {
+            let (c, h) = (cache.clone(), h.clone());
+            std::thread::spawn(move || {
+                let base = 0x40_0000_0000usize + t * 64 * MIB;
+                let mut held = std::collections::VecDeque::new();
+                for i in 0..OPS {
+                    let addr = base + (i % 5) * MIB;
+                    held.push_back(h.register(&c, 0x500 + i % 3, addr, 64 * 1024, RW).unwrap());
+                    if held.len() == 3 || i + 1 == OPS {
+                        while let Some(r) = held.pop_front() {
+                            if r.handle % 7 == 0 {
+                                c.deregister(r.handle).unwrap();
+                            } else {
+                                h.deregister(&c, r.handle).unwrap();
+                            }
+                        }
+                    }
+                    if i % 40 == 0 {
+                        std::thread::sleep(Duration::from_micros(300));
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let t = Instant::now();
+    let done = |s: &helper::HelperStats| {
+        s.planner.uses + s.events_dropped == (16 * OPS) as u64
+            && s.planner.releases == s.planner.uses
+    };
+    while !done(&h.stats()) && t.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let s = h.stats();
+    assert!(done(&s), "{s:?}");
+    assert!(s.planner.uses > 0);
+    assert_eq!(s.planner.unknown_releases, 0, "{s:?}");
+    // Nothing is reported twice: a second look finds nothing more.
+    std::thread::sleep(Duration::from_millis(5));
+    assert_eq!(h.stats().planner.releases, s.planner.releases);
+    drop(h);
+    drop(cache);
+    assert_eq!((counting.live_count(), counting.bad_unpins()), (0, 0));
+}
+
 #[test]
 fn placement_off_says_why() {
     let _g = serial();

@@ -151,6 +151,13 @@ impl Cache {
         (self.c.cached.get().0 + self.c.uncached.get().0) << self.shift
     }
 
+    /// Whether `handle` is registered and not yet deregistered (any value is fine: made up or
+    /// released, false). The helper polls the handles it saw used instead of being told of each
+    /// release (`helper/releases.rs`).
+    pub fn is_live(&self, handle: u64) -> bool {
+        self.handles.is_live(handle)
+    }
+
     /// High-water mark of pinned bytes.
     pub fn pinned_peak(&self) -> u64 {
         self.c.pinned_peak.load(Ordering::Relaxed)

@@ -196,6 +196,17 @@ impl Handles {
         region
     }
 
+    /// Whether `handle` was issued and not yet released. Any value is fine (made up: false).
+    pub fn is_live(&self, handle: u64) -> bool {
+        let low = handle as u32;
+        let gen = (handle >> 32) as u32;
+        low != 0
+            && gen & 1 == 1
+            && self
+                .record(low - 1)
+                .is_some_and(|r| r.gen.load(Ordering::Acquire) == gen)
+    }
+
     /// Regions of every live handle (used by the cache's Drop; exclusive access).
     pub fn live_regions(&mut self) -> Vec<NonNull<Region>> {
         let n = self.next.load(Ordering::Relaxed);
@@ -244,6 +255,31 @@ mod tests {
         assert_eq!(h.release(1, a), None);
         assert_eq!(h.release(2, c), Some(fake(3)), "release from another slot");
         assert_eq!(h.release(1, b), Some(fake(2)));
+    }
+
+    #[test]
+    fn is_live_until_released_and_never_for_made_up_or_reused_handles() {
+        let h = Handles::new();
+        let a = h.acquire(1, fake(1)).unwrap();
+        assert!(h.is_live(a));
+        for bogus in [
+            0,
+            u64::MAX,
+            a ^ (1 << 32),
+            a ^ (1 << 33),
+            a + 5000,
+            (a as u32) as u64,
+        ] {
+            assert!(!h.is_live(bogus), "{bogus:#x}");
+        }
+        assert!(h.release(1, a).is_some());
+        assert!(!h.is_live(a), "released");
+        let b = h.acquire(1, fake(2)).unwrap();
+        assert_eq!(b as u32, a as u32, "the record is reused");
+        assert!(
+            h.is_live(b) && !h.is_live(a),
+            "a new generation: the old handle stays dead"
+        );
     }
 
     #[test]

@@ -1,8 +1,9 @@
 //! What the callers tell the helper, and the queue it travels in (the paper's DQ, section 4.1).
 //!
 //! `fh_register` pushes a `Use` (after its lookup or pin: the event carries whether the caller
-//! had to pin and how long it waited), `fh_deregister` a `Release`. The helper thread is the only
-//! consumer. The queue is crossbeam's `ArrayQueue`: bounded and allocated once, so a push never
+//! had to pin and how long it waited). A `Release` is not pushed by `fh_deregister`: the helper
+//! thread makes it when it sees the handle gone (`releases.rs`), which saves the caller a clock
+//! read and a push. The helper thread is the only consumer. The queue is crossbeam's `ArrayQueue`: bounded and allocated once, so a push never
 //! allocates or blocks, and lock-free for any number of producers (the paper's single-producer
 //! ring assumes one communicating thread; MPI_THREAD_MULTIPLE programs and the shim have many).
 //! A full queue drops the event and counts it, as the paper's ring overwrites old entries: the
@@ -52,7 +53,11 @@ pub struct Use {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Event {
     Use(Use),
-    Release { handle: u64, t: u64 },
+    /// The handle of a `Use` was deregistered (seen at `t`).
+    Release {
+        handle: u64,
+        t: u64,
+    },
 }
 
 /// Capacity of a helper's event queue (a push past it drops the event).

@@ -5,7 +5,8 @@
 //!
 //! What this folder owns: the predictor (`signature.rs`, `predictor.rs`), the cost model
 //! (`cost.rs`), the registration queue (`rq.rs`), the event queue fed by the callers
-//! (`events.rs`), and the decisions (`planner.rs`). All of them are sans-IO: no thread, no clock
+//! (`events.rs`), the handles it watches for their release (`releases.rs`), and the decisions
+//! (`planner.rs`). All of them are sans-IO: no thread, no clock
 //! (times are arguments; `clock.rs` is the one place that reads it), no cache, so they are tested
 //! on a simulated clock (`sim.rs`, a model of the cache and of the helper's time, used by
 //! `sim_tests.rs` and by the benchmark's modelled rows).
@@ -15,7 +16,7 @@
 //! (`pin_flag.rs`).
 //!
 //! What it may call: the cache's public API (`register`/`deregister` for the callers,
-//! `prefetch`/`evict_range`/`unpin_deferred`/`process_invalidations` on the thread),
+//! `prefetch`/`evict_range`/`unpin_deferred`/`process_invalidations`/`is_live` on the thread),
 //! `crate::pin::Pinner` (calibration and the flagging wrapper), and libc (clock, affinity,
 //! /proc). Correctness never depends on anything here: a wrong prediction only means a caller
 //! pins synchronously, as without a helper; a region the helper pins goes through the cache's
@@ -28,6 +29,7 @@ pub mod pin_flag;
 pub mod placement;
 pub mod planner;
 pub mod predictor;
+pub mod releases;
 pub mod rq;
 pub mod signature;
 pub mod sim;

@@ -171,6 +171,8 @@ pub struct PlannerStats {
     pub caller_pin_wait_ns: u64,
     /// Time every tracked registration took, hits included (ns).
     pub caller_wait_ns: u64,
+    /// Releases of handles it saw used.
+    pub releases: u64,
     /// Releases of handles the helper never saw used (below the threshold, or a dropped event).
     pub unknown_releases: u64,
     /// Regions tracked now, and queued for a pin now.
@@ -317,6 +319,7 @@ impl Planner {
             self.stats.unknown_releases += 1;
             return;
         };
+        self.stats.releases += 1;
         let Some(r) = self.regions.get_mut(&key) else {
             return;
         };

@@ -4,14 +4,15 @@
 //!
 //! On the caller's side, a registration at or above `min_bytes` (the paper's 16 KiB threshold:
 //! below it, the bookkeeping would cost more than the pin it may save) costs two clock reads and
-//! one lock-free push on top of the cache's own path; a deregistration, one clock read and one
-//! push. Nothing else: no lock, no wake-up of the helper (it polls), no backend call (with a
-//! helper, the last holder of a detached region hands it over too: `Cache::defer_unpins`).
+//! one lock-free push on top of the cache's own path; a deregistration costs nothing on top: the
+//! helper polls the handles it saw used (`releases.rs`). Nothing else: no lock, no wake-up of the
+//! helper (it polls), no backend call (with a helper, the last holder of a detached region hands
+//! it over too: `Cache::defer_unpins`).
 //!
 //! The thread loops: unpin what callers handed over, process queued invalidations, take the
-//! events, run the due actions (one pin or unpin at a time, taking new events between them, as
-//! the paper alternates its DQ and RQ), then sleep until the next planned action or `poll_ns`.
-//! Wake-ups that come late widen the planner's slack.
+//! events and look for releases, run the due actions (one pin or unpin at a time, taking new
+//! events between them, as the paper alternates its DQ and RQ), then sleep until the next planned
+//! action or `poll_ns`. Wake-ups that come late widen the planner's slack.
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -25,6 +26,7 @@ use super::events::{Event, EventQueue, Key, Use, EVENT_CAPACITY};
 use super::pin_flag;
 use super::placement::{self, Placement};
 use super::planner::{Action, Planner, PlannerConfig, PlannerStats};
+use super::releases::Releases;
 use crate::cache::{Cache, Registration};
 use crate::monitor::{unmap_log, MemoryListener, Subscription};
 use crate::pin::Access;
@@ -44,6 +46,10 @@ pub struct HelperConfig {
     /// helper's own pins and unpins).
     pub calibrate: bool,
 }
+
+/// Longest interval between two looks at a handle still held (ns): a region held for long is
+/// seen idle at most this late (`releases.rs`).
+const RELEASE_LOOK_MAX_NS: u64 = 1_000_000_000;
 
 /// The paper's threshold.
 pub const DEFAULT_MIN_BYTES: usize = 16 << 10;
@@ -294,17 +300,10 @@ impl Helper {
         Ok(r)
     }
 
-    /// `cache.deregister`, told to the helper.
+    /// `cache.deregister`. The helper is not told: it sees the handle go (`releases.rs`).
     #[inline]
     pub fn deregister(&self, cache: &Cache, handle: u64) -> FhResult<()> {
-        cache.deregister(handle)?;
-        if let (true, Some(s)) = (self.on, &self.shared) {
-            s.events.push(Event::Release {
-                handle,
-                t: now_ns(),
-            });
-        }
-        Ok(())
+        cache.deregister(handle)
     }
 
     /// The latest counters the thread published (zeros when off).
@@ -372,12 +371,22 @@ fn take_unmaps(s: &Shared, p: &mut Planner) {
     }
 }
 
-fn take_events(s: &Shared, p: &mut Planner) {
+/// Takes the callers' events, then tells the planner of the releases seen since the last look.
+fn take_events(s: &Shared, p: &mut Planner, releases: &mut Releases, cache: &Cache) {
     // Bounded, so a flood of events cannot starve a due pin.
     for _ in 0..EVENT_CAPACITY {
         let Some(ev) = s.events.pop() else { break };
+        if let Event::Use(u) = &ev {
+            releases.watch(u.handle, u.t);
+        }
         p.on_event(ev);
     }
+    let now = now_ns();
+    releases.poll(
+        now,
+        |h| cache.is_live(h),
+        |handle| p.on_event(Event::Release { handle, t: now }),
+    );
 }
 
 fn run(cache: &Arc<Cache>, s: &Shared, cfg: HelperConfig, cpu: Option<usize>) {
@@ -394,6 +403,8 @@ fn run(cache: &Arc<Cache>, s: &Shared, cfg: HelperConfig, cpu: Option<usize>) {
         CostModel::default()
     };
     let mut planner = Planner::new(cfg.planner, cost);
+    // A new handle is looked at on the next wake-up or so; one held for long, once a second.
+    let mut releases = Releases::new(cfg.poll_ns / 4, RELEASE_LOOK_MAX_NS);
     let start = now_ns();
     let mut integral = Integral {
         t0: start,
@@ -411,7 +422,7 @@ fn run(cache: &Arc<Cache>, s: &Shared, cfg: HelperConfig, cpu: Option<usize>) {
         }
         deferred += cache.unpin_deferred() as u64;
         cache.process_invalidations();
-        take_events(s, &mut planner);
+        take_events(s, &mut planner, &mut releases, cache);
         take_unmaps(s, &mut planner);
         while let Some(a) = planner.poll(now_ns()) {
             let t0 = now_ns();
@@ -426,7 +437,7 @@ fn run(cache: &Arc<Cache>, s: &Shared, cfg: HelperConfig, cpu: Option<usize>) {
                 }
             }
             integral.sample(now_ns(), cache.pinned_bytes());
-            take_events(s, &mut planner);
+            take_events(s, &mut planner, &mut releases, cache);
             take_unmaps(s, &mut planner);
         }
         let now = now_ns();

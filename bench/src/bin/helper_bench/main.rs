@@ -11,7 +11,10 @@
 //! - `lazy`: the pin-down cache as it is (regions stay pinned until evicted);
 //! - `helper`: the same cache with the helper thread, forced on (`Placement::Anywhere`: the
 //!   placement policy would keep it off on a loaded 2-core host; the header says what the policy
-//!   said).
+//!   said);
+//! - `tracked` (with `--tracked`): the helper thread with a planner that never pins or unpins, so
+//!   the row shows what tracking alone costs the program (the events, the helper's own loop)
+//!   apart from what its pins and unpins do.
 //!
 //! Pinned bytes are recorded at every pin and unpin of the backend (exact, the same way for every
 //! mode); time-averaged over the run. Modes run in rotating order over `--reps` repetitions;
@@ -35,6 +38,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use firehose::cache::{Cache, Limits};
+use firehose::helper::planner::PlannerConfig;
 use firehose::helper::{self, Helper, HelperConfig, HelperStats, Placement};
 use firehose::pin::{Access, Pinner};
 
@@ -50,11 +54,12 @@ pub struct Args {
     json_file: Option<std::path::PathBuf>,
     only: Option<String>,
     cores: Option<(usize, usize)>,
+    tracked: bool,
 }
 
 const USAGE: &str = "\
 usage: helper_bench [--quick] [--json] [--reps 3] [--backend mlock|verbs] [--series DIR]
-                    [--json-file PATH] [--only fig1|cg|mg] [--cores A,B]
+                    [--json-file PATH] [--only fig1|cg|mg] [--cores A,B] [--tracked]
   The helper thread vs the lazy cache vs no cache on seed 001's Figure 1 and on NAS CG / MG
   communication skeletons: communication time, time-averaged and peak pinned bytes, the
   helper's predictions; measured here, then modelled (the planner on a modelled clock with
@@ -62,6 +67,8 @@ usage: helper_bench [--quick] [--json] [--reps 3] [--backend mlock|verbs] [--ser
   --json-file PATH: the JSON document there as well as the table on stdout.
   --cores A,B: the program runs on core A (every mode), the helper on core B: the idle core
   the placement policy asks for (default: both unbound, the helper forced on).
+  --tracked: a fourth measured mode, the helper thread with a planner that never acts: what
+  tracking alone costs (not modelled, no target).
 ";
 
 /// `A,B` of `--cores`: two different core numbers.
@@ -87,6 +94,7 @@ fn parse() -> Result<Args, String> {
         json_file: None,
         only: None,
         cores: None,
+        tracked: false,
     };
     let mut p = lexopt::Parser::from_env();
     cli::finish((|| {
@@ -100,6 +108,7 @@ fn parse() -> Result<Args, String> {
                 Long("json-file") => a.json_file = Some(p.value()?.string()?.into()),
                 Long("only") => a.only = Some(p.value()?.string()?),
                 Long("cores") => a.cores = Some(cores(&p.value()?.string()?)?),
+                Long("tracked") => a.tracked = true,
                 Short('h') | Long("help") => return Ok(None),
                 _ => return Err(arg.unexpected()),
             }
@@ -117,16 +126,36 @@ pub enum Mode {
     NoCache,
     Lazy,
     Helper,
+    /// The helper thread, never acting (`--tracked`).
+    Tracked,
 }
 
 impl Mode {
+    /// The modes that are modelled and judged.
     pub const ALL: [Mode; 3] = [Mode::NoCache, Mode::Lazy, Mode::Helper];
     pub fn name(self) -> &'static str {
         match self {
             Mode::NoCache => "nocache",
             Mode::Lazy => "lazy",
             Mode::Helper => "helper",
+            Mode::Tracked => "tracked",
         }
+    }
+
+    /// A helper thread runs (its columns are shown).
+    pub fn has_helper(self) -> bool {
+        matches!(self, Mode::Helper | Mode::Tracked)
+    }
+
+    /// The helper's planner in this mode.
+    pub fn planner(self) -> PlannerConfig {
+        let mut planner = PlannerConfig::default();
+        if self == Mode::Tracked {
+            // Never unpins (so never pins ahead either): the events and the loop alone.
+            planner.min_unpinned_ns = 1 << 62;
+            planner.unpredicted_idle_ns = 1 << 62;
+        }
+        planner
     }
 }
 
@@ -220,13 +249,13 @@ fn run(p: &Program, mode: Mode, backend: &Arc<dyn Pinner>, cores: Option<(usize,
         max_pinned: 1 << 40,
         max_regions: if mode == Mode::NoCache { 0 } else { 16384 },
     };
-    let pinner: Arc<dyn Pinner> = if mode == Mode::Helper {
+    let pinner: Arc<dyn Pinner> = if mode.has_helper() {
         helper::wrap_backend(rec.clone())
     } else {
         rec.clone()
     };
     let cache = Cache::new(pinner, limits, None);
-    let h = if mode == Mode::Helper {
+    let h = if mode.has_helper() {
         let h = Helper::start(
             &cache,
             HelperConfig {
@@ -234,6 +263,7 @@ fn run(p: &Program, mode: Mode, backend: &Arc<dyn Pinner>, cores: Option<(usize,
                     Some((_, helper_cpu)) => Placement::Cpu(helper_cpu),
                     None => Placement::Anywhere,
                 },
+                planner: mode.planner(),
                 ..HelperConfig::default()
             },
         );
@@ -270,7 +300,7 @@ fn run(p: &Program, mode: Mode, backend: &Arc<dyn Pinner>, cores: Option<(usize,
     }
     let total = t_start.elapsed();
     let pinned = rec.finish();
-    let helper = (mode == Mode::Helper).then(|| h.stats());
+    let helper = mode.has_helper().then(|| h.stats());
     drop(h);
     drop(cache);
     Run {
@@ -344,12 +374,16 @@ fn main() {
         }
         modelled.push(report::summarize_model(&runs));
     }
+    let mut modes = Mode::ALL.to_vec();
+    if args.tracked {
+        modes.push(Mode::Tracked);
+    }
     let mut results = Vec::new();
     for p in &programs {
         let mut runs: Vec<(Mode, Run)> = Vec::new();
         for rep in 0..args.reps {
-            for i in 0..Mode::ALL.len() {
-                let mode = Mode::ALL[(i + rep) % Mode::ALL.len()];
+            for i in 0..modes.len() {
+                let mode = modes[(i + rep) % modes.len()];
                 if !args.json {
                     eprintln!(
                         "{}: {} (rep {}/{})",
@@ -368,7 +402,7 @@ fn main() {
                 std::process::exit(1);
             }
         }
-        results.push(report::summarize(p, &runs));
+        results.push(report::summarize(&modes, &runs));
     }
     let header = report::Header {
         backend: backend.name().to_string(),

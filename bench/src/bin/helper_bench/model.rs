@@ -9,7 +9,6 @@ use std::time::Instant;
 
 use firehose::helper::cost;
 use firehose::helper::events::Key;
-use firehose::helper::planner::PlannerConfig;
 use firehose::helper::sim::{self, Costs, Outcome, Step};
 use firehose::pin::Pinner;
 
@@ -71,7 +70,7 @@ pub fn run(steps: &[Step], mode: Mode, costs: Costs) -> Outcome {
     let m = match mode {
         Mode::NoCache => sim::Mode::NoCache,
         Mode::Lazy => sim::Mode::Lazy,
-        Mode::Helper => sim::Mode::Helper(PlannerConfig::default()),
+        Mode::Helper | Mode::Tracked => sim::Mode::Helper(mode.planner()),
     };
     sim::simulate(steps, m, costs)
 }

@@ -79,8 +79,8 @@ fn step_medians_ms(rs: &[&Run]) -> f64 {
         / 1e6
 }
 
-pub fn summarize(_p: &Program, runs: &[(Mode, Run)]) -> Summary {
-    let rows = Mode::ALL
+pub fn summarize(modes: &[Mode], runs: &[(Mode, Run)]) -> Summary {
+    let rows = modes
         .iter()
         .map(|&m| {
             let rs: Vec<&Run> = runs
@@ -219,7 +219,7 @@ fn rows_table(o: &mut String, programs: &[Program], results: &[Summary]) {
             "accuracy"
         );
         for r in &s.rows {
-            let helper = r.mode == Mode::Helper;
+            let helper = r.mode.has_helper();
             let acc = if helper {
                 format!(
                     "{:.1}%",
