@@ -1,7 +1,8 @@
 //! pinned.png of scripts/bench-helper: pinned bytes over time for helper_bench's three modes (no
 //! cache, lazy cache, helper thread), one row per program, measured runs left and modelled ones
 //! right, each mode's time-averaged pinned bytes in its legend. Reads the CSV files that
-//! `helper_bench --series DIR` writes: `<program>-<mode>[-model].csv`, columns `ms,bytes`.
+//! `helper_bench --series DIR` writes: `<program>-<mode>[-model].csv`, columns `ms,bytes` (its
+//! `<program>-<mode>-steps.csv`, communication times, are not plotted).
 
 use crate::axis::Scale;
 use crate::chart::{

@@ -63,7 +63,8 @@ usage: helper_bench [--quick] [--json] [--reps 3] [--backend mlock|verbs] [--ser
   The helper thread vs the lazy cache vs no cache on seed 001's Figure 1 and on NAS CG / MG
   communication skeletons: communication time, time-averaged and peak pinned bytes, the
   helper's predictions; measured here, then modelled (the planner on a modelled clock with
-  the costs calibrated here). --series DIR: pinned bytes over time as CSV, one file per run.
+  the costs calibrated here). --series DIR: pinned bytes over time as CSV, one file per run,
+  and each communication's median time per mode (<program>-<mode>-steps.csv).
   --json-file PATH: the JSON document there as well as the table on stdout.
   --cores A,B: the program runs on core A (every mode), the helper on core B: the idle core
   the placement policy asks for (default: both unbound, the helper forced on).

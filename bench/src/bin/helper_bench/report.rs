@@ -385,6 +385,32 @@ pub fn write_series(dir: &Path, p: &Program, runs: &[(Mode, Run)]) -> std::io::R
         }
         std::fs::write(dir.join(format!("{}-{}.csv", p.name, m.name())), s)?;
     }
+    write_steps(dir, p, runs)
+}
+
+/// `DIR/<program>-<mode>-steps.csv`: each communication's median time over the repetitions, with
+/// its call site, for every mode that ran: where a mode's communication time goes.
+fn write_steps(dir: &Path, p: &Program, runs: &[(Mode, Run)]) -> std::io::Result<()> {
+    let mut modes: Vec<Mode> = runs.iter().map(|(m, _)| *m).collect();
+    modes.sort_by_key(|m| m.name());
+    modes.dedup();
+    for m in modes {
+        let rs: Vec<&Run> = runs
+            .iter()
+            .filter(|(x, _)| *x == m)
+            .map(|(_, r)| r)
+            .collect();
+        let mut s = String::from("step,site,median_ns\n");
+        for (i, step) in p.steps.iter().enumerate() {
+            let v: Vec<f64> = rs
+                .iter()
+                .filter_map(|r| r.step_ns.get(i))
+                .map(|&ns| ns as f64)
+                .collect();
+            let _ = writeln!(s, "{i},{:#x},{:.0}", step.site, median(v));
+        }
+        std::fs::write(dir.join(format!("{}-{}-steps.csv", p.name, m.name())), s)?;
+    }
     Ok(())
 }
 
