@@ -3,8 +3,9 @@
 //! transfer time, computation after it); the model cache pins on a caller's miss (the caller
 //! waits the true pin cost) and keeps the region until the helper unpins it (lazy), or unpins at
 //! release (no cache); the helper is one worker that wakes at its planned times or every `poll`,
-//! whichever comes first, sees the events pushed before it woke, and is busy for the true cost of
-//! every pin and unpin it makes. Deterministic: no thread, no clock.
+//! whichever comes first, sees the events pushed before it woke (a release as of that wake-up, as
+//! the thread sees it), and is busy for the true cost of every pin and unpin it makes.
+//! Deterministic: no thread, no clock.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -155,7 +156,12 @@ pub fn simulate(program: &[Step], mode: Mode, costs: Costs) -> Outcome {
                 Event::Use(u) => u.t <= wake,
                 Event::Release { t, .. } => *t <= wake,
             }) {
-                p.on_event(pending.pop_front().unwrap());
+                // A release reaches the planner with the time the helper saw it, as the thread
+                // finds it by looking (`releases.rs`), not when it happened.
+                p.on_event(match pending.pop_front().unwrap() {
+                    Event::Release { handle, .. } => Event::Release { handle, t: wake },
+                    e => e,
+                });
             }
             let mut now = wake;
             while let Some(a) = p.poll(now) {
