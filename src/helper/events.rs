@@ -3,9 +3,10 @@
 //! `fh_register` pushes a `Use` (after its lookup or pin: the event carries whether the caller
 //! had to pin and how long it waited). A `Release` is not pushed by `fh_deregister`: the helper
 //! thread makes it when it sees the handle gone (`releases.rs`), which saves the caller a clock
-//! read and a push. The helper thread is the only consumer. The queue is crossbeam's `ArrayQueue`: bounded and allocated once, so a push never
-//! allocates or blocks, and lock-free for any number of producers (the paper's single-producer
-//! ring assumes one communicating thread; MPI_THREAD_MULTIPLE programs and the shim have many).
+//! read and a push. The helper thread is the only consumer. The queue is crossbeam's
+//! `ArrayQueue`: bounded and allocated once, so a push never allocates or blocks, and lock-free
+//! for any number of producers (the paper's single-producer ring assumes one communicating
+//! thread; MPI_THREAD_MULTIPLE programs and the shim have many).
 //! A full queue drops the event and counts it, as the paper's ring overwrites old entries: the
 //! predictor loses one sample, the region stays lazily cached; correctness never depends on an
 //! event arriving.

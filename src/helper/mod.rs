@@ -6,10 +6,10 @@
 //! What this folder owns: the predictor (`signature.rs`, `predictor.rs`), the cost model
 //! (`cost.rs`), the registration queue (`rq.rs`), the event queue fed by the callers
 //! (`events.rs`), the handles it watches for their release (`releases.rs`), and the decisions
-//! (`planner.rs`). All of them are sans-IO: no thread, no clock
-//! (times are arguments; `clock.rs` is the one place that reads it), no cache, so they are tested
-//! on a simulated clock (`sim.rs`, a model of the cache and of the helper's time, used by
-//! `sim_tests.rs` and by the benchmark's modelled rows).
+//! (`planner.rs`). All of them are sans-IO: no thread, no clock (times are arguments; `clock.rs`
+//! is the one place that reads it), no cache, so they are tested on a simulated clock (`sim.rs`,
+//! a model of the cache and of the helper's time, used by `sim_tests.rs` and by the benchmark's
+//! modelled rows).
 //!
 //! Around them: the thread and the callers' front (`thread.rs`), where it may run
 //! (`placement.rs`), and the backend wrapper that tells a caller's pin from a hit
