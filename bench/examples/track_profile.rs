@@ -61,18 +61,11 @@ fn main() {
             &cache,
             HelperConfig {
                 placement: Placement::Cpu(1),
-                planner: PlannerConfig {
-                    min_unpinned_ns: 1 << 62,
-                    unpredicted_idle_ns: 1 << 62,
-                    ..Default::default()
-                },
+                planner: PlannerConfig::never_acting(),
                 ..HelperConfig::default()
             },
         );
-        let t = Instant::now();
-        while h.stats().elapsed_ns == 0 && t.elapsed() < Duration::from_secs(5) {
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        h.wait_started(Duration::from_secs(5));
         h
     } else {
         Helper::off("not this mode")

@@ -85,6 +85,18 @@ impl Default for PlannerConfig {
     }
 }
 
+impl PlannerConfig {
+    /// Tracks every use and release but never unpins (so never pins ahead either): a helper
+    /// with it costs the program only the tracking, which is what it is for (benchmarks).
+    pub fn never_acting() -> PlannerConfig {
+        PlannerConfig {
+            min_unpinned_ns: 1 << 62,
+            unpredicted_idle_ns: 1 << 62,
+            ..PlannerConfig::default()
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Action {
     /// Pin the region ahead of its predicted use (`Cache::prefetch`); report with `pinned`.

@@ -261,3 +261,23 @@ fn tight_loop_stays_pinned() {
     assert!(on.stats.caller_pins <= 4, "{:?}", on.stats);
     assert!(on.comm as f64 <= 1.05 * lazy.comm as f64);
 }
+
+/// The benchmarks' "tracked" mode: a never-acting planner learns as usual (its predictions are
+/// judged) but pins and unpins nothing, so the program's pinned bytes and communication time are
+/// the lazy cache's. Fails if `never_acting` lets the no-prediction idle unpin or the
+/// deregistration condition through.
+#[test]
+fn never_acting_tracks_but_leaves_the_lazy_cache_alone() {
+    let prog = figure4(10, 20);
+    let lazy = run(&prog, None);
+    let on = run(&prog, Some(PlannerConfig::never_acting()));
+    let s = on.stats;
+    assert_eq!((s.helper_pins, s.helper_unpins), (0, 0), "{s:?}");
+    assert_eq!(on.comm, lazy.comm);
+    assert_eq!(on.avg_pinned, lazy.avg_pinned);
+    assert_eq!(s.uses, prog.len() as u64);
+    assert!(s.predictor.evaluated > 0 && on.accuracy() >= 0.9, "{s:?}");
+    // Long idle gaps (the outer loop's computation) would be unpinned by the default planner.
+    let acting = run(&prog, Some(PlannerConfig::default()));
+    assert!(acting.stats.helper_unpins > 0);
+}

@@ -306,6 +306,20 @@ impl Helper {
         cache.deregister(handle)
     }
 
+    /// Waits up to `timeout` for the thread to finish its start (the cost model's calibration,
+    /// whose pins are not the program's) and publish its first counters. False if it did not
+    /// (or the helper is off).
+    pub fn wait_started(&self, timeout: Duration) -> bool {
+        let t = std::time::Instant::now();
+        while self.shared.is_some() && self.stats().elapsed_ns == 0 {
+            if t.elapsed() >= timeout {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        self.shared.is_some()
+    }
+
     /// The latest counters the thread published (zeros when off).
     pub fn stats(&self) -> HelperStats {
         match &self.shared {

@@ -150,13 +150,11 @@ impl Mode {
 
     /// The helper's planner in this mode.
     pub fn planner(self) -> PlannerConfig {
-        let mut planner = PlannerConfig::default();
         if self == Mode::Tracked {
-            // Never unpins (so never pins ahead either): the events and the loop alone.
-            planner.min_unpinned_ns = 1 << 62;
-            planner.unpredicted_idle_ns = 1 << 62;
+            PlannerConfig::never_acting()
+        } else {
+            PlannerConfig::default()
         }
-        planner
     }
 }
 
@@ -269,10 +267,7 @@ fn run(p: &Program, mode: Mode, backend: &Arc<dyn Pinner>, cores: Option<(usize,
             },
         );
         // Wait for its calibration (its pins are not the program's).
-        let t = Instant::now();
-        while h.stats().elapsed_ns == 0 && t.elapsed() < Duration::from_secs(5) {
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        h.wait_started(Duration::from_secs(5));
         h
     } else {
         Helper::off("not this mode")
