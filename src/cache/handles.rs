@@ -169,15 +169,19 @@ impl Handles {
         Some((base, self.own_record(base)))
     }
 
+    /// A handle's record index and generation, if it has the shape of a live one (odd
+    /// generation, index + 1 in the low half).
+    #[inline]
+    fn decode(handle: u64) -> Option<(u32, u32)> {
+        let low = handle as u32;
+        let gen = (handle >> 32) as u32;
+        (low != 0 && gen & 1 == 1).then_some((low - 1, gen))
+    }
+
     /// Retire `handle`; returns its region, or `None` if the handle is not live.
     #[inline]
     pub fn release(&self, slot: usize, handle: u64) -> Option<NonNull<Region>> {
-        let low = handle as u32;
-        let gen = (handle >> 32) as u32;
-        if low == 0 || gen & 1 == 0 {
-            return None;
-        }
-        let idx = low - 1;
+        let (idx, gen) = Self::decode(handle)?;
         let rec = self.record(idx)?;
         rec.gen
             .compare_exchange(
@@ -198,13 +202,10 @@ impl Handles {
 
     /// Whether `handle` was issued and not yet released. Any value is fine (made up: false).
     pub fn is_live(&self, handle: u64) -> bool {
-        let low = handle as u32;
-        let gen = (handle >> 32) as u32;
-        low != 0
-            && gen & 1 == 1
-            && self
-                .record(low - 1)
+        Self::decode(handle).is_some_and(|(idx, gen)| {
+            self.record(idx)
                 .is_some_and(|r| r.gen.load(Ordering::Acquire) == gen)
+        })
     }
 
     /// Regions of every live handle (used by the cache's Drop; exclusive access).

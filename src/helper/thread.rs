@@ -395,6 +395,9 @@ fn take_events(s: &Shared, p: &mut Planner, releases: &mut Releases, cache: &Cac
         }
         p.on_event(ev);
     }
+    if releases.is_empty() {
+        return;
+    }
     let now = now_ns();
     releases.poll(
         now,
