@@ -175,7 +175,10 @@ impl Handles {
     fn decode(handle: u64) -> Option<(u32, u32)> {
         let low = handle as u32;
         let gen = (handle >> 32) as u32;
-        (low != 0 && gen & 1 == 1).then_some((low - 1, gen))
+        if low == 0 || gen & 1 == 0 {
+            return None;
+        }
+        Some((low - 1, gen))
     }
 
     /// Retire `handle`; returns its region, or `None` if the handle is not live.
