@@ -14,9 +14,12 @@
 //! ```
 //!
 //! (the paper's inequality (1), plus `min_unpinned`: an unpin must buy at least that long
-//! unpinned, see `PlannerConfig`), and queue the region in the registration queue (`rq.rs`) with
-//! deadline `next - slack`. A region with no prediction at all is unpinned once it has been idle
-//! `unpredicted_idle_ns` (the paper: at once, it may never be used again).
+//! unpinned, see `PlannerConfig`) if the registration queue (`rq.rs`) can still pin it again in
+//! time along with the pins already queued, and queue it there with deadline `next - slack`. A
+//! region with no prediction at all is unpinned once it has been idle `unpredicted_idle_ns`, or
+//! `unpredicted_idle_pins` times its pin cost if longer (the paper: at once, it may never be
+//! used again). Predictions run from when a caller's registration returned, not from when it
+//! was asked for: a caller that waited for a pin does everything after it that much later.
 //! Otherwise it stays pinned and is looked at again when its prediction is overdue, so a wrong
 //! prediction (the last iteration of an inner loop looks like every other one) costs only that
 //! delay. A region the helper pinned whose use does not come is treated the same way.
@@ -58,7 +61,16 @@ pub struct PlannerConfig {
     /// modelled: +9.5 % communication time with 0, +2.2 % with 5 ms, +0.0 % with 20 ms; measured
     /// with `helper_bench --cores 0,1`: 5 unpredicted caller pins per run with 5 ms, none with
     /// 20 ms). A buffer used once stays pinned that much longer (the lazy cache: for ever).
+    /// At least `unpredicted_idle_pins` times the region's planned pin cost, too.
     pub unpredicted_idle_ns: u64,
+    /// The idle time before an unpredicted unpin, in units of the region's planned pin cost:
+    /// a guess that turns out wrong then costs the caller one pin per this many pin-times the
+    /// region sat unused. On a fast backend `unpredicted_idle_ns` is the longer (mlock, 512 KiB:
+    /// 28 us x 256 = 7 ms); on a slow one this is (Soft-RoCE under emulation, 948 us a pin: 243
+    /// ms, about one MG V-cycle with its computation stretched to keep its native share; with 20
+    /// ms alone, modelled, MG's communication time was +12 % over lazy from buffers unpinned
+    /// between their first uses, +1.4 % with this).
+    pub unpredicted_idle_pins: u64,
     /// An unpin is planned only if the region then stays unpinned at least this long (ns). The
     /// paper's inequality accepts any gap the pin and unpin fit into; but each unpin and its
     /// re-pin are two system calls on the helper's core whose effects reach the program's (its
@@ -80,6 +92,7 @@ impl Default for PlannerConfig {
             max_regions: 1 << 16,
             max_lateness_ns: 2_000_000,
             unpredicted_idle_ns: 20_000_000,
+            unpredicted_idle_pins: 256,
             min_unpinned_ns: 2_000_000,
         }
     }
@@ -282,13 +295,15 @@ impl Planner {
     }
 
     fn on_use(&mut self, u: Use) {
-        let sig = self.predictor.observe(
+        let leave = u.t + u.wait_ns;
+        let sig = self.predictor.observe_span(
             u.tid,
             CallPoint {
                 site: u.site,
                 addr: u.key.start,
             },
             u.t,
+            leave,
         );
         if self.handles.len() >= MAX_HANDLES {
             self.handles.clear();
@@ -310,7 +325,7 @@ impl Planner {
         }
         let r = self.regions.entry(u.key).or_insert_with(Region::new);
         r.add_sig(sig);
-        r.last = (sig, u.t);
+        r.last = (sig, leave);
         r.holders += 1;
         r.check_at = 0;
         match r.pin {
@@ -464,10 +479,15 @@ impl Planner {
         let pages = self.pages(&key);
         let slack = self.slack();
         let next = self.next_use(r, now);
+        let t_pin = self.cost.pin_ns(pages) + self.cfg.event_ns;
         let r = self.regions.get_mut(&key)?;
         r.check_at = 0;
         let Some(p) = next else {
-            let unpin_at = r.idle_since.saturating_add(self.cfg.unpredicted_idle_ns);
+            let idle = self
+                .cfg
+                .unpredicted_idle_ns
+                .max(t_pin.saturating_mul(self.cfg.unpredicted_idle_pins));
+            let unpin_at = r.idle_since.saturating_add(idle);
             if now < unpin_at {
                 self.check(key, unpin_at);
                 return None;
@@ -476,9 +496,13 @@ impl Planner {
             return Some(Action::Unpin(key));
         };
         let next = p.earliest;
-        let t_pin = self.cost.pin_ns(pages) + self.cfg.event_ns;
         let t_unpin = self.cost.unpin_ns(pages);
-        if now + t_unpin + t_pin + slack + self.cfg.min_unpinned_ns <= next {
+        // The paper's inequality for this region alone, and room for its re-pin among the pins
+        // already queued: when deadlines crowd (MG's coarse levels, a slow backend), an unpin
+        // whose pin could only finish late would cost its caller a whole pin.
+        if now + t_unpin + t_pin + slack + self.cfg.min_unpinned_ns <= next
+            && self.rq.can_add(next - slack, t_pin, now + t_unpin)
+        {
             r.pin = PinState::Unpinned { planned: true };
             self.rq.insert(key, next - slack, t_pin);
             return Some(Action::Unpin(key));
@@ -554,6 +578,7 @@ mod tests {
             PlannerConfig {
                 slack_ns: 100_000,
                 unpredicted_idle_ns: 0,
+                unpredicted_idle_pins: 0,
                 ..Default::default()
             },
             CostModel::fixed((20_000, 100), (5_000, 50)),
@@ -678,6 +703,7 @@ mod tests {
                 PlannerConfig {
                     slack_ns: 100_000,
                     unpredicted_idle_ns: 0,
+                    unpredicted_idle_pins: 0,
                     min_unpinned_ns,
                     ..Default::default()
                 },
@@ -755,6 +781,7 @@ mod tests {
         let mut p = Planner::new(
             PlannerConfig {
                 unpredicted_idle_ns: 5 * MS,
+                unpredicted_idle_pins: 0,
                 ..Default::default()
             },
             CostModel::fixed((20_000, 100), (5_000, 50)),
@@ -765,6 +792,125 @@ mod tests {
         assert_eq!(p.next_wakeup(), Some(6 * MS));
         assert_eq!(p.poll(6 * MS - 1), None);
         assert_eq!(p.poll(6 * MS), Some(Action::Unpin(key(3))));
+    }
+
+    /// On a slow backend a region with no prediction waits `unpredicted_idle_pins` pin-times
+    /// before it is unpinned, not only `unpredicted_idle_ns`: a wrong guess costs a whole pin.
+    #[test]
+    fn a_slow_pin_makes_an_unpredicted_region_wait_longer() {
+        let cfg = PlannerConfig {
+            unpredicted_idle_ns: 5 * MS,
+            unpredicted_idle_pins: 100,
+            ..Default::default()
+        };
+        let mut p = Planner::new(cfg, CostModel::fixed((MS, 0), (100_000, 0)));
+        // The planned cost: the fitted line times the cost model's margin, plus an event.
+        let t_pin = p.cost.pin_ns(64) + cfg.event_ns;
+        assert!(t_pin >= MS);
+        use_at(&mut p, key(3), 1, 0, true);
+        p.on_event(Event::Release { handle: 1, t: MS });
+        assert_eq!(p.poll(MS), None);
+        assert_eq!(p.next_wakeup(), Some(MS + 100 * t_pin));
+        assert_eq!(p.poll(6 * MS), None, "past unpredicted_idle_ns only");
+        assert_eq!(p.poll(MS + 100 * t_pin), Some(Action::Unpin(key(3))));
+        // A fast backend: `unpredicted_idle_ns` is the longer.
+        let mut q = Planner::new(cfg, CostModel::fixed((10_000, 0), (5_000, 0)));
+        use_at(&mut q, key(3), 1, 0, true);
+        q.on_event(Event::Release { handle: 1, t: MS });
+        assert_eq!(q.poll(MS), None);
+        assert_eq!(q.next_wakeup(), Some(6 * MS));
+    }
+
+    /// Two regions used together every 20 ms, each pin 9.8 ms: each alone passes the paper's
+    /// inequality, but one helper cannot pin both again in time. The second unpin is not made
+    /// (its re-pin would have made a caller wait).
+    #[test]
+    fn an_unpin_whose_re_pin_cannot_be_scheduled_in_time_is_not_made() {
+        let mut p = Planner::new(
+            PlannerConfig {
+                slack_ns: 100_000,
+                unpredicted_idle_ns: 0,
+                unpredicted_idle_pins: 0,
+                ..Default::default()
+            },
+            CostModel::fixed((9_800_000, 0), (100_000, 0)),
+        );
+        let period = 20 * MS;
+        let mut unpinned_last = Vec::new();
+        for i in 0..6u64 {
+            let t = i * period;
+            unpinned_last.clear();
+            for (n, at) in [(1usize, 0u64), (2, 200_000)] {
+                let h = i * 2 + n as u64;
+                use_at(&mut p, key(n), h, t + at, i == 0);
+                p.on_event(Event::Release {
+                    handle: h,
+                    t: t + at + 400_000,
+                });
+                while let Some(a) = p.poll(t + at + 400_000) {
+                    if let Action::Unpin(k) = a {
+                        p.unpinned(k, k.len(), 0, 0);
+                        unpinned_last.push(k);
+                    }
+                }
+            }
+        }
+        assert_eq!(unpinned_last, [key(1)], "{:?}", p.stats());
+        assert_eq!(p.stats().queued, 1);
+    }
+
+    /// A region used by site A, then by site B 1 ms later, every 20 ms. Once A's caller waits
+    /// 2 ms for a pin, B comes 1 ms after A's registration returned, 3 ms after it was asked
+    /// for. Predicting B from when A was asked for would call it overdue by A's release and
+    /// unpin the region just before B (seen in the MG skeleton on a slow backend).
+    #[test]
+    fn a_callers_pin_wait_does_not_make_the_next_use_look_overdue() {
+        let mut p = Planner::new(
+            PlannerConfig {
+                slack_ns: 100_000,
+                unpredicted_idle_ns: 0,
+                unpredicted_idle_pins: 0,
+                ..Default::default()
+            },
+            CostModel::fixed((20_000, 0), (5_000, 0)),
+        );
+        let period = 20 * MS;
+        let mut h = 0;
+        let mut one_use = |p: &mut Planner, site: usize, t: u64, wait_ns: u64, hold: u64| {
+            h += 1;
+            p.on_event(Event::Use(Use {
+                tid: 1,
+                site,
+                key: key(1),
+                handle: h,
+                t,
+                wait_ns,
+                pinned_here: wait_ns > 0,
+            }));
+            p.on_event(Event::Release {
+                handle: h,
+                t: t + wait_ns + hold,
+            });
+            let mut unpinned = false;
+            while let Some(a) = p.poll(t + wait_ns + hold) {
+                if let Action::Unpin(k) = a {
+                    p.unpinned(k, k.len(), 0, 0);
+                    unpinned = true;
+                }
+            }
+            unpinned
+        };
+        for i in 0..5u64 {
+            one_use(&mut p, 0xA, i * period, 0, 300_000);
+            one_use(&mut p, 0xB, i * period + MS, 0, 300_000);
+        }
+        // A waits 2 ms; its release, 2.3 ms after it asked, comes after B's old due time.
+        let t = 5 * period;
+        assert!(
+            !one_use(&mut p, 0xA, t, 2 * MS, 300_000),
+            "unpinned 0.7 ms before B: {:?}",
+            p.stats()
+        );
     }
 
     #[test]

@@ -155,8 +155,21 @@ impl Predictor {
         }
     }
 
-    /// Thread `tid` used `point` at time `t` (ns). Returns the signature of this occurrence.
+    /// Thread `tid` used `point` at time `t` (ns), and went on at once. Returns the signature
+    /// of this occurrence.
     pub fn observe(&mut self, tid: u32, point: CallPoint, t: u64) -> u64 {
+        self.observe_span(tid, point, t, t)
+    }
+
+    /// Thread `tid` asked for `point` at `arrive` and got it at `leave` (ns; later when it had to
+    /// wait for a pin). Gaps run from one occurrence's `leave` to the next one's `arrive`: a
+    /// caller that waited for a pin starts its computation that much later, and everything it
+    /// does next comes that much later too, so a gap from `arrive` would make the predictions
+    /// made at a late pin early by the wait (seen in the MG skeleton on a slow backend: the next
+    /// use of a level buffer one exchange later was dropped as overdue and the buffer unpinned
+    /// just before it).
+    pub fn observe_span(&mut self, tid: u32, point: CallPoint, arrive: u64, leave: u64) -> u64 {
+        let (t, leave) = (arrive, leave.max(arrive));
         if self.windows.len() >= MAX_THREADS && !self.windows.contains_key(&tid) {
             self.windows.clear();
         }
@@ -172,7 +185,7 @@ impl Predictor {
             self.last_use.clear();
         }
         let tol = self.cfg.tolerance_pct;
-        if let Some((prev, t_prev)) = self.last_use.insert(point.addr, (sig, t)) {
+        if let Some((prev, t_prev)) = self.last_use.insert(point.addr, (sig, leave)) {
             if let Some(p) = self.sigs.get_mut(&prev) {
                 p.succ.learn(t.saturating_sub(t_prev).max(1));
             }
@@ -183,7 +196,7 @@ impl Predictor {
                 self.sigs.insert(
                     sig,
                     Sig {
-                        last: t,
+                        last: leave,
                         period: Learned::default(),
                         succ: Learned::default(),
                     },
@@ -204,7 +217,7 @@ impl Predictor {
                 if p != 0 && p.abs_diff(q).saturating_mul(100) > p.saturating_mul(tol) {
                     st.phase_changes += 1;
                 }
-                s.last = t;
+                s.last = leave;
                 st.made += 1;
             }
         }

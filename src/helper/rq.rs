@@ -76,6 +76,20 @@ impl<K: Copy + PartialEq> RegQueue<K> {
         self.items.is_empty()
     }
 
+    /// Whether one more pin of `cost` due by `deadline` could join the queue with every pin,
+    /// the new one included, still starting no earlier than `free_at` (when the helper is free
+    /// again): false means some pin would finish after its deadline, and its caller would pay.
+    pub fn can_add(&self, deadline: u64, cost: u64, free_at: u64) -> bool {
+        let at = self.items.partition_point(|i| i.deadline <= deadline);
+        // The backward pass of `reschedule` over the items before `at`, the new one, the rest.
+        let mut next_start = self.starts.get(at).copied().unwrap_or(u64::MAX);
+        next_start = deadline.min(next_start).saturating_sub(cost);
+        for it in self.items[..at].iter().rev() {
+            next_start = it.deadline.min(next_start).saturating_sub(it.cost);
+        }
+        deadline >= cost && next_start >= free_at
+    }
+
     /// When the front item must start.
     pub fn next_start(&self) -> Option<u64> {
         self.starts.first().copied()
@@ -119,6 +133,40 @@ mod tests {
         let order: Vec<u32> = std::iter::from_fn(|| q.pop_due(u64::MAX).map(|i| i.key)).collect();
         assert_eq!(order, [1, 2, 3]);
         assert!(q.is_empty() && q.next_start().is_none());
+    }
+
+    #[test]
+    fn can_add_is_false_exactly_when_a_start_would_come_before_free_at() {
+        let mut q = RegQueue::default();
+        q.insert(1, 100, 10);
+        q.insert(2, 120, 10);
+        // Room between them at 110: starts 90 (1), 100 (new), 110 (2).
+        assert!(q.can_add(110, 10, 90));
+        assert!(!q.can_add(110, 10, 91));
+        // A long pin due with the first pushes the first earlier: 60 (new), then 50 (1).
+        assert!(q.can_add(100, 40, 50));
+        assert!(!q.can_add(100, 40, 51));
+        // Last and far: the queue's own front (90) is what the helper must be free by.
+        assert!(q.can_add(500, 10, 90));
+        assert!(!q.can_add(500, 10, 91));
+        // The same answers as inserting and looking at the front.
+        let mut x: u64 = 99;
+        for _ in 0..2000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let (d, c, f) = (x % 400, 1 + (x >> 20) % 50, (x >> 40) % 400);
+            let mut with = RegQueue {
+                items: q.items.clone(),
+                starts: q.starts.clone(),
+            };
+            with.insert(9, d, c);
+            let ok = with.next_start().unwrap() >= f && d >= c;
+            assert_eq!(q.can_add(d, c, f), ok, "deadline {d} cost {c} free_at {f}");
+            if x % 7 == 0 && q.len() < 8 {
+                q.insert((x % 1000) as u32 + 10, d + 200, c);
+            }
+        }
     }
 
     #[test]

@@ -4,7 +4,9 @@
 //! waits the true pin cost) and keeps the region until the helper unpins it (lazy), or unpins at
 //! release (no cache); the helper is one worker that wakes at its planned times or every `poll`,
 //! whichever comes first, sees the events pushed before it woke (a release as of that wake-up, as
-//! the thread sees it), and is busy for the true cost of every pin and unpin it makes.
+//! the thread sees it), and is busy for the true cost of every pin and unpin it makes. Like the
+//! thread with its default threshold, it hears only of uses of `DEFAULT_MIN_BYTES` or more: the
+//! smaller ones stay lazily cached.
 //! Deterministic: no thread, no clock.
 
 use std::collections::{HashMap, VecDeque};
@@ -12,6 +14,7 @@ use std::collections::{HashMap, VecDeque};
 use super::cost::CostModel;
 use super::events::{Event, Key, Use};
 use super::planner::{Action, Planner, PlannerConfig, PlannerStats};
+use super::thread::DEFAULT_MIN_BYTES;
 
 /// One communication: `site` registers `key`, holds it `hold` ns (the transfer), releases it,
 /// then `compute` ns of computation follow.
@@ -204,23 +207,28 @@ pub fn simulate(program: &[Step], mode: Mode, costs: Costs) -> Outcome {
             (Costs::of(pin_c, &s.key), true)
         };
         m.ready_at.remove(&s.key);
+        let tracked = s.key.len() >= DEFAULT_MIN_BYTES;
         *m.holders.entry(s.key).or_default() += 1;
         handle += 1;
-        pending.push_back(Event::Use(Use {
-            tid: 1,
-            site: s.site,
-            key: s.key,
-            handle,
-            t,
-            wait_ns: wait,
-            pinned_here,
-        }));
+        if tracked {
+            pending.push_back(Event::Use(Use {
+                tid: 1,
+                site: s.site,
+                key: s.key,
+                handle,
+                t,
+                wait_ns: wait,
+                pinned_here,
+            }));
+        }
         comm += wait + s.hold;
         t += wait + s.hold;
         helper_until(t, &mut planner, &mut pending, &mut m);
         // The release (no cache: the unpin too, on the caller), then the computation.
         *m.holders.get_mut(&s.key).unwrap() -= 1;
-        pending.push_back(Event::Release { handle, t });
+        if tracked {
+            pending.push_back(Event::Release { handle, t });
+        }
         if no_cache {
             m.unpin(s.key, t);
             let c = Costs::of(unpin_c, &s.key);

@@ -129,7 +129,15 @@ fn figure4_needs_the_context_window() {
         w0.stats.caller_pins,
         w2.stats.caller_pins
     );
-    assert!(w0.accuracy() < w2.accuracy());
+    // Without context the helper cannot tell which idle times are long, so it keeps the buffers
+    // pinned. (Accuracy is no longer lower with window 0: its misses came from gaps measured
+    // from before a caller's own pin wait, which `Predictor::observe_span` leaves out.)
+    assert!(
+        w0.avg_pinned > 1.5 * w2.avg_pinned,
+        "window 0: {:.0} B pinned, window 2: {:.0} B",
+        w0.avg_pinned,
+        w2.avg_pinned
+    );
 }
 
 /// Several call sites share one buffer, with different gaps after each: every (site, context)
@@ -212,6 +220,7 @@ fn no_reuse_is_unpinned_once_idle() {
         &prog,
         Some(PlannerConfig {
             unpredicted_idle_ns: 5 * MS,
+            unpredicted_idle_pins: 0,
             ..helper_cfg(2)
         }),
     );
@@ -236,6 +245,7 @@ fn no_reuse_is_unpinned_once_idle() {
         &prog,
         Some(PlannerConfig {
             unpredicted_idle_ns: 0,
+            unpredicted_idle_pins: 0,
             ..helper_cfg(2)
         }),
     );
@@ -280,4 +290,26 @@ fn never_acting_tracks_but_leaves_the_lazy_cache_alone() {
     // Long idle gaps (the outer loop's computation) would be unpinned by the default planner.
     let acting = run(&prog, Some(PlannerConfig::default()));
     assert!(acting.stats.helper_unpins > 0);
+}
+
+/// Uses below the helper's size threshold (`DEFAULT_MIN_BYTES`) never reach the planner, as in
+/// the thread: such a buffer stays lazily cached however long it sits idle (the CG skeleton's
+/// 8 KiB reductions: modelled as tracked, each of their re-pins cost a whole pin on a slow
+/// backend that the real helper never makes).
+#[test]
+fn small_buffers_stay_lazily_cached() {
+    let small = buf(1, 8 << 10);
+    let prog: Vec<Step> = (0..20)
+        .map(|_| Step {
+            site: 0x10,
+            key: small,
+            hold: 10 * US,
+            compute: 30 * MS,
+        })
+        .collect();
+    let lazy = run(&prog, None);
+    let on = run(&prog, Some(helper_cfg(2)));
+    assert_eq!((on.stats.uses, on.stats.helper_unpins), (0, 0));
+    assert_eq!(on.pins, 1);
+    assert_eq!(on.comm, lazy.comm);
 }

@@ -55,11 +55,14 @@ pub struct Args {
     only: Option<String>,
     cores: Option<(usize, usize)>,
     tracked: bool,
+    /// `--compute-scale`: a factor, or `None` for `auto`.
+    compute_scale: Option<f64>,
 }
 
 const USAGE: &str = "\
 usage: helper_bench [--quick] [--json] [--reps 3] [--backend mlock|verbs] [--series DIR]
                     [--json-file PATH] [--only fig1|cg|mg] [--cores A,B] [--tracked]
+                    [--compute-scale F|auto]
   The helper thread vs the lazy cache vs no cache on seed 001's Figure 1 and on NAS CG / MG
   communication skeletons: communication time, time-averaged and peak pinned bytes, the
   helper's predictions; measured here, then modelled (the planner on a modelled clock with
@@ -70,7 +73,21 @@ usage: helper_bench [--quick] [--json] [--reps 3] [--backend mlock|verbs] [--ser
   the placement policy asks for (default: both unbound, the helper forced on).
   --tracked: a fourth measured mode, the helper thread with a planner that never acts: what
   tracking alone costs (not modelled, no target).
+  --compute-scale F|auto: every computation times F (default 1). auto: F is how much slower
+  than the reference machine this one copies 512 KiB, when that is 2x or more (an emulated
+  guest, where a wall-clock spin keeps its length but every copy is 10-30x slower); else 1.
 ";
+
+/// `--compute-scale`: a positive finite factor, or `auto` (`None`).
+fn compute_scale(v: &str) -> Result<Option<f64>, lexopt::Error> {
+    if v == "auto" {
+        return Ok(None);
+    }
+    match v.parse::<f64>() {
+        Ok(f) if f.is_finite() && f > 0.0 => Ok(Some(f)),
+        _ => Err(format!("--compute-scale {v:?}: want a positive number or auto").into()),
+    }
+}
 
 /// `A,B` of `--cores`: two different core numbers.
 fn cores(v: &str) -> Result<(usize, usize), lexopt::Error> {
@@ -96,6 +113,7 @@ fn parse() -> Result<Args, String> {
         only: None,
         cores: None,
         tracked: false,
+        compute_scale: Some(1.0),
     };
     let mut p = lexopt::Parser::from_env();
     cli::finish((|| {
@@ -110,6 +128,7 @@ fn parse() -> Result<Args, String> {
                 Long("only") => a.only = Some(p.value()?.string()?),
                 Long("cores") => a.cores = Some(cores(&p.value()?.string()?)?),
                 Long("tracked") => a.tracked = true,
+                Long("compute-scale") => a.compute_scale = compute_scale(&p.value()?.string()?)?,
                 Short('h') | Long("help") => return Ok(None),
                 _ => return Err(arg.unexpected()),
             }
@@ -343,6 +362,20 @@ fn main() {
         Ok(_) => "an idle core is available".to_string(),
         Err(why) => why,
     };
+    let (scale, scale_why) = match args.compute_scale {
+        Some(f) => (f, "--compute-scale".to_string()),
+        None => {
+            let ns = model::copy_ns(workload::SCALE_PROBE_BYTES);
+            (
+                workload::auto_scale(ns),
+                format!(
+                    "auto: 512 KiB copied in {:.1} us here, {:.1} us on the reference machine",
+                    ns as f64 / 1e3,
+                    workload::REFERENCE_COPY_NS as f64 / 1e3
+                ),
+            )
+        }
+    };
     let programs: Vec<Program> = [
         workload::figure1(args.quick),
         workload::cg(args.quick),
@@ -352,6 +385,10 @@ fn main() {
     .filter(|p| match args.only.as_deref() {
         None => true,
         Some(o) => o == p.name,
+    })
+    .map(|mut p| {
+        p.stretch_compute(scale);
+        p
     })
     .collect();
     let costs = model::costs(&backend);
@@ -410,6 +447,8 @@ fn main() {
         },
         reps: args.reps,
         quick: args.quick,
+        compute_scale: scale,
+        compute_scale_why: scale_why,
         costs: format!(
             "pin {:.1} us + {:.3} us/page, unpin {:.1} us + {:.3} us/page",
             costs.pin.0 as f64 / 1e3,

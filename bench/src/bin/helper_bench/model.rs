@@ -30,7 +30,7 @@ pub fn costs(backend: &Arc<dyn Pinner>) -> Costs {
 }
 
 /// Median time of copying `len` bytes between two resident buffers (the transfer).
-fn copy_ns(len: usize) -> u64 {
+pub fn copy_ns(len: usize) -> u64 {
     let a = vec![1u8; len];
     let mut b = vec![0u8; len];
     let mut t: Vec<u64> = (0..7)

@@ -16,6 +16,9 @@ pub struct Header {
     pub binding: String,
     pub reps: usize,
     pub quick: bool,
+    /// Every computation's length times this (`--compute-scale`), and where it came from.
+    pub compute_scale: f64,
+    pub compute_scale_why: String,
     /// The calibrated cost lines the model runs with.
     pub costs: String,
 }
@@ -285,6 +288,11 @@ pub fn table(
     );
     let _ = writeln!(
         o,
+        "# computation x{:.2} ({})",
+        h.compute_scale, h.compute_scale_why
+    );
+    let _ = writeln!(
+        o,
         "# comm = register + transfer (copy) + deregister summed over all communications; medians over reps"
     );
     let _ = writeln!(
@@ -363,6 +371,8 @@ pub fn json(h: &Header, programs: &[Program], results: &[Summary], modelled: &[S
         "binding": h.binding,
         "reps": h.reps,
         "quick": h.quick,
+        "compute_scale": h.compute_scale,
+        "compute_scale_why": h.compute_scale_why,
         "model_costs": h.costs,
         "measured": {"programs": json_rows(programs, results),
                      "targets": json_targets(programs, results)},
