@@ -80,6 +80,13 @@ pub struct PlannerConfig {
     /// time with 0 (about 700 unpin/re-pin pairs per run), -3.0..+3.4 % with 2 ms (about 45),
     /// for 71 % -> 54 % fewer pinned bytes than lazy.
     pub min_unpinned_ns: u64,
+    /// The same bound in units of the region's planned pin cost, when that is longer: the
+    /// unpin and re-pin cost the program more the heavier they are (their system calls' effects
+    /// on its core), so they must buy proportionally more. Natively `min_unpinned_ns` decides
+    /// (mlock, 1 MiB: 83 us planned, x 16 = 1.3 ms); in the Soft-RoCE VM, where a pin is ~800
+    /// us (1.15 ms planned, x 16 = 18 ms), this keeps CG's inner buffers (17 ms apart there)
+    /// pinned: unpinning and re-pinning them every iteration cost +35 % measured there.
+    pub min_unpinned_pins: u64,
 }
 
 impl Default for PlannerConfig {
@@ -94,6 +101,7 @@ impl Default for PlannerConfig {
             unpredicted_idle_ns: 20_000_000,
             unpredicted_idle_pins: 256,
             min_unpinned_ns: 2_000_000,
+            min_unpinned_pins: 16,
         }
     }
 }
@@ -500,7 +508,11 @@ impl Planner {
         // The paper's inequality for this region alone, and room for its re-pin among the pins
         // already queued: when deadlines crowd (MG's coarse levels, a slow backend), an unpin
         // whose pin could only finish late would cost its caller a whole pin.
-        if now + t_unpin + t_pin + slack + self.cfg.min_unpinned_ns <= next
+        let min_unpinned = self
+            .cfg
+            .min_unpinned_ns
+            .max(t_pin.saturating_mul(self.cfg.min_unpinned_pins));
+        if now + t_unpin + t_pin + slack + min_unpinned <= next
             && self.rq.can_add(next - slack, t_pin, now + t_unpin)
         {
             r.pin = PinState::Unpinned { planned: true };
@@ -705,6 +717,7 @@ mod tests {
                     unpredicted_idle_ns: 0,
                     unpredicted_idle_pins: 0,
                     min_unpinned_ns,
+                    min_unpinned_pins: 0,
                     ..Default::default()
                 },
                 CostModel::fixed((20_000, 100), (5_000, 50)),
@@ -831,6 +844,7 @@ mod tests {
                 slack_ns: 100_000,
                 unpredicted_idle_ns: 0,
                 unpredicted_idle_pins: 0,
+                min_unpinned_pins: 0,
                 ..Default::default()
             },
             CostModel::fixed((9_800_000, 0), (100_000, 0)),
@@ -911,6 +925,43 @@ mod tests {
             "unpinned 0.7 ms before B: {:?}",
             p.stats()
         );
+    }
+
+    /// A heavy pin (1 ms) and uses every 10 ms: the gap passes `min_unpinned_ns` (2 ms) but not
+    /// 16 pin-times, so once learned the region stays pinned; without the pin-time bound it is
+    /// unpinned and pinned again every iteration.
+    #[test]
+    fn a_heavy_pin_needs_a_proportionally_longer_gap() {
+        let run = |min_unpinned_pins: u64| {
+            let mut p = Planner::new(
+                PlannerConfig {
+                    slack_ns: 100_000,
+                    unpredicted_idle_ns: 0,
+                    unpredicted_idle_pins: 0,
+                    min_unpinned_pins,
+                    ..Default::default()
+                },
+                CostModel::fixed((MS, 0), (100_000, 0)),
+            );
+            let period = 10 * MS;
+            let mut unpins_after_learning = 0;
+            for i in 0..8u64 {
+                use_at(&mut p, key(1), i + 1, i * period, i == 0);
+                p.on_event(Event::Release {
+                    handle: i + 1,
+                    t: i * period + 10_000,
+                });
+                while let Some(a) = p.poll(i * period + 10_000) {
+                    if let Action::Unpin(k) = a {
+                        p.unpinned(k, k.len(), 0, 0);
+                        unpins_after_learning += u32::from(i >= 3);
+                    }
+                }
+            }
+            unpins_after_learning
+        };
+        assert_eq!(run(PlannerConfig::default().min_unpinned_pins), 0);
+        assert!(run(0) >= 4, "{}", run(0));
     }
 
     #[test]
