@@ -609,6 +609,26 @@ mod tests {
         }));
     }
 
+    /// Eight uses of one region `period` apart, each released 10 us later: the unpins made
+    /// after the first three (learning).
+    fn unpins_after_learning(p: &mut Planner, period: u64) -> u32 {
+        let mut n = 0;
+        for i in 0..8u64 {
+            use_at(p, key(1), i + 1, i * period, i == 0);
+            p.on_event(Event::Release {
+                handle: i + 1,
+                t: i * period + 10_000,
+            });
+            while let Some(a) = p.poll(i * period + 10_000) {
+                if let Action::Unpin(k) = a {
+                    p.unpinned(k, k.len(), 0, 0);
+                    n += u32::from(i >= 3);
+                }
+            }
+        }
+        n
+    }
+
     #[test]
     fn unpredicted_region_is_unpinned_at_release() {
         let mut p = planner();
@@ -722,22 +742,7 @@ mod tests {
                 },
                 CostModel::fixed((20_000, 100), (5_000, 50)),
             );
-            let period = 1_500_000;
-            let mut unpins_after_learning = 0;
-            for i in 0..8u64 {
-                use_at(&mut p, key(1), i + 1, i * period, i == 0);
-                p.on_event(Event::Release {
-                    handle: i + 1,
-                    t: i * period + 10_000,
-                });
-                while let Some(a) = p.poll(i * period + 10_000) {
-                    if let Action::Unpin(k) = a {
-                        p.unpinned(k, k.len(), 0, 0);
-                        unpins_after_learning += u32::from(i >= 3);
-                    }
-                }
-            }
-            unpins_after_learning
+            unpins_after_learning(&mut p, 1_500_000)
         };
         assert_eq!(
             run(0),
@@ -943,22 +948,7 @@ mod tests {
                 },
                 CostModel::fixed((MS, 0), (100_000, 0)),
             );
-            let period = 10 * MS;
-            let mut unpins_after_learning = 0;
-            for i in 0..8u64 {
-                use_at(&mut p, key(1), i + 1, i * period, i == 0);
-                p.on_event(Event::Release {
-                    handle: i + 1,
-                    t: i * period + 10_000,
-                });
-                while let Some(a) = p.poll(i * period + 10_000) {
-                    if let Action::Unpin(k) = a {
-                        p.unpinned(k, k.len(), 0, 0);
-                        unpins_after_learning += u32::from(i >= 3);
-                    }
-                }
-            }
-            unpins_after_learning
+            unpins_after_learning(&mut p, 10 * MS)
         };
         assert_eq!(run(PlannerConfig::default().min_unpinned_pins), 0);
         assert!(run(0) >= 4, "{}", run(0));
