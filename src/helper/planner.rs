@@ -65,11 +65,13 @@ pub struct PlannerConfig {
     pub unpredicted_idle_ns: u64,
     /// The idle time before an unpredicted unpin, in units of the region's planned pin cost:
     /// a guess that turns out wrong then costs the caller one pin per this many pin-times the
-    /// region sat unused. On a fast backend `unpredicted_idle_ns` is the longer (mlock, 512 KiB:
-    /// 28 us x 256 = 7 ms); on a slow one this is (Soft-RoCE under emulation, 948 us a pin: 243
-    /// ms, about one MG V-cycle with its computation stretched to keep its native share; with 20
-    /// ms alone, modelled, MG's communication time was +12 % over lazy from buffers unpinned
-    /// between their first uses, +1.4 % with this).
+    /// region sat unused. The pin cost is the planned one (the fitted line times the cost
+    /// model's margin, plus an event). On a fast backend `unpredicted_idle_ns` is the longer
+    /// (mlock, 512 KiB: 47 us planned x 256 = 12 ms); on a slow one this is (Soft-RoCE under
+    /// emulation, pins of 550-950 us: 0.8-1.4 ms planned, x 256 = 0.2-0.37 s, one or two MG
+    /// V-cycles with their computation stretched to keep its native share). Modelled with the
+    /// VM's costs, MG's communication time over lazy was +21 % with 20 ms (buffers unpinned
+    /// between their first uses) and +1.6 % with a fixed 250 ms.
     pub unpredicted_idle_pins: u64,
     /// An unpin is planned only if the region then stays unpinned at least this long (ns). The
     /// paper's inequality accepts any gap the pin and unpin fit into; but each unpin and its
@@ -506,8 +508,9 @@ impl Planner {
         let next = p.earliest;
         let t_unpin = self.cost.unpin_ns(pages);
         // The paper's inequality for this region alone, and room for its re-pin among the pins
-        // already queued: when deadlines crowd (MG's coarse levels, a slow backend), an unpin
-        // whose pin could only finish late would cost its caller a whole pin.
+        // already queued: when deadlines crowd (several buffers due together after a long
+        // computation, on a slow backend), an unpin whose pin could only finish late would cost
+        // its caller a whole pin.
         let min_unpinned = self
             .cfg
             .min_unpinned_ns
