@@ -19,7 +19,10 @@ const MIB: usize = 1 << 20;
 const RW: Access = Access(1 | 2);
 
 /// A fixed 1 ms slack (no adaptation to wake-up lateness): on a loaded machine the adaptive one
-/// grows until the helper hardly unpins at all, and these tests must see it work.
+/// grows until the helper hardly unpins at all, and these tests must see it work. No bounds in
+/// units of pin costs either: uncalibrated, the cost model's fallback line (20 us + 1 us a page,
+/// times its margin) makes a 1 MiB pin 0.4 ms, and 16 of them are longer than these tests'
+/// periods (the bounds are the planner's, tested in `helper::planner`).
 fn cfg() -> HelperConfig {
     HelperConfig {
         placement: Placement::Anywhere,
@@ -27,6 +30,8 @@ fn cfg() -> HelperConfig {
         planner: PlannerConfig {
             slack_ns: 1_000_000,
             max_lateness_ns: 0,
+            unpredicted_idle_pins: 0,
+            min_unpinned_pins: 0,
             ..Default::default()
         },
         poll_ns: 200_000,
