@@ -612,22 +612,28 @@ mod tests {
         }));
     }
 
+    /// Release `handle` at `t` and take the actions due then, as the helper would: every unpin
+    /// is reported done (pins are left undone). Returns the regions unpinned.
+    fn release_at(p: &mut Planner, handle: u64, t: u64) -> Vec<Key> {
+        p.on_event(Event::Release { handle, t });
+        let mut unpinned = Vec::new();
+        while let Some(a) = p.poll(t) {
+            if let Action::Unpin(k) = a {
+                p.unpinned(k, k.len(), 0, 0);
+                unpinned.push(k);
+            }
+        }
+        unpinned
+    }
+
     /// Eight uses of one region `period` apart, each released 10 us later: the unpins made
     /// after the first three (learning).
     fn unpins_after_learning(p: &mut Planner, period: u64) -> u32 {
         let mut n = 0;
         for i in 0..8u64 {
             use_at(p, key(1), i + 1, i * period, i == 0);
-            p.on_event(Event::Release {
-                handle: i + 1,
-                t: i * period + 10_000,
-            });
-            while let Some(a) = p.poll(i * period + 10_000) {
-                if let Action::Unpin(k) = a {
-                    p.unpinned(k, k.len(), 0, 0);
-                    n += u32::from(i >= 3);
-                }
-            }
+            let unpins = release_at(p, i + 1, i * period + 10_000).len() as u32;
+            n += if i >= 3 { unpins } else { 0 };
         }
         n
     }
@@ -654,15 +660,7 @@ mod tests {
         for i in 0..4 {
             h += 1;
             use_at(&mut p, key(1), h, i * 10 * MS, true);
-            p.on_event(Event::Release {
-                handle: h,
-                t: i * 10 * MS + MS,
-            });
-            while let Some(a) = p.poll(i * 10 * MS + MS) {
-                if let Action::Unpin(k) = a {
-                    p.unpinned(k, k.len(), 0, 0);
-                }
-            }
+            release_at(&mut p, h, i * 10 * MS + MS);
         }
         // After the use at 30 ms: next predicted at 40 ms, pin due before it.
         let wake = p.next_wakeup().unwrap();
@@ -683,15 +681,7 @@ mod tests {
         for i in 0..4 {
             h += 1;
             use_at(&mut p, key(1), h, i * 10 * MS, true);
-            p.on_event(Event::Release {
-                handle: h,
-                t: i * 10 * MS + MS,
-            });
-            while let Some(a) = p.poll(i * 10 * MS + MS) {
-                if let Action::Unpin(k) = a {
-                    p.unpinned(k, k.len(), 0, 0);
-                }
-            }
+            release_at(&mut p, h, i * 10 * MS + MS);
         }
         assert_eq!(p.stats().queued, 1);
         use_at(&mut p, key(1), 100, 35 * MS, true); // earlier than predicted
@@ -775,15 +765,7 @@ mod tests {
         for i in 0..4 {
             h += 1;
             use_at(&mut p, key(1), h, i * 10 * MS, true);
-            p.on_event(Event::Release {
-                handle: h,
-                t: i * 10 * MS + MS,
-            });
-            while let Some(a) = p.poll(i * 10 * MS + MS) {
-                if let Action::Unpin(k) = a {
-                    p.unpinned(k, k.len(), 0, 0);
-                }
-            }
+            release_at(&mut p, h, i * 10 * MS + MS);
         }
         assert_eq!(p.stats().queued, 1);
         // An unmap of another range changes nothing; one overlapping the buffer's end does.
@@ -865,16 +847,7 @@ mod tests {
             for (n, at) in [(1usize, 0u64), (2, 200_000)] {
                 let h = i * 2 + n as u64;
                 use_at(&mut p, key(n), h, t + at, i == 0);
-                p.on_event(Event::Release {
-                    handle: h,
-                    t: t + at + 400_000,
-                });
-                while let Some(a) = p.poll(t + at + 400_000) {
-                    if let Action::Unpin(k) = a {
-                        p.unpinned(k, k.len(), 0, 0);
-                        unpinned_last.push(k);
-                    }
-                }
+                unpinned_last.extend(release_at(&mut p, h, t + at + 400_000));
             }
         }
         assert_eq!(unpinned_last, [key(1)], "{:?}", p.stats());
@@ -909,18 +882,7 @@ mod tests {
                 wait_ns,
                 pinned_here: wait_ns > 0,
             }));
-            p.on_event(Event::Release {
-                handle: h,
-                t: t + wait_ns + hold,
-            });
-            let mut unpinned = false;
-            while let Some(a) = p.poll(t + wait_ns + hold) {
-                if let Action::Unpin(k) = a {
-                    p.unpinned(k, k.len(), 0, 0);
-                    unpinned = true;
-                }
-            }
-            unpinned
+            !release_at(p, h, t + wait_ns + hold).is_empty()
         };
         for i in 0..5u64 {
             one_use(&mut p, 0xA, i * period, 0, 300_000);
