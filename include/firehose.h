@@ -143,9 +143,10 @@ typedef enum fh_status {
     FH_ERR_UNSUPPORTED = 7013,
     /**
      * The cache was created before `fork` in the parent: in the child it is quarantined (its
-     * registrations belong to the parent's address space and verbs objects). Create a new cache
-     * in the child; `fh_cache_free` of the inherited one is fine (it releases nothing of the
-     * parent's).
+     * registrations belong to the parent's address space and verbs objects, its helper thread
+     * stayed in the parent): `fh_register`, `fh_deregister` and `fh_get_helper_stats` return
+     * this. Create a new cache in the child; `fh_cache_free` of the inherited one is fine (it
+     * releases nothing of the parent's).
      */
     FH_ERR_FORKED = 7014,
     /**
@@ -643,7 +644,8 @@ enum fh_status fh_finalize(struct fh_ctx *ctx);
  * Copies what the helper thread did into `*out` (the counters it last published: it publishes
  * on every loop, at least every 0.5 ms). With no helper (`fh_config.helper` off, or no idle
  * core) every field is 0 (`state` 0); `fh_info` says why it is off. Returns `FH_ERR_NULL` if
- * `cache` or `out` is NULL (then `*out` is not written).
+ * `cache` or `out` is NULL, and `FH_ERR_FORKED` in a child forked from the process that made
+ * `cache` (its helper thread stayed in the parent); then `*out` is not written.
  *
  * # Safety
  * `cache` is NULL or live; `out` is NULL or valid for one `fh_helper_stats` write.

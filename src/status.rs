@@ -36,9 +36,10 @@ pub enum fh_status {
     /// The operation is not supported by this backend or build.
     FH_ERR_UNSUPPORTED = 7013,
     /// The cache was created before `fork` in the parent: in the child it is quarantined (its
-    /// registrations belong to the parent's address space and verbs objects). Create a new cache
-    /// in the child; `fh_cache_free` of the inherited one is fine (it releases nothing of the
-    /// parent's).
+    /// registrations belong to the parent's address space and verbs objects, its helper thread
+    /// stayed in the parent): `fh_register`, `fh_deregister` and `fh_get_helper_stats` return
+    /// this. Create a new cache in the child; `fh_cache_free` of the inherited one is fine (it
+    /// releases nothing of the parent's).
     FH_ERR_FORKED = 7014,
     /// `fh_cache_new`: no more caches can be subscribed to memory events in this process
     /// (`MAX_LISTENERS`, 65536, at once; or no memory for the registry). A cache nobody

@@ -128,6 +128,13 @@ pub(crate) fn render(c: &fh_cache) -> String {
 /// The helper's lines of `fh_info`.
 fn render_helper(o: &mut String, c: &fh_cache) {
     let h = &c.helper;
+    if h.in_forked_child() {
+        let _ = writeln!(
+            o,
+            "#   helper:        forked: the thread stayed in the parent (make a new cache here)"
+        );
+        return;
+    }
     match h.state() {
         HelperState::Off { reason } => {
             let _ = writeln!(o, "#   helper:        off: {reason}");
@@ -225,7 +232,8 @@ impl From<&Helper> for fh_helper_stats {
 /// Copies what the helper thread did into `*out` (the counters it last published: it publishes
 /// on every loop, at least every 0.5 ms). With no helper (`fh_config.helper` off, or no idle
 /// core) every field is 0 (`state` 0); `fh_info` says why it is off. Returns `FH_ERR_NULL` if
-/// `cache` or `out` is NULL (then `*out` is not written).
+/// `cache` or `out` is NULL, and `FH_ERR_FORKED` in a child forked from the process that made
+/// `cache` (its helper thread stayed in the parent); then `*out` is not written.
 ///
 /// # Safety
 /// `cache` is NULL or live; `out` is NULL or valid for one `fh_helper_stats` write.
@@ -241,6 +249,9 @@ pub unsafe extern "C" fn fh_get_helper_stats(
         };
         if out.is_null() {
             return fh_status::FH_ERR_NULL;
+        }
+        if c.helper.in_forked_child() {
+            return fh_status::FH_ERR_FORKED;
         }
         // SAFETY: non-NULL, writable per the contract.
         unsafe { write_out(out, fh_helper_stats::from(&c.helper)) };

@@ -320,9 +320,17 @@ impl Helper {
         self.shared.is_some()
     }
 
-    /// The latest counters the thread published (zeros when off).
+    /// Whether this is a child forked from the process that made the helper: its thread stayed
+    /// in the parent, and the parent's threads may have held its locks at the fork.
+    pub fn in_forked_child(&self) -> bool {
+        std::process::id() != self.pid
+    }
+
+    /// The latest counters the thread published (zeros when off, and in a forked child: the
+    /// counters' mutex may have been inherited locked, with no thread left to unlock it).
     pub fn stats(&self) -> HelperStats {
         match &self.shared {
+            Some(_) if self.in_forked_child() => HelperStats::default(),
             Some(s) => {
                 let mut st = *s.stats.lock().unwrap_or_else(|e| e.into_inner());
                 st.events_dropped = s.events.dropped();
@@ -336,7 +344,7 @@ impl Helper {
 impl Drop for Helper {
     fn drop(&mut self) {
         let Some(t) = self.thread.take() else { return };
-        if std::process::id() != self.pid {
+        if self.in_forked_child() {
             // A forked child: the thread stayed in the parent (and may have held the lock).
             std::mem::forget(t);
             return;
