@@ -241,9 +241,10 @@ impl Helper {
         &self.state
     }
 
-    /// Running (started, and its thread has not stopped).
+    /// Running (started, its thread has not stopped, and this is the process that started it).
     pub fn is_on(&self) -> bool {
         self.on
+            && !self.in_forked_child()
             && self
                 .shared
                 .as_ref()
