@@ -146,7 +146,9 @@ typedef enum fh_status {
      * registrations belong to the parent's address space and verbs objects, its helper thread
      * stayed in the parent): `fh_register`, `fh_deregister` and `fh_get_helper_stats` return
      * this. Create a new cache in the child; `fh_cache_free` of the inherited one is fine (it
-     * releases nothing of the parent's).
+     * releases nothing of the parent's). The same for a peers context from `fh_init`: every
+     * call on it in the child returns this (its connections and threads are the parent's), and
+     * `fh_finalize` of it there touches nothing and returns `FH_OK`.
      */
     FH_ERR_FORKED = 7014,
     /**
@@ -633,7 +635,9 @@ enum fh_status fh_get_net_stats(const struct fh_ctx *ctx, struct fh_net_stats *o
  * Leaves the job: says goodbye to every peer (best effort, bounded by `FH_AM_PROBE_MS`), stops
  * the progress thread, disconnects and frees the context. Not collective: a rank may leave
  * while others still run (they see `FH_ERR_PEER_LOST` for it). NULL is fine (nothing happens).
- * The context must not be used by any thread after this call.
+ * The context must not be used by any thread after this call. In a child forked after
+ * `fh_init` the context is the parent's: this touches nothing of it and returns `FH_OK` (every
+ * other call on it there returns `FH_ERR_FORKED`).
  *
  * # Safety
  * `ctx` is NULL or a live context from `fh_init`, not used after this call.

@@ -34,7 +34,7 @@
 
 use std::any::Any;
 use std::cell::UnsafeCell;
-use std::sync::atomic::{AtomicPtr, AtomicU8, Ordering::SeqCst};
+use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicU8, Ordering::Relaxed, Ordering::SeqCst};
 use std::sync::MutexGuard;
 
 use crate::monitor;
@@ -110,7 +110,18 @@ extern "C" fn parent() {
     });
 }
 
+/// How many forks this process's line has gone through (this process and its ancestors since
+/// the handlers were registered): an object that recorded it when it was made knows it was
+/// inherited when the number has changed (one relaxed load, no system call).
+static GENERATION: AtomicU64 = AtomicU64::new(0);
+
+/// See [`GENERATION`]. Call [`ensure_handlers`] before recording it.
+pub(crate) fn generation() -> u64 {
+    GENERATION.load(Relaxed)
+}
+
 extern "C" fn child() {
+    GENERATION.fetch_add(1, Relaxed);
     let _ = std::panic::catch_unwind(|| {
         // SAFETY: see `Held`. This process has one thread now.
         let Some(mut g) = (unsafe { (*HELD.0.get()).take() }) else {
@@ -121,6 +132,7 @@ extern "C" fn child() {
             (h.child)(&mut **ids);
         }
         *g.mlock = crate::range_counts::RangeCounts::new();
+        monitor::unmap_log::fork_child();
         // Unlock this process's copies of the mutexes. (Freeing the uffd guard's box is fine:
         // glibc's malloc is usable in a child's atfork handler.)
         drop(g);

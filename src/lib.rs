@@ -15,6 +15,7 @@ pub mod monitor;
 pub mod net;
 pub mod pin;
 mod range_counts;
+pub(crate) mod raw_thread;
 pub mod rma;
 pub mod seam;
 pub mod status;

@@ -39,7 +39,9 @@ pub enum fh_status {
     /// registrations belong to the parent's address space and verbs objects, its helper thread
     /// stayed in the parent): `fh_register`, `fh_deregister` and `fh_get_helper_stats` return
     /// this. Create a new cache in the child; `fh_cache_free` of the inherited one is fine (it
-    /// releases nothing of the parent's).
+    /// releases nothing of the parent's). The same for a peers context from `fh_init`: every
+    /// call on it in the child returns this (its connections and threads are the parent's), and
+    /// `fh_finalize` of it there touches nothing and returns `FH_OK`.
     FH_ERR_FORKED = 7014,
     /// `fh_cache_new`: no more caches can be subscribed to memory events in this process
     /// (`MAX_LISTENERS`, 65536, at once; or no memory for the registry). A cache nobody

@@ -58,7 +58,9 @@ impl Cache {
     /// HOOK-SAFE: no allocation, no blocking, no backend call. Regions overlapping the range can
     /// never be hit again once this returns; they are unpinned at the next normal call.
     pub fn invalidate(&self, addr: usize, len: usize) {
-        if len == 0 {
+        // Quarantined after fork: nobody drains its ring any more, and a parent thread may have
+        // been half-way through a pop of it (a push there could spin for good).
+        if len == 0 || self.is_forked() {
             return;
         }
         let start = addr & !(self.page - 1);

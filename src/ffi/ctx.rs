@@ -25,6 +25,24 @@ pub struct fh_ctx {
     pub(crate) _local: Option<Arc<fh_cache>>,
     pub(crate) rma: Arc<Rma>,
     pub(crate) peers: Arc<Peers>,
+    /// `fork::generation()` at `fh_init`: another value means this is a forked child's copy.
+    fork_gen: u64,
+}
+
+/// `ctx` as a context this process may use: `FH_ERR_NULL` for NULL; `FH_ERR_FORKED` in a child
+/// forked after `fh_init`, where the context's connections, threads and locks are the parent's
+/// (a parent thread may have held one of its locks at the fork, and a message sent from here
+/// would go out on the parent's queue pairs).
+///
+/// # Safety
+/// `ctx` is NULL or a live context from `fh_init`.
+pub(crate) unsafe fn here<'a>(ctx: *const fh_ctx) -> Result<&'a fh_ctx, fh_status> {
+    // SAFETY: per the contract.
+    let c = unsafe { borrow(ctx) }.ok_or(fh_status::FH_ERR_NULL)?;
+    if c.fork_gen != crate::fork::generation() {
+        return Err(fh_status::FH_ERR_FORKED);
+    }
+    Ok(c)
 }
 
 /// How `fh_init` bootstraps. Zero-initialise it, then set what you need; passing NULL to
@@ -68,6 +86,9 @@ pub struct fh_net_stats {
 /// # Safety
 /// `cfg` is NULL or readable; its pointers are NULL or valid as documented on `fh_init_config`.
 unsafe fn build(cfg: Option<&fh_init_config>) -> Result<fh_ctx, fh_status> {
+    // The fork handlers count forks from here on (see `here`).
+    crate::fork::ensure_handlers();
+    let fork_gen = crate::fork::generation();
     let mut pc = PeersConfig::from_env()?;
     pc.defer_progress = true;
     if let Some(cfg) = cfg {
@@ -107,6 +128,7 @@ unsafe fn build(cfg: Option<&fh_init_config>) -> Result<fh_ctx, fh_status> {
         _local: local,
         rma,
         peers,
+        fork_gen,
     })
 }
 
@@ -170,9 +192,9 @@ pub unsafe extern "C" fn fh_size(ctx: *const fh_ctx) -> u32 {
 pub unsafe extern "C" fn fh_barrier(ctx: *mut fh_ctx) -> fh_status {
     ffi_guard! {{
         // SAFETY: per the contract.
-        match unsafe { borrow(ctx) } {
-            None => fh_status::FH_ERR_NULL,
-            Some(c) => status_of(c.peers.barrier()),
+        match unsafe { here(ctx) } {
+            Err(e) => e,
+            Ok(c) => status_of(c.peers.barrier()),
         }
     }}
 }
@@ -186,9 +208,9 @@ pub unsafe extern "C" fn fh_barrier(ctx: *mut fh_ctx) -> fh_status {
 pub unsafe extern "C" fn fh_progress(ctx: *mut fh_ctx) -> fh_status {
     ffi_guard! {{
         // SAFETY: per the contract.
-        match unsafe { borrow(ctx) } {
-            None => fh_status::FH_ERR_NULL,
-            Some(c) => status_of(c.peers.progress().map(drop)),
+        match unsafe { here(ctx) } {
+            Err(e) => e,
+            Ok(c) => status_of(c.peers.progress().map(drop)),
         }
     }}
 }
@@ -201,7 +223,10 @@ pub unsafe extern "C" fn fh_progress(ctx: *mut fh_ctx) -> fh_status {
 pub unsafe extern "C" fn fh_get_net_stats(ctx: *const fh_ctx, out: *mut fh_net_stats) -> fh_status {
     ffi_guard! {{
         // SAFETY: per the contract.
-        let Some(c) = (unsafe { borrow(ctx) }) else { return fh_status::FH_ERR_NULL };
+        let c = match unsafe { here(ctx) } {
+            Ok(c) => c,
+            Err(e) => return e,
+        };
         if out.is_null() {
             return fh_status::FH_ERR_NULL;
         }
@@ -226,7 +251,9 @@ pub unsafe extern "C" fn fh_get_net_stats(ctx: *const fh_ctx, out: *mut fh_net_s
 /// Leaves the job: says goodbye to every peer (best effort, bounded by `FH_AM_PROBE_MS`), stops
 /// the progress thread, disconnects and frees the context. Not collective: a rank may leave
 /// while others still run (they see `FH_ERR_PEER_LOST` for it). NULL is fine (nothing happens).
-/// The context must not be used by any thread after this call.
+/// The context must not be used by any thread after this call. In a child forked after
+/// `fh_init` the context is the parent's: this touches nothing of it and returns `FH_OK` (every
+/// other call on it there returns `FH_ERR_FORKED`).
 ///
 /// # Safety
 /// `ctx` is NULL or a live context from `fh_init`, not used after this call.
@@ -238,6 +265,13 @@ pub unsafe extern "C" fn fh_finalize(ctx: *mut fh_ctx) -> fh_status {
         }
         // SAFETY: non-NULL, from fh_init, not used again per the contract.
         let c = unsafe { take_back(ctx) };
+        if c.fork_gen != crate::fork::generation() {
+            // A forked child's copy: its connections and threads are the parent's (a goodbye
+            // from here would go out on the parent's queue pairs, and its threads are not here
+            // to join). Nothing of it is touched; its memory stays.
+            std::mem::forget(c);
+            return fh_status::FH_OK;
+        }
         let r = c.peers.finalize();
         drop(c);
         status_of(r)

@@ -6,7 +6,7 @@ use std::ffi::c_void;
 use crate::net::RdmaKind;
 use crate::status::fh_status;
 
-use super::ctx::fh_ctx;
+use super::ctx::{fh_ctx, here};
 use super::guard::{ffi_guard, status_of};
 use super::handle::{borrow, write_out};
 
@@ -84,8 +84,9 @@ unsafe fn start(
     out: *mut fh_op,
 ) -> fh_status {
     // SAFETY: per the contract.
-    let Some(c) = (unsafe { borrow(ctx) }) else {
-        return fh_status::FH_ERR_NULL;
+    let c = match unsafe { here(ctx) } {
+        Ok(c) => c,
+        Err(e) => return e,
     };
     // SAFETY: forwarded contract on `local`.
     match unsafe { c.rma.start(kind, rank, raddr, local, len, out.is_null()) } {
@@ -211,9 +212,9 @@ pub unsafe extern "C" fn fh_get_nb(
 pub unsafe extern "C" fn fh_wait(ctx: *mut fh_ctx, op: fh_op) -> fh_status {
     ffi_guard! {{
         // SAFETY: per the contract.
-        match unsafe { borrow(ctx) } {
-            None => fh_status::FH_ERR_NULL,
-            Some(c) => status_of(c.rma.wait(op)),
+        match unsafe { here(ctx) } {
+            Err(e) => e,
+            Ok(c) => status_of(c.rma.wait(op)),
         }
     }}
 }
@@ -227,7 +228,10 @@ pub unsafe extern "C" fn fh_wait(ctx: *mut fh_ctx, op: fh_op) -> fh_status {
 pub unsafe extern "C" fn fh_test(ctx: *mut fh_ctx, op: fh_op, done: *mut i32) -> fh_status {
     ffi_guard! {{
         // SAFETY: per the contract.
-        let Some(c) = (unsafe { borrow(ctx) }) else { return fh_status::FH_ERR_NULL };
+        let c = match unsafe { here(ctx) } {
+            Ok(c) => c,
+            Err(e) => return e,
+        };
         if done.is_null() {
             return fh_status::FH_ERR_NULL;
         }
@@ -252,9 +256,9 @@ pub unsafe extern "C" fn fh_test(ctx: *mut fh_ctx, op: fh_op, done: *mut i32) ->
 pub unsafe extern "C" fn fh_quiet(ctx: *mut fh_ctx) -> fh_status {
     ffi_guard! {{
         // SAFETY: per the contract.
-        match unsafe { borrow(ctx) } {
-            None => fh_status::FH_ERR_NULL,
-            Some(c) => status_of(c.rma.quiet()),
+        match unsafe { here(ctx) } {
+            Err(e) => e,
+            Ok(c) => status_of(c.rma.quiet()),
         }
     }}
 }
@@ -267,7 +271,10 @@ pub unsafe extern "C" fn fh_quiet(ctx: *mut fh_ctx) -> fh_status {
 pub unsafe extern "C" fn fh_get_rma_stats(ctx: *const fh_ctx, out: *mut fh_rma_stats) -> fh_status {
     ffi_guard! {{
         // SAFETY: per the contract.
-        let Some(c) = (unsafe { borrow(ctx) }) else { return fh_status::FH_ERR_NULL };
+        let c = match unsafe { here(ctx) } {
+            Ok(c) => c,
+            Err(e) => return e,
+        };
         if out.is_null() {
             return fh_status::FH_ERR_NULL;
         }

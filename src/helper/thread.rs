@@ -17,7 +17,6 @@
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 use super::clock::now_ns;
@@ -104,13 +103,23 @@ pub struct HelperStats {
 struct Unmaps {
     ring: ArrayQueue<(usize, usize)>,
     overflow: AtomicBool,
+    /// In a forked child: the helper thread (the ring's consumer) stayed in the parent, and may
+    /// have been half-way through a pop, so a push could spin for good: hooks push nothing.
+    forked: AtomicBool,
 }
 
 impl MemoryListener for Unmaps {
     fn on_unmap(&self, addr: usize, len: usize) {
+        if self.forked.load(Ordering::Relaxed) {
+            return;
+        }
         if self.ring.push((addr, addr.saturating_add(len))).is_err() {
             self.overflow.store(true, Ordering::Relaxed);
         }
+    }
+
+    fn forked(&self) {
+        self.forked.store(true, Ordering::Relaxed);
     }
 }
 
@@ -132,7 +141,7 @@ pub struct Helper {
     /// The system's page size (events carry page-aligned ranges, as the cache keeps them).
     page: usize,
     shared: Option<Arc<Shared>>,
-    thread: Option<JoinHandle<()>>,
+    thread: Option<crate::raw_thread::RawThread>,
     pid: u32,
     /// Subscribes `Shared::unmaps` to the monitor's events.
     _unmaps: Option<Subscription>,
@@ -198,6 +207,7 @@ impl Helper {
         let unmaps = Arc::new(Unmaps {
             ring: ArrayQueue::new(1024),
             overflow: AtomicBool::new(false),
+            forked: AtomicBool::new(false),
         });
         let subscription = crate::monitor::subscribe(unmaps.clone() as Arc<dyn MemoryListener>);
         let shared = Arc::new(Shared {
@@ -209,17 +219,16 @@ impl Helper {
             running: AtomicBool::new(true),
         });
         let (c, s) = (cache.clone(), shared.clone());
-        let spawned = std::thread::Builder::new()
-            .name("fh-helper".into())
-            .spawn(move || {
-                let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    run(&c, &s, cfg, cpu)
-                }));
-                s.running.store(false, Ordering::Release);
-                // Whatever happened, nothing handed over stays pinned for nobody.
-                c.unpin_deferred();
-                drop(res);
-            });
+        // A plain pthread: see `raw_thread.rs` (a std thread could not start in a child forked
+        // while another thread started or ended one).
+        let spawned = crate::raw_thread::spawn(c"fh-helper", move || {
+            let res =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(&c, &s, cfg, cpu)));
+            s.running.store(false, Ordering::Release);
+            // Whatever happened, nothing handed over stays pinned for nobody.
+            c.unpin_deferred();
+            drop(res);
+        });
         let thread = match spawned {
             Ok(t) => t,
             Err(e) => return Helper::off(format!("could not start the thread: {e}")),
@@ -354,7 +363,7 @@ impl Drop for Helper {
             *s.stop.lock().unwrap_or_else(|e| e.into_inner()) = true;
             s.wake.notify_all();
         }
-        let _ = t.join();
+        t.join();
     }
 }
 

@@ -20,7 +20,6 @@
 use super::endpoint::Inner;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// Longest sleep in `Link::wait` before the thread re-checks its stop flag.
@@ -34,7 +33,7 @@ const YIELD_EVERY_FOREVER: u32 = 1024;
 
 pub(super) struct ProgressThread {
     stop: Arc<AtomicBool>,
-    handle: Option<JoinHandle<()>>,
+    handle: Option<crate::raw_thread::RawThread>,
 }
 
 /// Polls until `spin` has passed since the last event (`None`: until stopped). Returns early on
@@ -82,23 +81,22 @@ impl ProgressThread {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
         let spin = inner.settings.progress_spin;
-        let handle = std::thread::Builder::new()
-            .name("fh-progress".into())
-            .spawn(move || {
-                // A memory hook firing on this thread must never wait for the library.
-                crate::inside::mark_thread();
-                while !flag.load(Ordering::Acquire) {
-                    poll_while_busy(&inner, &flag, spin);
-                    if flag.load(Ordering::Acquire) {
-                        break;
-                    }
-                    // A failed wait (link closed) must not become a hot loop.
-                    if inner.link.wait(TICK).is_err() {
-                        std::thread::sleep(TICK);
-                    }
-                    inner.stats.progress_wakeup();
+        // A plain pthread: see `raw_thread.rs`.
+        let handle = crate::raw_thread::spawn(c"fh-progress", move || {
+            // A memory hook firing on this thread must never wait for the library.
+            crate::inside::mark_thread();
+            while !flag.load(Ordering::Acquire) {
+                poll_while_busy(&inner, &flag, spin);
+                if flag.load(Ordering::Acquire) {
+                    break;
                 }
-            })?;
+                // A failed wait (link closed) must not become a hot loop.
+                if inner.link.wait(TICK).is_err() {
+                    std::thread::sleep(TICK);
+                }
+                inner.stats.progress_wakeup();
+            }
+        })?;
         Ok(ProgressThread {
             stop,
             handle: Some(handle),
@@ -114,8 +112,8 @@ impl ProgressThread {
     fn stop_and_join(&mut self) {
         self.stop.store(true, Ordering::Release);
         if let Some(h) = self.handle.take() {
-            if h.thread().id() != std::thread::current().id() {
-                let _ = h.join();
+            if !h.is_current() {
+                h.join();
             }
         }
     }

@@ -33,7 +33,6 @@ use crate::monitor::{self, MemoryListener, Subscription};
 use crate::status::{fh_status, FhResult};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
-use std::thread::JoinHandle;
 
 /// Counters (hook side and worker side).
 #[derive(Debug, Default)]
@@ -113,7 +112,7 @@ impl Shared {
 pub struct Revocation {
     shared: Arc<Shared>,
     subscription: Option<Subscription>,
-    worker: Option<JoinHandle<()>>,
+    worker: Option<crate::raw_thread::RawThread>,
 }
 
 impl Revocation {
@@ -142,9 +141,8 @@ impl Revocation {
             return Err(fh_status::FH_ERR_TOO_MANY_CACHES);
         }
         let sh = self.shared.clone();
-        let worker = std::thread::Builder::new()
-            .name("fh-revoke".into())
-            .spawn(move || worker::run(sh, driver))
+        // A plain pthread: see `raw_thread.rs`.
+        let worker = crate::raw_thread::spawn(c"fh-revoke", move || worker::run(sh, driver))
             .map_err(|_| fh_status::FH_ERR_NO_MEMORY)?;
         self.subscription = Some(subscription);
         self.worker = Some(worker);
@@ -161,8 +159,8 @@ impl Revocation {
         self.shared.queue.close();
         drop(self.subscription.take());
         if let Some(h) = self.worker.take() {
-            if h.thread().id() != std::thread::current().id() {
-                let _ = h.join();
+            if !h.is_current() {
+                h.join();
             }
         }
     }

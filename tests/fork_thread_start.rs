@@ -1,0 +1,203 @@
+//! Audit: a child forked while parent threads start or end std threads makes a cache with a
+//! helper thread (`fh_cache_new`, `FH_HELPER_ON`) and frees it.
+//!
+//! The helper is a `std::thread` (src/helper/thread.rs, `Helper::start`). Every std thread, as it
+//! starts and as it ends, takes std's process-wide `thread_info` mutex (stack-overflow
+//! bookkeeping, `std::sys::pal::unix::stack_overflow::thread_info`), which no atfork handler
+//! covers. A child forked while another thread of the parent held it inherits it locked: the
+//! child's new helper thread never gets past its start, `fh_get_helper_stats` never shows it
+//! running, and `fh_cache_free` (which joins the helper) waits forever.
+//!
+//! The parent's threads churn std threads two ways: by making and freeing caches with a helper
+//! (the library's own thread start and exit) and by spawning empty std threads. The main thread
+//! forks; each child must see its helper start within 5 s and free the cache within the timeout.
+//!
+//! C API (the `fh_*` exports), mlock backend, no monitor.
+
+use std::ffi::c_void;
+use std::ptr;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use firehose::ffi::*;
+use firehose::status::fh_status;
+
+const FORKS: usize = 300;
+const CHILD_TIMEOUT: Duration = Duration::from_secs(10);
+const MAX_FAILURES: usize = 3;
+const CACHE_CHURNERS: usize = 3;
+const STD_CHURNERS: usize = 5;
+
+fn first_cpu() -> u32 {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; the call fills it.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: valid pointer and size.
+    let rc = unsafe { libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set) };
+    assert_eq!(rc, 0, "sched_getaffinity");
+    (0..libc::CPU_SETSIZE as usize)
+        // SAFETY: `set` was filled above.
+        .find(|&c| unsafe { libc::CPU_ISSET(c, &set) })
+        .expect("no allowed cpu") as u32
+}
+
+fn new_helper_cache() -> Result<*mut fh_cache, fh_status> {
+    let mut cfg = std::mem::MaybeUninit::<fh_config>::uninit();
+    // SAFETY: valid for one fh_config write.
+    let rc = unsafe { fh_config_init(cfg.as_mut_ptr()) };
+    if rc != fh_status::FH_OK {
+        return Err(rc);
+    }
+    // SAFETY: initialised by fh_config_init (FH_OK).
+    let mut cfg = unsafe { cfg.assume_init() };
+    cfg.backend = FH_BACKEND_MLOCK;
+    cfg.monitor = 0;
+    // Small: the helper's start-up calibration pins at most a quarter of it.
+    cfg.max_pinned = 256 << 10;
+    cfg.helper = FH_HELPER_ON;
+    cfg.helper_cpu = first_cpu();
+    let mut c = ptr::null_mut();
+    // SAFETY: a valid config and out pointer.
+    match unsafe { fh_cache_new(&cfg, &mut c) } {
+        fh_status::FH_OK => Ok(c),
+        e => Err(e),
+    }
+}
+
+fn helper_elapsed(c: *const fh_cache) -> Option<u64> {
+    let mut s = fh_helper_stats::default();
+    // SAFETY: live cache, valid out pointer.
+    (unsafe { fh_get_helper_stats(c, &mut s) } == fh_status::FH_OK && s.state == 1)
+        .then_some(s.elapsed_ns)
+}
+
+/// Write to fd 2 without std's (captured, locked) stderr.
+fn say(msg: &str) {
+    // SAFETY: writing our own bytes to fd 2.
+    unsafe { libc::write(2, msg.as_ptr() as *const c_void, msg.len()) };
+}
+
+fn child() -> i32 {
+    let c = match new_helper_cache() {
+        Ok(c) => c,
+        Err(e) => {
+            say(&format!("child: fh_cache_new: {e:?}\n"));
+            return 2;
+        }
+    };
+    let t0 = Instant::now();
+    loop {
+        match helper_elapsed(c) {
+            Some(ns) if ns > 0 => break,
+            Some(_) => {}
+            None => {
+                say("child: the helper is not on\n");
+                return 3;
+            }
+        }
+        if t0.elapsed() > Duration::from_secs(5) {
+            // The helper thread is stuck in std's thread start; fh_cache_free would join it
+            // forever, so leave without it.
+            say("child: its helper thread never started (5 s)\n");
+            return 8;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // SAFETY: ours, no other user; joins the helper.
+    unsafe { fh_cache_free(c) };
+    0
+}
+
+fn fork_child() -> libc::pid_t {
+    // SAFETY: the child only runs `child` and leaves with _exit.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork failed");
+    if pid == 0 {
+        let rc = std::panic::catch_unwind(child).unwrap_or(99);
+        // SAFETY: leave the child without running the parent's atexit or test machinery.
+        unsafe { libc::_exit(rc) };
+    }
+    pid
+}
+
+fn wait_child(pid: libc::pid_t) -> Result<(), String> {
+    let t0 = Instant::now();
+    let mut status = 0;
+    loop {
+        // SAFETY: waiting for our own child.
+        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+        if r == pid {
+            break;
+        }
+        if t0.elapsed() > CHILD_TIMEOUT {
+            // SAFETY: our child.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+                libc::waitpid(pid, &mut status, 0);
+            }
+            return Err(format!("child hung (killed after {CHILD_TIMEOUT:?})"));
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    if libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0 {
+        Ok(())
+    } else {
+        Err(format!("child status {status:#x}"))
+    }
+}
+
+#[test]
+fn fork_while_threads_start_and_end_helpers() {
+    // The library's atfork handlers and monitor state exist before the first fork.
+    let c = new_helper_cache().expect("fh_cache_new");
+    // SAFETY: ours.
+    unsafe { fh_cache_free(c) };
+    let stop = Arc::new(AtomicBool::new(false));
+    let rounds = Arc::new(AtomicUsize::new(0));
+    let mut churners = Vec::new();
+    for _ in 0..CACHE_CHURNERS {
+        let (stop, rounds) = (stop.clone(), rounds.clone());
+        churners.push(std::thread::spawn(move || {
+            while !stop.load(SeqCst) {
+                if let Ok(c) = new_helper_cache() {
+                    // SAFETY: ours; joins its helper thread.
+                    unsafe { fh_cache_free(c) };
+                }
+                rounds.fetch_add(1, SeqCst);
+            }
+        }));
+    }
+    for _ in 0..STD_CHURNERS {
+        let (stop, rounds) = (stop.clone(), rounds.clone());
+        churners.push(std::thread::spawn(move || {
+            while !stop.load(SeqCst) {
+                std::thread::spawn(|| {}).join().unwrap();
+                rounds.fetch_add(1, SeqCst);
+            }
+        }));
+    }
+    while rounds.load(SeqCst) < 100 {
+        std::thread::yield_now();
+    }
+    let mut failures = Vec::new();
+    let mut forks = 0;
+    for f in 0..FORKS {
+        forks += 1;
+        if let Err(e) = wait_child(fork_child()) {
+            failures.push(format!("fork {f}: {e}"));
+        }
+        if failures.len() >= MAX_FAILURES {
+            break;
+        }
+    }
+    stop.store(true, SeqCst);
+    for t in churners {
+        t.join().unwrap();
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {forks} children failed:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}

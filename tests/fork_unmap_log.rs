@@ -1,0 +1,159 @@
+//! Audit: the unmap log (`monitor/unmap_log.rs`) in a child forked while parent threads were
+//! inside a patched `munmap`.
+//!
+//! Every patched unmap counts itself in `IN_FLIGHT` (`begin`) until its system call returned
+//! (`end`). A thread of the parent that was between the two at the fork does not exist in the
+//! child, so the child's count never returns to zero, and once 64 newer unmaps have pushed that
+//! unmap's slot out of the ring, `in_flight_overlapping` answers "maybe" for every range, for
+//! good. That is what the helper thread's prefetch asks before each pin ahead
+//! (`helper/thread.rs`, `prefetch_checked`): in such a child no helper ever pins ahead.
+//!
+//! Four threads map and unmap (through the patched libc `munmap`) without pause while the main
+//! thread forks. Each child unmaps 100 mappings of its own (nothing is in flight after that: it
+//! has one thread) and asks whether an unmap overlapping an untouched range is in flight: it must
+//! not be.
+//!
+//! C API (`fh_cache_new` installs the libc patch), mlock backend.
+
+use std::ffi::c_void;
+use std::ptr;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use firehose::ffi::*;
+use firehose::monitor::unmap_log;
+use firehose::status::fh_status;
+
+const FORKS: usize = 100;
+const WORKERS: usize = 4;
+const CHILD_TIMEOUT: Duration = Duration::from_secs(10);
+/// A range nobody maps or unmaps.
+const UNTOUCHED: usize = 0x7eee_1234_0000;
+
+fn new_cache() -> *mut fh_cache {
+    let mut cfg = std::mem::MaybeUninit::<fh_config>::uninit();
+    // SAFETY: valid for one fh_config write.
+    assert_eq!(
+        unsafe { fh_config_init(cfg.as_mut_ptr()) },
+        fh_status::FH_OK
+    );
+    // SAFETY: initialised by fh_config_init (FH_OK).
+    let mut cfg = unsafe { cfg.assume_init() };
+    cfg.backend = FH_BACKEND_MLOCK;
+    cfg.monitor = FH_MONITOR_PATCH_LIBC;
+    let mut c = ptr::null_mut();
+    // SAFETY: a valid config and out pointer.
+    assert_eq!(unsafe { fh_cache_new(&cfg, &mut c) }, fh_status::FH_OK);
+    c
+}
+
+fn map_unmap() {
+    // SAFETY: a fresh anonymous mapping, unmapped at once (through the patched munmap).
+    unsafe {
+        let p = libc::mmap(
+            ptr::null_mut(),
+            1 << 16,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        );
+        assert_ne!(p, libc::MAP_FAILED);
+        libc::munmap(p, 1 << 16);
+    }
+}
+
+fn say(msg: &str) {
+    // SAFETY: writing our own bytes to fd 2.
+    unsafe { libc::write(2, msg.as_ptr() as *const c_void, msg.len()) };
+}
+
+fn child() -> i32 {
+    for _ in 0..100 {
+        map_unmap();
+    }
+    if unmap_log::in_flight_overlapping(UNTOUCHED, UNTOUCHED + 4096) {
+        say("child: an unmap of an untouched range is \"in flight\" (a parent thread's, gone)\n");
+        return 2;
+    }
+    0
+}
+
+fn fork_child() -> libc::pid_t {
+    // SAFETY: the child only runs `child` and leaves with _exit.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork failed");
+    if pid == 0 {
+        let rc = std::panic::catch_unwind(child).unwrap_or(99);
+        // SAFETY: leave the child without running the parent's atexit or test machinery.
+        unsafe { libc::_exit(rc) };
+    }
+    pid
+}
+
+fn wait_child(pid: libc::pid_t) -> Result<(), String> {
+    let t0 = Instant::now();
+    let mut status = 0;
+    loop {
+        // SAFETY: waiting for our own child.
+        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+        if r == pid {
+            break;
+        }
+        if t0.elapsed() > CHILD_TIMEOUT {
+            // SAFETY: our child.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+                libc::waitpid(pid, &mut status, 0);
+            }
+            return Err(format!("child hung (killed after {CHILD_TIMEOUT:?})"));
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    if libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0 {
+        Ok(())
+    } else {
+        Err(format!("child status {status:#x}"))
+    }
+}
+
+#[test]
+fn unmaps_in_flight_at_the_fork_are_not_in_flight_in_the_child() {
+    let c = new_cache();
+    let stop = Arc::new(AtomicBool::new(false));
+    let rounds = Arc::new(AtomicUsize::new(0));
+    let workers: Vec<_> = (0..WORKERS)
+        .map(|_| {
+            let (stop, rounds) = (stop.clone(), rounds.clone());
+            std::thread::spawn(move || {
+                while !stop.load(SeqCst) {
+                    map_unmap();
+                    rounds.fetch_add(1, SeqCst);
+                }
+            })
+        })
+        .collect();
+    while rounds.load(SeqCst) < 1000 {
+        std::thread::yield_now();
+    }
+    let mut failures = Vec::new();
+    for f in 0..FORKS {
+        std::thread::sleep(Duration::from_millis(1 + (f % 3) as u64));
+        if let Err(e) = wait_child(fork_child()) {
+            failures.push(format!("fork {f}: {e}"));
+        }
+    }
+    stop.store(true, SeqCst);
+    for w in workers {
+        w.join().unwrap();
+    }
+    // SAFETY: ours, no other user.
+    unsafe { fh_cache_free(c) };
+    assert!(
+        failures.is_empty(),
+        "{} of {FORKS} children failed:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
