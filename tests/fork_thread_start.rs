@@ -1,12 +1,12 @@
-//! Audit: a child forked while parent threads start or end std threads makes a cache with a
-//! helper thread (`fh_cache_new`, `FH_HELPER_ON`) and frees it.
+//! A child forked while parent threads start or end threads makes a cache with a helper thread
+//! (`fh_cache_new`, `FH_HELPER_ON`) and frees it.
 //!
-//! The helper is a `std::thread` (src/helper/thread.rs, `Helper::start`). Every std thread, as it
-//! starts and as it ends, takes std's process-wide `thread_info` mutex (stack-overflow
-//! bookkeeping, `std::sys::pal::unix::stack_overflow::thread_info`), which no atfork handler
-//! covers. A child forked while another thread of the parent held it inherits it locked: the
-//! child's new helper thread never gets past its start, `fh_get_helper_stats` never shows it
-//! running, and `fh_cache_free` (which joins the helper) waits forever.
+//! Every std thread, as it starts and as it ends, takes std's process-wide `thread_info` mutex
+//! (stack-overflow bookkeeping), which no atfork handler covers. A child forked while another
+//! thread of the parent held it inherits it locked. When the helper was a `std::thread`, the
+//! child's new helper never got past its start, `fh_get_helper_stats` never showed it running,
+//! and `fh_cache_free` (which joins the helper) waited forever: 3 of 282 children here. The
+//! library's threads are plain pthreads now (`src/raw_thread.rs`).
 //!
 //! The parent's threads churn std threads two ways: by making and freeing caches with a helper
 //! (the library's own thread start and exit) and by spawning empty std threads. The main thread

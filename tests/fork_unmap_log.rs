@@ -1,12 +1,13 @@
-//! Audit: the unmap log (`monitor/unmap_log.rs`) in a child forked while parent threads were
-//! inside a patched `munmap`.
+//! The unmap log (`monitor/unmap_log.rs`) in a child forked while parent threads were inside a
+//! patched `munmap`.
 //!
 //! Every patched unmap counts itself in `IN_FLIGHT` (`begin`) until its system call returned
 //! (`end`). A thread of the parent that was between the two at the fork does not exist in the
-//! child, so the child's count never returns to zero, and once 64 newer unmaps have pushed that
-//! unmap's slot out of the ring, `in_flight_overlapping` answers "maybe" for every range, for
-//! good. That is what the helper thread's prefetch asks before each pin ahead
-//! (`helper/thread.rs`, `prefetch_checked`): in such a child no helper ever pins ahead.
+//! child. Before the atfork child handler ended those unmaps, the child's count never returned
+//! to zero, and once 64 newer unmaps had pushed their slots out of the ring,
+//! `in_flight_overlapping` answered "maybe" for every range, for good: that is what the helper
+//! thread's prefetch asks before each pin ahead, so in such a child no helper ever pinned ahead
+//! (98 of 100 children here).
 //!
 //! Four threads map and unmap (through the patched libc `munmap`) without pause while the main
 //! thread forks. Each child unmaps 100 mappings of its own (nothing is in flight after that: it
