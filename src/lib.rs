@@ -14,6 +14,9 @@ pub mod inside;
 pub mod monitor;
 pub mod net;
 pub mod pin;
+/// A first-use initialiser that never makes a thread wait (fork-safe); shared with the shim.
+#[doc(hidden)]
+pub mod race_once;
 mod range_counts;
 pub(crate) mod raw_thread;
 pub mod rma;

@@ -8,7 +8,6 @@
 //! version; a target that turns out to live in this shim is rejected (no self-recursion).
 
 use std::ffi::{c_void, CStr};
-use std::sync::OnceLock;
 
 use crate::ffi_types::{DeallocPdFn, DeregMrFn, RegMrFn, RegMrIova2Fn, RegMrIovaFn, ReregMrFn};
 
@@ -23,7 +22,9 @@ pub struct RealVerbs {
     pub dealloc_pd: Option<DeallocPdFn>,
 }
 
-static REAL: OnceLock<RealVerbs> = OnceLock::new();
+/// Not a `OnceLock`: a child forked while another thread resolved it would wait for that thread
+/// forever in its first verbs call (see the library's `race_once.rs`).
+static REAL: firehose::race_once::RaceOnce<RealVerbs> = firehose::race_once::RaceOnce::new();
 
 /// The real functions (resolved on first use; later calls are one atomic load).
 pub fn get() -> &'static RealVerbs {

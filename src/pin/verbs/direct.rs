@@ -18,7 +18,6 @@
 //! verbs function.
 
 use std::ffi::{c_int, c_void};
-use std::sync::OnceLock;
 
 use rdma_sys::{ibv_mr, ibv_pd};
 
@@ -34,7 +33,9 @@ struct Direct {
     from_handle: bool,
 }
 
-static DIRECT: OnceLock<Direct> = OnceLock::new();
+/// Not a `OnceLock`: a child forked while another thread resolved it would wait for that thread
+/// forever (see `race_once.rs`).
+static DIRECT: crate::race_once::RaceOnce<Direct> = crate::race_once::RaceOnce::new();
 
 fn lookup(handle: *mut c_void, name: &std::ffi::CStr, version: &std::ffi::CStr) -> *mut c_void {
     if handle.is_null() {
