@@ -34,7 +34,7 @@
 
 use std::any::Any;
 use std::cell::UnsafeCell;
-use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicU8, Ordering::Relaxed, Ordering::SeqCst};
+use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
 use std::sync::MutexGuard;
 
 use crate::monitor;
@@ -122,6 +122,9 @@ pub(crate) fn generation() -> u64 {
 
 extern "C" fn child() {
     GENERATION.fetch_add(1, Relaxed);
+    // This handler ran, so the handlers are registered in this process, whatever state a parent
+    // thread that was registering them left behind.
+    STATE.store(REGISTERED, SeqCst);
     let _ = std::panic::catch_unwind(|| {
         // SAFETY: see `Held`. This process has one thread now.
         let Some(mut g) = (unsafe { (*HELD.0.get()).take() }) else {
@@ -139,10 +142,34 @@ extern "C" fn child() {
     });
 }
 
-const UNREGISTERED: u8 = 0;
-const REGISTERING: u8 = 1;
-const REGISTERED: u8 = 2;
-static STATE: AtomicU8 = AtomicU8::new(UNREGISTERED);
+const UNREGISTERED: u64 = 0;
+const REGISTERING: u64 = 1;
+const REGISTERED: u64 = 2;
+/// The registration's state in the low byte, and above it the pid of the process that moved it
+/// to REGISTERING: a child forked while a parent thread was registering inherits REGISTERING with
+/// no thread left to finish, and must be able to tell that from a registration of its own.
+static STATE: AtomicU64 = AtomicU64::new(UNREGISTERED);
+
+/// What `ensure_handlers` does, given the state word and this process's pid.
+#[derive(Debug, PartialEq, Eq)]
+enum Step {
+    /// Registered, or being registered by a thread of this process.
+    Nothing,
+    /// Try to take the registration over from this word.
+    Take,
+}
+
+fn step(word: u64, pid: u32) -> Step {
+    match word & 0xff {
+        REGISTERED => Step::Nothing,
+        // A parent thread was registering when this process was forked. Had its
+        // `pthread_atfork` taken effect, `child` would have run here and set REGISTERED: no
+        // handler is registered in this process.
+        REGISTERING if word >> 8 != u64::from(pid) => Step::Take,
+        REGISTERING => Step::Nothing,
+        _ => Step::Take,
+    }
+}
 
 /// Register the atfork handlers, once per process. Never call with one of the locks above held.
 ///
@@ -150,9 +177,14 @@ static STATE: AtomicU8 = AtomicU8::new(UNREGISTERED);
 /// instant is unprotected, as before the first use). A waiting `Once` would be worse: a child
 /// forked while the winner was inside would wait for it forever.
 pub(crate) fn ensure_handlers() {
-    if STATE.load(SeqCst) != UNREGISTERED
+    let word = STATE.load(SeqCst);
+    if word & 0xff == REGISTERED {
+        return; // the usual case: no system call
+    }
+    let pid = std::process::id();
+    if step(word, pid) == Step::Nothing
         || STATE
-            .compare_exchange(UNREGISTERED, REGISTERING, SeqCst, SeqCst)
+            .compare_exchange(word, (u64::from(pid) << 8) | REGISTERING, SeqCst, SeqCst)
             .is_err()
     {
         return;
@@ -160,4 +192,18 @@ pub(crate) fn ensure_handlers() {
     // SAFETY: plain functions that never unwind (each catches panics).
     unsafe { libc::pthread_atfork(Some(prepare), Some(parent), Some(child)) };
     STATE.store(REGISTERED, SeqCst);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{step, Step, REGISTERED, REGISTERING, UNREGISTERED};
+
+    #[test]
+    fn a_registration_left_half_done_by_a_parent_is_taken_over() {
+        let (me, parent) = (4242u32, 17u32);
+        assert_eq!(step(UNREGISTERED, me), Step::Take);
+        assert_eq!(step(REGISTERED, me), Step::Nothing);
+        assert_eq!(step((u64::from(me) << 8) | REGISTERING, me), Step::Nothing);
+        assert_eq!(step((u64::from(parent) << 8) | REGISTERING, me), Step::Take);
+    }
 }

@@ -7,7 +7,6 @@
 
 use super::abi::{Info, Proc, Status, Value};
 use std::ffi::{c_char, c_void, CStr};
-use std::sync::OnceLock;
 
 /// The soname of PMIx 2.x..5.x clients (PMIx 4.2.2 on Debian 12 ships `libpmix.so.2.6.2`).
 pub const LIBPMIX: &CStr = c"libpmix.so.2";
@@ -52,7 +51,10 @@ impl PmixFns {
     }
 }
 
-static LOADED: OnceLock<Result<PmixFns, String>> = OnceLock::new();
+/// Not a `OnceLock` (see `race_once.rs`): a child forked while another thread was loading it
+/// would wait for that thread forever.
+static LOADED: crate::race_once::RaceOnce<Result<PmixFns, String>> =
+    crate::race_once::RaceOnce::new();
 
 /// libpmix's functions, loading the library on the first call. The error (library or symbol
 /// missing) is also kept, so a failing host pays for `dlopen` once.
