@@ -315,11 +315,12 @@ fn listener_that_unmaps_does_not_recurse_or_deadlock() {
     e.rec.clear();
     // SAFETY: our mapping.
     unsafe { libc::munmap(a as *mut _, TRIGGER) };
+    // No recursion: the listener ran once for the trigger...
     assert_eq!(l.triggers.load(SeqCst), 1);
-    // The nested munmap inside the listener was not re-reported, to it or to anyone else.
-    assert_eq!(l.nested_seen.load(SeqCst), 0);
     assert!(e.rec.saw_cover(a, TRIGGER));
-    assert!(!e.rec.saw_overlap(l.nested_addr.load(SeqCst), NESTED));
+    // ...and the munmap it made itself was not lost: once it returned, everyone was told of a
+    // range covering it (merged with the 4 MiB chunk its Vec freed, so wider than the mapping).
+    assert!(e.rec.saw_cover(l.nested_addr.load(SeqCst), NESTED));
     drop(sub);
     // After the listener returned, the same thread reports again (the guard was released).
     let b = map(NESTED);

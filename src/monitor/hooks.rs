@@ -263,12 +263,8 @@ fn shm_extent(addr: usize) -> Option<(usize, usize)> {
 }
 
 unsafe extern "C" fn fh_shmdt(addr: *const c_void) -> c_int {
-    // Only look when listeners could care; the maps read costs a few µs and shmdt is rare.
-    let range = if super::guard::in_hook() {
-        None
-    } else {
-        shm_extent(addr as usize)
-    };
+    // Also when nested (a signal handler's shmdt during a hook): the guard delivers it later.
+    let range = shm_extent(addr as usize);
     let _w = window(range);
     let ran = notify(range);
     // SAFETY: pass-through of the caller's request.
