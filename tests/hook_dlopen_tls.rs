@@ -1,10 +1,10 @@
-//! first touch of the library's thread-locals inside a hook, when the library was
-//! loaded with `dlopen` (a supported way: c-tests/dlclose_patch.c).
+//! A hook on a thread that never called the library, when the library was loaded with `dlopen`
+//! (a supported way: c-tests/dlclose_patch.c), called by glibc with a malloc arena lock held.
 //!
 //! A `dlopen`ed shared object's TLS is dynamic (libfirehose.so has `R_X86_64_DTPMOD64` relocations
 //! and calls `__tls_get_addr`): glibc allocates a thread's block with `malloc` on that thread's
-//! first access. The hook path touches TLS on every call (`monitor::guard::IN_HOOK` in
-//! `notify_guarded`; `inside::DEPTH` in the revoke listener). So the first patched call on a
+//! first access. The hook path touched TLS on every call (the guard's flag, before it became a
+//! table of slots; `inside::DEPTH` in the revoke listener still does). So the first patched call on a
 //! thread that never entered the library mallocs from inside the hook -- and glibc calls the
 //! patched `__madvise` from `malloc_trim` (and `__madvise`/`__munmap`/`mmap(MAP_FIXED)` from
 //! `heap_trim`/`shrink_heap`/`delete_heap` in `free` on a non-main arena) with the arena lock

@@ -1,13 +1,13 @@
-//! an unmap made by a signal handler that interrupted a thread while it was running
-//! the listeners of another hooked call is never reported.
+//! An unmap made by a signal handler that interrupted a thread while it was running the
+//! listeners of another hooked call is reported (after them). Before, it never was.
 //!
-//! The re-entrancy guard (`monitor::guard::notify_guarded`, one per-thread flag) drops *every*
+//! The re-entrancy guard (`monitor::guard::notify_guarded`, one per-thread flag) dropped *every*
 //! notification made while the flag is up -- meant for a listener that itself frees memory. A
 //! signal handler that runs on that thread during the listeners (an asynchronous signal arriving
 //! inside any `munmap`/`free`/`madvise` of the application, or during a revoke listener's
-//! `Done` wait of up to `FH_REVOKE_TIMEOUT`) and releases memory is dropped too: no cache, no
-//! helper, no revoke listener hears of it, and with userfaultfd off (or the range not watched)
-//! nothing else ever does, so a registration of that range stays a hit after the pages changed.
+//! `Done` wait of up to `FH_REVOKE_TIMEOUT`) and released memory was dropped too: no cache, no
+//! helper, no revoke listener heard of it, and with userfaultfd off (or the range not watched)
+//! nothing else ever did, so a registration of that range stayed a hit after the pages changed.
 //!
 //! Here the "asynchronous" signal is made deterministic: a listener raises SIGUSR1 while it
 //! handles a trigger unmap; the handler `munmap`s another mapping.
