@@ -32,7 +32,11 @@ impl MemoryListener for RevokeListener {
     fn on_event(&self, addr: usize, len: usize, ev: UnmapEvent) {
         let may_wait = match ev {
             UnmapEvent::Before => return,
-            UnmapEvent::Done => !crate::inside::is_inside(),
+            // Whether this thread is inside the library is asked only once the range is known
+            // to overlap memory pinned for peers (in `unmapped`): that reads a thread-local,
+            // and in a library loaded with dlopen a thread's first touch of those allocates,
+            // which must not happen in every hook (see monitor/guard.rs).
+            UnmapEvent::Done => true,
             UnmapEvent::Late | UnmapEvent::Told => false,
         };
         self.0.unmapped(addr as u64, len as u64, may_wait);
@@ -54,8 +58,14 @@ impl Shared {
         if self.forked.load(SeqCst) || self.queue.is_closed() {
             return;
         }
-        let tries = if may_wait { TRIES_WAITING } else { TRIES_QUICK };
-        if self.pinned.overlaps(addr, len, tries) == Overlap::No {
+        // Quick tries first; a thread that may wait (asked only now: see `on_event`) spins
+        // longer for a contended table.
+        let mut seen = self.pinned.overlaps(addr, len, TRIES_QUICK);
+        let may_wait = may_wait && seen != Overlap::No && !crate::inside::is_inside();
+        if seen == Overlap::Busy && may_wait {
+            seen = self.pinned.overlaps(addr, len, TRIES_WAITING);
+        }
+        if seen == Overlap::No {
             self.stats.fast_returns.fetch_add(1, Relaxed);
             return;
         }
