@@ -12,19 +12,20 @@
 //!
 //! C API (the `fh_*` exports).
 
-use std::ffi::c_void;
+mod fork_util;
+
 use std::ptr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use firehose::ffi::rma::*;
 use firehose::ffi::*;
 use firehose::status::fh_status;
+use fork_util::{fork_run, say, wait_child};
 
 const FORKS: usize = 100;
 const WORKERS: usize = 4;
-const CHILD_TIMEOUT: Duration = Duration::from_secs(10);
 const MAX_FAILURES: usize = 3;
 
 fn init() -> *mut fh_ctx {
@@ -33,11 +34,6 @@ fn init() -> *mut fh_ctx {
     assert_eq!(unsafe { fh_init(ptr::null(), &mut c) }, fh_status::FH_OK);
     assert_eq!(unsafe { fh_size(c) }, 1);
     c
-}
-
-fn say(msg: &str) {
-    // SAFETY: writing our own bytes to fd 2.
-    unsafe { libc::write(2, msg.as_ptr() as *const c_void, msg.len()) };
 }
 
 struct Shared(*mut fh_ctx);
@@ -132,44 +128,6 @@ fn child_calls(c: *mut fh_ctx) -> i32 {
     0
 }
 
-fn fork_child(c: *mut fh_ctx, f: fn(*mut fh_ctx) -> i32) -> libc::pid_t {
-    // SAFETY: the child only runs `f` and leaves with _exit.
-    let pid = unsafe { libc::fork() };
-    assert!(pid >= 0, "fork failed");
-    if pid == 0 {
-        let rc = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(c))).unwrap_or(99);
-        // SAFETY: leave the child without running the parent's atexit or test machinery.
-        unsafe { libc::_exit(rc) };
-    }
-    pid
-}
-
-fn wait_child(pid: libc::pid_t) -> Result<(), String> {
-    let t0 = Instant::now();
-    let mut status = 0;
-    loop {
-        // SAFETY: waiting for our own child.
-        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
-        if r == pid {
-            break;
-        }
-        if t0.elapsed() > CHILD_TIMEOUT {
-            // SAFETY: our child.
-            unsafe {
-                libc::kill(pid, libc::SIGKILL);
-                libc::waitpid(pid, &mut status, 0);
-            }
-            return Err(format!("child {pid} hung (killed after {CHILD_TIMEOUT:?})"));
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    }
-    if libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0 {
-        Ok(())
-    } else {
-        Err(format!("child {pid} status {status:#x}"))
-    }
-}
-
 fn worker(sh: Arc<Shared>, stop: Arc<AtomicBool>, k: usize, rounds: Arc<AtomicUsize>) {
     let (mut dst, src) = ([0u8; 256], [k as u8; 256]);
     let mut s = std::mem::MaybeUninit::<fh_rma_stats>::uninit();
@@ -230,7 +188,7 @@ fn inherited_context_in_a_child() {
     for f in 0..FORKS {
         forks += 1;
         std::thread::sleep(Duration::from_millis(1 + (f % 3) as u64));
-        if let Err(e) = wait_child(fork_child(sh.0, child_calls)) {
+        if let Err(e) = wait_child(fork_run(|| child_calls(sh.0))) {
             failures.push(format!("fork {f}: {e}"));
         }
         if failures.len() >= MAX_FAILURES {

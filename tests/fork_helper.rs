@@ -16,6 +16,8 @@
 //!
 //! C API (the `fh_*` exports), mlock backend, libc patching.
 
+mod fork_util;
+
 use std::ffi::{c_void, CStr};
 use std::ptr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
@@ -24,28 +26,13 @@ use std::time::{Duration, Instant};
 
 use firehose::ffi::*;
 use firehose::status::fh_status;
+use fork_util::{first_cpu, fork_run, wait_child};
 
 const LEN: usize = 64 << 10;
 const FORKS: usize = 120;
 const WORKERS: usize = 8;
-/// A child needs a few system calls, one pin and a thread start: longer than this is stuck.
-const CHILD_TIMEOUT: Duration = Duration::from_secs(10);
 /// Stop forking after this many failed children (each hang costs the timeout).
 const MAX_FAILURES: usize = 3;
-
-/// The first core this process may run on (the helper is bound to it: forced on, since the
-/// machines this runs on seldom have an idle core).
-fn first_cpu() -> u32 {
-    // SAFETY: a zeroed cpu_set_t is a valid empty set; the call fills it.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: valid pointer and size.
-    let rc = unsafe { libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set) };
-    assert_eq!(rc, 0, "sched_getaffinity");
-    (0..libc::CPU_SETSIZE as usize)
-        // SAFETY: `set` was filled above.
-        .find(|&c| unsafe { libc::CPU_ISSET(c, &set) })
-        .expect("no allowed cpu") as u32
-}
 
 fn new_helper_cache() -> Result<*mut fh_cache, fh_status> {
     let mut cfg = std::mem::MaybeUninit::<fh_config>::uninit();
@@ -212,48 +199,6 @@ fn child(inherited: *mut fh_cache) -> i32 {
     0
 }
 
-/// Fork; the child runs [`child`] and exits with its code. Returns the child's pid.
-fn fork_child(inherited: *mut fh_cache) -> libc::pid_t {
-    // SAFETY: the child only runs `child` (allocation is fork-safe in glibc) and leaves with
-    // _exit, never returning into the test harness.
-    let pid = unsafe { libc::fork() };
-    assert!(pid >= 0, "fork failed");
-    if pid == 0 {
-        let rc = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| child(inherited)))
-            .unwrap_or(99);
-        // SAFETY: leave the child without running the parent's atexit or test machinery.
-        unsafe { libc::_exit(rc) };
-    }
-    pid
-}
-
-/// Wait for child `pid` to exit 0; kill it after [`CHILD_TIMEOUT`].
-fn wait_child(pid: libc::pid_t) -> Result<(), String> {
-    let t0 = Instant::now();
-    let mut status = 0;
-    loop {
-        // SAFETY: waiting for our own child.
-        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
-        if r == pid {
-            break;
-        }
-        if t0.elapsed() > CHILD_TIMEOUT {
-            // SAFETY: our child.
-            unsafe {
-                libc::kill(pid, libc::SIGKILL);
-                libc::waitpid(pid, &mut status, 0);
-            }
-            return Err(format!("child hung (killed after {CHILD_TIMEOUT:?})"));
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    }
-    if libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0 {
-        Ok(())
-    } else {
-        Err(format!("child status {status:#x}"))
-    }
-}
-
 struct Shared(*mut fh_cache);
 // SAFETY: every fh_* call on one cache may come from any thread.
 unsafe impl Send for Shared {}
@@ -301,7 +246,7 @@ fn fork_while_the_helper_runs_and_threads_read_its_counters() {
     let mut failures = Vec::new();
     for f in 0..FORKS {
         std::thread::sleep(Duration::from_millis(1 + (f % 3) as u64));
-        if let Err(e) = wait_child(fork_child(shared.0)) {
+        if let Err(e) = wait_child(fork_run(|| child(shared.0))) {
             failures.push(format!("fork {f}: {e}"));
         }
         if failures.len() >= MAX_FAILURES {

@@ -14,7 +14,8 @@
 //!
 //! C API (the `fh_*` exports), mlock backend, no monitor.
 
-use std::ffi::c_void;
+mod fork_util;
+
 use std::ptr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
@@ -22,24 +23,12 @@ use std::time::{Duration, Instant};
 
 use firehose::ffi::*;
 use firehose::status::fh_status;
+use fork_util::{first_cpu, fork_run, say, wait_child};
 
 const FORKS: usize = 300;
-const CHILD_TIMEOUT: Duration = Duration::from_secs(10);
 const MAX_FAILURES: usize = 3;
 const CACHE_CHURNERS: usize = 3;
 const STD_CHURNERS: usize = 5;
-
-fn first_cpu() -> u32 {
-    // SAFETY: a zeroed cpu_set_t is a valid empty set; the call fills it.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: valid pointer and size.
-    let rc = unsafe { libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set) };
-    assert_eq!(rc, 0, "sched_getaffinity");
-    (0..libc::CPU_SETSIZE as usize)
-        // SAFETY: `set` was filled above.
-        .find(|&c| unsafe { libc::CPU_ISSET(c, &set) })
-        .expect("no allowed cpu") as u32
-}
 
 fn new_helper_cache() -> Result<*mut fh_cache, fh_status> {
     let mut cfg = std::mem::MaybeUninit::<fh_config>::uninit();
@@ -71,12 +60,6 @@ fn helper_elapsed(c: *const fh_cache) -> Option<u64> {
         .then_some(s.elapsed_ns)
 }
 
-/// Write to fd 2 without std's (captured, locked) stderr.
-fn say(msg: &str) {
-    // SAFETY: writing our own bytes to fd 2.
-    unsafe { libc::write(2, msg.as_ptr() as *const c_void, msg.len()) };
-}
-
 fn child() -> i32 {
     let c = match new_helper_cache() {
         Ok(c) => c,
@@ -106,44 +89,6 @@ fn child() -> i32 {
     // SAFETY: ours, no other user; joins the helper.
     unsafe { fh_cache_free(c) };
     0
-}
-
-fn fork_child() -> libc::pid_t {
-    // SAFETY: the child only runs `child` and leaves with _exit.
-    let pid = unsafe { libc::fork() };
-    assert!(pid >= 0, "fork failed");
-    if pid == 0 {
-        let rc = std::panic::catch_unwind(child).unwrap_or(99);
-        // SAFETY: leave the child without running the parent's atexit or test machinery.
-        unsafe { libc::_exit(rc) };
-    }
-    pid
-}
-
-fn wait_child(pid: libc::pid_t) -> Result<(), String> {
-    let t0 = Instant::now();
-    let mut status = 0;
-    loop {
-        // SAFETY: waiting for our own child.
-        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
-        if r == pid {
-            break;
-        }
-        if t0.elapsed() > CHILD_TIMEOUT {
-            // SAFETY: our child.
-            unsafe {
-                libc::kill(pid, libc::SIGKILL);
-                libc::waitpid(pid, &mut status, 0);
-            }
-            return Err(format!("child hung (killed after {CHILD_TIMEOUT:?})"));
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    }
-    if libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0 {
-        Ok(())
-    } else {
-        Err(format!("child status {status:#x}"))
-    }
 }
 
 #[test]
@@ -183,7 +128,7 @@ fn fork_while_threads_start_and_end_helpers() {
     let mut forks = 0;
     for f in 0..FORKS {
         forks += 1;
-        if let Err(e) = wait_child(fork_child()) {
+        if let Err(e) = wait_child(fork_run(child)) {
             failures.push(format!("fork {f}: {e}"));
         }
         if failures.len() >= MAX_FAILURES {

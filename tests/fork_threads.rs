@@ -14,20 +14,21 @@
 //!
 //! C API (the `fh_*` exports), mlock backend, libc patching + userfaultfd.
 
+mod fork_util;
+
 use std::ffi::c_void;
 use std::ptr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use firehose::ffi::*;
 use firehose::status::fh_status;
+use fork_util::{fork_run, wait_child};
 
 const LEN: usize = 64 << 10;
 const FORKS: usize = 50;
 const WORKERS: usize = 8;
-/// A child that needs longer than this is stuck (it does a few system calls and two pins).
-const CHILD_TIMEOUT: Duration = Duration::from_secs(10);
 /// Stop forking after this many failed children (each hang costs the timeout).
 const MAX_FAILURES: usize = 3;
 /// [`fork_while_std_threads_start_and_exit`]: threads starting std threads, and forks.
@@ -202,47 +203,6 @@ fn in_raw_thread(f: fn(usize) -> i32, arg: usize) -> i32 {
     job.rc
 }
 
-/// Fork; the child runs [`child`] and exits with its code. Returns the child's pid.
-fn fork_child() -> libc::pid_t {
-    // SAFETY: the child only runs `child` (allocation is fork-safe in glibc) and leaves with
-    // _exit, never returning into the test harness.
-    let pid = unsafe { libc::fork() };
-    assert!(pid >= 0, "fork failed");
-    if pid == 0 {
-        let rc = std::panic::catch_unwind(child).unwrap_or(99);
-        // SAFETY: leave the child without running the parent's atexit or test machinery.
-        unsafe { libc::_exit(rc) };
-    }
-    pid
-}
-
-/// Wait for child `pid` to exit 0; kill it after [`CHILD_TIMEOUT`].
-fn wait_child(pid: libc::pid_t) -> Result<(), String> {
-    let t0 = Instant::now();
-    let mut status = 0;
-    loop {
-        // SAFETY: waiting for our own child.
-        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
-        if r == pid {
-            break;
-        }
-        if t0.elapsed() > CHILD_TIMEOUT {
-            // SAFETY: our child.
-            unsafe {
-                libc::kill(pid, libc::SIGKILL);
-                libc::waitpid(pid, &mut status, 0);
-            }
-            return Err(format!("child hung (killed after {CHILD_TIMEOUT:?})"));
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    if libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0 {
-        Ok(())
-    } else {
-        Err(format!("child status {status:#x}"))
-    }
-}
-
 struct Shared(*mut fh_cache);
 // SAFETY: every fh_* call on one cache may come from any thread.
 unsafe impl Send for Shared {}
@@ -325,7 +285,7 @@ fn fork_while_threads_register_and_unmap() {
     for f in 0..FORKS {
         // Let the workers get somewhere between forks.
         std::thread::sleep(Duration::from_millis(2 + (f % 5) as u64));
-        let pid = fork_child();
+        let pid = fork_run(child);
         if let Err(e) = wait_child(pid) {
             failures.push(format!("fork {f}: {e}"));
         }
@@ -372,7 +332,7 @@ fn fork_while_std_threads_start_and_exit() {
         .collect();
     let mut failure = None;
     for f in 0..STD_FORKS {
-        if let Err(e) = wait_child(fork_child()) {
+        if let Err(e) = wait_child(fork_run(child)) {
             failure = Some(format!("fork {f}: {e}"));
             break; // each hang costs the timeout
         }

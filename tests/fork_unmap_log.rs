@@ -16,19 +16,20 @@
 //!
 //! C API (`fh_cache_new` installs the libc patch), mlock backend.
 
-use std::ffi::c_void;
+mod fork_util;
+
 use std::ptr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use firehose::ffi::*;
 use firehose::monitor::unmap_log;
 use firehose::status::fh_status;
+use fork_util::{fork_run, say, wait_child};
 
 const FORKS: usize = 100;
 const WORKERS: usize = 4;
-const CHILD_TIMEOUT: Duration = Duration::from_secs(10);
 /// A range nobody maps or unmaps.
 const UNTOUCHED: usize = 0x7eee_1234_0000;
 
@@ -65,11 +66,6 @@ fn map_unmap() {
     }
 }
 
-fn say(msg: &str) {
-    // SAFETY: writing our own bytes to fd 2.
-    unsafe { libc::write(2, msg.as_ptr() as *const c_void, msg.len()) };
-}
-
 fn child() -> i32 {
     for _ in 0..100 {
         map_unmap();
@@ -79,44 +75,6 @@ fn child() -> i32 {
         return 2;
     }
     0
-}
-
-fn fork_child() -> libc::pid_t {
-    // SAFETY: the child only runs `child` and leaves with _exit.
-    let pid = unsafe { libc::fork() };
-    assert!(pid >= 0, "fork failed");
-    if pid == 0 {
-        let rc = std::panic::catch_unwind(child).unwrap_or(99);
-        // SAFETY: leave the child without running the parent's atexit or test machinery.
-        unsafe { libc::_exit(rc) };
-    }
-    pid
-}
-
-fn wait_child(pid: libc::pid_t) -> Result<(), String> {
-    let t0 = Instant::now();
-    let mut status = 0;
-    loop {
-        // SAFETY: waiting for our own child.
-        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
-        if r == pid {
-            break;
-        }
-        if t0.elapsed() > CHILD_TIMEOUT {
-            // SAFETY: our child.
-            unsafe {
-                libc::kill(pid, libc::SIGKILL);
-                libc::waitpid(pid, &mut status, 0);
-            }
-            return Err(format!("child hung (killed after {CHILD_TIMEOUT:?})"));
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    }
-    if libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0 {
-        Ok(())
-    } else {
-        Err(format!("child status {status:#x}"))
-    }
 }
 
 #[test]
@@ -141,7 +99,7 @@ fn unmaps_in_flight_at_the_fork_are_not_in_flight_in_the_child() {
     let mut failures = Vec::new();
     for f in 0..FORKS {
         std::thread::sleep(Duration::from_millis(1 + (f % 3) as u64));
-        if let Err(e) = wait_child(fork_child()) {
+        if let Err(e) = wait_child(fork_run(child)) {
             failures.push(format!("fork {f}: {e}"));
         }
     }
