@@ -45,7 +45,7 @@ pub fn mremap_ranges(
         page_span(old, old_size)
     } else if new_size < old_size {
         // Shrink in place: only the tail goes. (A range that wraps past the top of the address
-        // space is the kernel's EINVAL: nothing of ours, and no overflow inside a hook.)
+        // space fails in the kernel: nothing of ours goes, and nothing overflows in a hook.)
         old.checked_add(new_size)
             .and_then(|tail| page_span(tail, old_size - new_size))
     } else {
