@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use firehose::ffi::*;
 use firehose::status::fh_status;
-use fork_util::{first_cpu, fork_run, wait_child};
+use fork_util::{cache_with, first_cpu, fork_run, wait_child};
 
 const LEN: usize = 64 << 10;
 const FORKS: usize = 120;
@@ -35,26 +35,14 @@ const WORKERS: usize = 8;
 const MAX_FAILURES: usize = 3;
 
 fn new_helper_cache() -> Result<*mut fh_cache, fh_status> {
-    let mut cfg = std::mem::MaybeUninit::<fh_config>::uninit();
-    // SAFETY: valid for one fh_config write.
-    let rc = unsafe { fh_config_init(cfg.as_mut_ptr()) };
-    if rc != fh_status::FH_OK {
-        return Err(rc);
-    }
-    // SAFETY: initialised by fh_config_init (FH_OK).
-    let mut cfg = unsafe { cfg.assume_init() };
-    cfg.backend = FH_BACKEND_MLOCK;
-    cfg.monitor = FH_MONITOR_PATCH_LIBC;
-    cfg.max_pinned = 64 << 20;
-    cfg.helper = FH_HELPER_ON;
-    cfg.helper_cpu = first_cpu();
-    cfg.helper_min_bytes = LEN;
-    let mut c = ptr::null_mut();
-    // SAFETY: a valid config and out pointer.
-    match unsafe { fh_cache_new(&cfg, &mut c) } {
-        fh_status::FH_OK => Ok(c),
-        e => Err(e),
-    }
+    cache_with(|cfg| {
+        cfg.backend = FH_BACKEND_MLOCK;
+        cfg.monitor = FH_MONITOR_PATCH_LIBC;
+        cfg.max_pinned = 64 << 20;
+        cfg.helper = FH_HELPER_ON;
+        cfg.helper_cpu = first_cpu();
+        cfg.helper_min_bytes = LEN;
+    })
 }
 
 fn map() -> usize {

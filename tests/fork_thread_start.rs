@@ -16,14 +16,13 @@
 
 mod fork_util;
 
-use std::ptr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use firehose::ffi::*;
 use firehose::status::fh_status;
-use fork_util::{first_cpu, fork_run, say, wait_child};
+use fork_util::{cache_with, first_cpu, fork_run, say, wait_child};
 
 const FORKS: usize = 300;
 const MAX_FAILURES: usize = 3;
@@ -31,26 +30,14 @@ const CACHE_CHURNERS: usize = 3;
 const STD_CHURNERS: usize = 5;
 
 fn new_helper_cache() -> Result<*mut fh_cache, fh_status> {
-    let mut cfg = std::mem::MaybeUninit::<fh_config>::uninit();
-    // SAFETY: valid for one fh_config write.
-    let rc = unsafe { fh_config_init(cfg.as_mut_ptr()) };
-    if rc != fh_status::FH_OK {
-        return Err(rc);
-    }
-    // SAFETY: initialised by fh_config_init (FH_OK).
-    let mut cfg = unsafe { cfg.assume_init() };
-    cfg.backend = FH_BACKEND_MLOCK;
-    cfg.monitor = 0;
-    // Small: the helper's start-up calibration pins at most a quarter of it.
-    cfg.max_pinned = 256 << 10;
-    cfg.helper = FH_HELPER_ON;
-    cfg.helper_cpu = first_cpu();
-    let mut c = ptr::null_mut();
-    // SAFETY: a valid config and out pointer.
-    match unsafe { fh_cache_new(&cfg, &mut c) } {
-        fh_status::FH_OK => Ok(c),
-        e => Err(e),
-    }
+    cache_with(|cfg| {
+        cfg.backend = FH_BACKEND_MLOCK;
+        cfg.monitor = 0;
+        // Small: the helper's start-up calibration pins at most a quarter of it.
+        cfg.max_pinned = 256 << 10;
+        cfg.helper = FH_HELPER_ON;
+        cfg.helper_cpu = first_cpu();
+    })
 }
 
 fn helper_elapsed(c: *const fh_cache) -> Option<u64> {

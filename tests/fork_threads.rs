@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use firehose::ffi::*;
 use firehose::status::fh_status;
-use fork_util::{fork_run, wait_child};
+use fork_util::{cache_with, fork_run, wait_child};
 
 const LEN: usize = 64 << 10;
 const FORKS: usize = 50;
@@ -36,25 +36,13 @@ const STD_CHURNERS: usize = 8;
 const STD_FORKS: usize = 600;
 
 fn new_cache() -> Result<*mut fh_cache, fh_status> {
-    let mut cfg = std::mem::MaybeUninit::<fh_config>::uninit();
-    // SAFETY: valid for one fh_config write.
-    let rc = unsafe { fh_config_init(cfg.as_mut_ptr()) };
-    if rc != fh_status::FH_OK {
-        return Err(rc);
-    }
-    // SAFETY: initialised by fh_config_init (FH_OK).
-    let mut cfg = unsafe { cfg.assume_init() };
-    cfg.backend = FH_BACKEND_MLOCK;
-    cfg.ibv_pd = ptr::null_mut();
-    cfg.monitor = FH_MONITOR_PATCH_LIBC | FH_MONITOR_USERFAULTFD;
-    cfg.max_pinned = 64 << 20;
-    cfg.max_regions = 1024;
-    let mut c = ptr::null_mut();
-    // SAFETY: a valid config and out pointer.
-    match unsafe { fh_cache_new(&cfg, &mut c) } {
-        fh_status::FH_OK => Ok(c),
-        e => Err(e),
-    }
+    cache_with(|cfg| {
+        cfg.backend = FH_BACKEND_MLOCK;
+        cfg.ibv_pd = ptr::null_mut();
+        cfg.monitor = FH_MONITOR_PATCH_LIBC | FH_MONITOR_USERFAULTFD;
+        cfg.max_pinned = 64 << 20;
+        cfg.max_regions = 1024;
+    })
 }
 
 fn map(at: usize) -> usize {

@@ -25,8 +25,7 @@ use std::time::Duration;
 
 use firehose::ffi::*;
 use firehose::monitor::unmap_log;
-use firehose::status::fh_status;
-use fork_util::{fork_run, say, wait_child};
+use fork_util::{cache_with, fork_run, say, wait_child};
 
 const FORKS: usize = 100;
 const WORKERS: usize = 4;
@@ -34,20 +33,11 @@ const WORKERS: usize = 4;
 const UNTOUCHED: usize = 0x7eee_1234_0000;
 
 fn new_cache() -> *mut fh_cache {
-    let mut cfg = std::mem::MaybeUninit::<fh_config>::uninit();
-    // SAFETY: valid for one fh_config write.
-    assert_eq!(
-        unsafe { fh_config_init(cfg.as_mut_ptr()) },
-        fh_status::FH_OK
-    );
-    // SAFETY: initialised by fh_config_init (FH_OK).
-    let mut cfg = unsafe { cfg.assume_init() };
-    cfg.backend = FH_BACKEND_MLOCK;
-    cfg.monitor = FH_MONITOR_PATCH_LIBC;
-    let mut c = ptr::null_mut();
-    // SAFETY: a valid config and out pointer.
-    assert_eq!(unsafe { fh_cache_new(&cfg, &mut c) }, fh_status::FH_OK);
-    c
+    cache_with(|cfg| {
+        cfg.backend = FH_BACKEND_MLOCK;
+        cfg.monitor = FH_MONITOR_PATCH_LIBC;
+    })
+    .expect("fh_cache_new")
 }
 
 fn map_unmap() {

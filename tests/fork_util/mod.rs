@@ -6,6 +6,9 @@
 use std::ffi::c_void;
 use std::time::{Duration, Instant};
 
+use firehose::ffi::*;
+use firehose::status::fh_status;
+
 /// A child that needs longer than this is stuck (each does a few system calls and pins).
 pub const CHILD_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -68,4 +71,23 @@ pub fn first_cpu() -> u32 {
 pub fn say(msg: &str) {
     // SAFETY: writing our own bytes to fd 2.
     unsafe { libc::write(2, msg.as_ptr() as *const c_void, msg.len()) };
+}
+
+/// A cache through the C API: `fh_config_init`'s defaults, then what `set` changes.
+pub fn cache_with(set: impl FnOnce(&mut fh_config)) -> Result<*mut fh_cache, fh_status> {
+    let mut cfg = std::mem::MaybeUninit::<fh_config>::uninit();
+    // SAFETY: valid for one fh_config write.
+    let rc = unsafe { fh_config_init(cfg.as_mut_ptr()) };
+    if rc != fh_status::FH_OK {
+        return Err(rc);
+    }
+    // SAFETY: initialised by fh_config_init (FH_OK).
+    let mut cfg = unsafe { cfg.assume_init() };
+    set(&mut cfg);
+    let mut c = std::ptr::null_mut();
+    // SAFETY: a valid config and out pointer.
+    match unsafe { fh_cache_new(&cfg, &mut c) } {
+        fh_status::FH_OK => Ok(c),
+        e => Err(e),
+    }
 }
