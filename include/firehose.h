@@ -557,6 +557,13 @@ typedef struct fh_rma_stats {
      * evicted unused, so pinning would not have paid (`FH_SMALL_PUT_PINS=auto`).
      */
     uint64_t puts_in_move_unpinned;
+    /**
+     * Unmapping threads in libc's heap trimming (from `free`, `malloc_trim`) that stopped waiting
+     * for their revocation because the `fh-revoke` thread showed no progress for
+     * `FH_REVOKE_STALL` (it was most likely blocked on the malloc arena that call holds; the
+     * revocation then finishes in the background, as after a timeout).
+     */
+    uint64_t revoke_stalls;
 } fh_rma_stats;
 
 #ifdef __cplusplus

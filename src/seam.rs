@@ -20,6 +20,14 @@ pub enum UnmapEvent {
     /// caller has not seen the call return yet, but never when the thread is inside the library
     /// (`crate::inside`) or holds a lock the listener's helpers need.
     Done,
+    /// As [`UnmapEvent::Done`], for libc trimming a malloc heap (from `free` or `malloc_trim`):
+    /// its own `madvise(MADV_DONTNEED)` or `mmap(MAP_FIXED)`, or its `munmap` of a whole
+    /// secondary-arena heap (the patched function's return address lies in libc's code). glibc
+    /// holds that arena's mutex across these calls, so a listener that waits here for another
+    /// thread must give up once that thread stops making progress: its next `malloc` may be
+    /// blocked on that very mutex. (libc's other unmaps, such as `free` of an mmapped chunk, hold
+    /// no lock and come as `Done`.)
+    DoneInLibcTrim,
     /// userfaultfd, on the `fh-uffd` reader thread: after the unmap, and the unmapping thread has
     /// already been let go (the kernel releases it once the event is read). Must not wait.
     Late,
@@ -28,20 +36,27 @@ pub enum UnmapEvent {
     Told,
 }
 
+impl UnmapEvent {
+    /// [`UnmapEvent::Done`] or [`UnmapEvent::DoneInLibcTrim`]: the second round of a patched call.
+    pub fn is_done(self) -> bool {
+        matches!(self, UnmapEvent::Done | UnmapEvent::DoneInLibcTrim)
+    }
+}
+
 /// Receives "this range is (about to be) gone" events. See the module docs for the rules.
 pub trait MemoryListener: Send + Sync {
     fn on_unmap(&self, addr: usize, len: usize);
 
-    /// Every event with its kind. The default hands all but [`UnmapEvent::Done`] to
+    /// Every event with its kind. The default hands all but the `Done` kinds to
     /// [`MemoryListener::on_unmap`]: a cache drops its entries before the pages go, and has
     /// nothing left to do after.
     fn on_event(&self, addr: usize, len: usize, ev: UnmapEvent) {
-        if ev != UnmapEvent::Done {
+        if !ev.is_done() {
             self.on_unmap(addr, len);
         }
     }
 
-    /// Whether this listener wants [`UnmapEvent::Done`] events (read once, at subscribe): the
+    /// Whether this listener wants the `Done` events ([`UnmapEvent::is_done`]) (read once, at subscribe): the
     /// hooks skip that second round while no subscribed listener does.
     fn wants_done(&self) -> bool {
         false

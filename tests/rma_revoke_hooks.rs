@@ -119,6 +119,7 @@ fn revocation() -> (Revocation, Fake) {
     let settings = RevokeSettings {
         enabled: true,
         timeout: Duration::from_secs(60),
+        ..RevokeSettings::default()
     };
     let mut r = Revocation::new(settings, 8);
     let f = Fake {

@@ -68,6 +68,11 @@ pub struct fh_rma_stats {
     /// Small puts whose move carried no pins: this rank's firehoses on that peer were being
     /// evicted unused, so pinning would not have paid (`FH_SMALL_PUT_PINS=auto`).
     pub puts_in_move_unpinned: u64,
+    /// Unmapping threads in libc's heap trimming (from `free`, `malloc_trim`) that stopped waiting
+    /// for their revocation because the `fh-revoke` thread showed no progress for
+    /// `FH_REVOKE_STALL` (it was most likely blocked on the malloc arena that call holds; the
+    /// revocation then finishes in the background, as after a timeout).
+    pub revoke_stalls: u64,
 }
 
 /// Starts one operation; `out` NULL makes it implicit (collected by `fh_quiet`).
@@ -305,6 +310,7 @@ pub unsafe extern "C" fn fh_get_rma_stats(ctx: *const fh_ctx, out: *mut fh_rma_s
             revoke_fast_returns: s.revoke.fast_returns,
             revoke_wait_ns: s.revoke.wait_ns,
             revoke_wait_ns_max: s.revoke.wait_ns_max,
+            revoke_stalls: s.revoke.stalls,
             puts_in_move_unpinned: s.fh.puts_in_move_unpinned,
         };
         // SAFETY: non-NULL checked; writable per the contract.

@@ -143,7 +143,7 @@ pub fn notify_guarded(addr: usize, len: usize, ev: UnmapEvent) -> bool {
     let s = match find_or_claim(me()) {
         Found::Nested(s) => {
             // A `Done` only lets listeners wait for their own work: nothing to deliver.
-            if ev != UnmapEvent::Done {
+            if !ev.is_done() {
                 defer(s, addr, addr.saturating_add(len));
             }
             return false;

@@ -9,6 +9,7 @@
 
 use libc::{c_int, c_long, c_void, off_t, size_t};
 
+use super::caller::{self, by_caller};
 use super::guard::notify_guarded;
 use super::maps;
 use super::ranges::{madvise_drops_pages, mmap_replaces, mremap_ranges, page_span, PAGE};
@@ -78,6 +79,24 @@ impl Hooked {
     }
 }
 
+// The entries the patches jump to: each runs its body as libc's call or as anyone else's.
+by_caller!(fh_munmap, munmap_body, (addr: *mut c_void, len: size_t) -> c_int);
+by_caller!(fh_madvise, madvise_body, (addr: *mut c_void, len: size_t, advice: c_int) -> c_int);
+by_caller!(
+    fh_mremap,
+    mremap_body,
+    (old: *mut c_void, old_size: size_t, new_size: size_t, flags: c_int, new_addr: *mut c_void)
+        -> *mut c_void
+);
+by_caller!(
+    fh_mmap,
+    mmap_body,
+    (addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, fd: c_int, off: off_t)
+        -> *mut c_void
+);
+by_caller!(fh_shmdt, shmdt_body, (addr: *const c_void) -> c_int);
+by_caller!(fh_shmat, shmat_body, (id: c_int, addr: *const c_void, flags: c_int) -> *mut c_void);
+
 fn errno_ptr() -> *mut c_int {
     // SAFETY: __errno_location always returns this thread's errno slot.
     unsafe { libc::__errno_location() }
@@ -122,10 +141,16 @@ fn notify(range: Option<(usize, usize)>) -> bool {
 }
 
 /// After the system call: if it succeeded and the listeners heard `Before` for this range, tell
-/// the ones that want it that the pages are gone now.
-fn done(range: Option<(usize, usize)>, ran: bool, ok: bool) {
+/// the ones that want it that the pages are gone now, and whether this was libc trimming a heap
+/// (`trim`: its own `madvise`, `mmap(MAP_FIXED)` or heap `munmap`, see `caller.rs`).
+fn done(range: Option<(usize, usize)>, ran: bool, ok: bool, trim: bool) {
     if ran && ok && done_wanted() {
-        notify_ev(range, UnmapEvent::Done);
+        let ev = if trim {
+            UnmapEvent::DoneInLibcTrim
+        } else {
+            UnmapEvent::Done
+        };
+        notify_ev(range, ev);
     }
 }
 
@@ -134,17 +159,26 @@ fn fail_einval() {
     unsafe { *errno_ptr() = libc::EINVAL };
 }
 
-unsafe extern "C" fn fh_munmap(addr: *mut c_void, len: size_t) -> c_int {
+unsafe extern "C" fn munmap_body<const BY_LIBC: bool>(addr: *mut c_void, len: size_t) -> c_int {
     let range = page_span(addr as usize, len);
     let _w = window(range);
     let ran = notify(range);
     // SAFETY: the caller's own munmap request, passed through unchanged.
     let r = unsafe { libc::syscall(libc::SYS_munmap, addr as c_long, len as c_long) as c_int };
-    done(range, ran, r == 0);
+    done(
+        range,
+        ran,
+        r == 0,
+        BY_LIBC && caller::glibc_heap_block(addr as usize, len),
+    );
     r
 }
 
-unsafe extern "C" fn fh_madvise(addr: *mut c_void, len: size_t, advice: c_int) -> c_int {
+unsafe extern "C" fn madvise_body<const BY_LIBC: bool>(
+    addr: *mut c_void,
+    len: size_t,
+    advice: c_int,
+) -> c_int {
     let range = if madvise_drops_pages(advice) {
         page_span(addr as usize, len)
     } else {
@@ -161,14 +195,14 @@ unsafe extern "C" fn fh_madvise(addr: *mut c_void, len: size_t, advice: c_int) -
             advice as c_long,
         ) as c_int
     };
-    done(range, ran, r == 0);
+    done(range, ran, r == 0, BY_LIBC);
     r
 }
 
 /// `mremap` is variadic in C; on x86_64 the optional fifth argument travels in r8 like a normal
 /// fifth argument, so a plain five-argument function receives it (garbage when not passed, and
 /// then, like glibc, we do not forward it).
-unsafe extern "C" fn fh_mremap(
+unsafe extern "C" fn mremap_body<const BY_LIBC: bool>(
     old: *mut c_void,
     old_size: size_t,
     new_size: size_t,
@@ -202,12 +236,12 @@ unsafe extern "C" fn fh_mremap(
         ) as *mut c_void
     };
     for (range, ran) in ranges.into_iter().zip(ran) {
-        done(range, ran, r != libc::MAP_FAILED);
+        done(range, ran, r != libc::MAP_FAILED, false);
     }
     r
 }
 
-unsafe extern "C" fn fh_mmap(
+unsafe extern "C" fn mmap_body<const BY_LIBC: bool>(
     addr: *mut c_void,
     len: size_t,
     prot: c_int,
@@ -236,7 +270,7 @@ unsafe extern "C" fn fh_mmap(
             off as c_long,
         ) as *mut c_void
     };
-    done(range, ran, r != libc::MAP_FAILED);
+    done(range, ran, r != libc::MAP_FAILED, BY_LIBC);
     r
 }
 
@@ -262,18 +296,22 @@ fn shm_extent(addr: usize) -> Option<(usize, usize)> {
     first.map(|f| (f.start, end - f.start))
 }
 
-unsafe extern "C" fn fh_shmdt(addr: *const c_void) -> c_int {
+unsafe extern "C" fn shmdt_body<const BY_LIBC: bool>(addr: *const c_void) -> c_int {
     // Also when nested (a signal handler's shmdt during a hook): the guard delivers it later.
     let range = shm_extent(addr as usize);
     let _w = window(range);
     let ran = notify(range);
     // SAFETY: pass-through of the caller's request.
     let r = unsafe { libc::syscall(libc::SYS_shmdt, addr as c_long) as c_int };
-    done(range, ran, r == 0);
+    done(range, ran, r == 0, false);
     r
 }
 
-unsafe extern "C" fn fh_shmat(id: c_int, addr: *const c_void, flags: c_int) -> *mut c_void {
+unsafe extern "C" fn shmat_body<const BY_LIBC: bool>(
+    id: c_int,
+    addr: *const c_void,
+    flags: c_int,
+) -> *mut c_void {
     let mut range = None;
     if flags & libc::SHM_REMAP != 0 && !addr.is_null() {
         let mut ds: libc::shmid_ds = unsafe { std::mem::zeroed() };
@@ -305,6 +343,6 @@ unsafe extern "C" fn fh_shmat(id: c_int, addr: *const c_void, flags: c_int) -> *
             flags as c_long,
         ) as *mut c_void
     };
-    done(range, ran, r as isize != -1);
+    done(range, ran, r as isize != -1, false);
     r
 }

@@ -26,12 +26,13 @@
 //! (their order is written there) and tell every listener [`MemoryListener::forked`] in the child.
 //!
 //! Files: `registry.rs` (listener slots), `guard.rs` (re-entrancy), `patch.rs` (code patching),
-//! `hooks.rs` (replacement functions), `ranges.rs` (what range each call invalidates),
+//! `hooks.rs` (replacement functions), `caller.rs` (their entries: libc's own calls told apart), `ranges.rs` (what range each call invalidates),
 //! `maps.rs` (allocation-free /proc/self/maps reader), `unmap_log.rs` (patched unmaps in
 //! flight, for the helper thread's prefetch), `uffd.rs` (userfaultfd; live watches per address
 //! are counted with `crate::range_counts`), `prune_ring.rs` (reader -> watch path,
 //! lock-free: ranges that went away), `switches.rs` (test-only disabling of single paths).
 
+mod caller;
 mod guard;
 mod hooks;
 mod maps;
@@ -45,6 +46,7 @@ pub mod unmap_log;
 
 use std::sync::{Mutex, MutexGuard};
 
+pub use caller::tells_libc_apart;
 pub use hooks::Hooked;
 pub use registry::{
     listener_count, set_listener_limit_for_tests, subscribe, Subscription, MAX_LISTENERS,

@@ -76,6 +76,8 @@ fn patch_one(h: Hooked) -> Result<(), ()> {
     if sym % 8 != 0 {
         return Err(()); // the 8-byte store would not be atomic
     }
+    // Before the first patch is stored: from then on the entries tell libc's calls apart.
+    super::caller::learn_libc_text(sym);
     let tramp = trampoline_near(sym, h.replacement())?;
     let jmp = jmp_rel32(sym, tramp).ok_or(())?;
     store_entry(sym, jmp)

@@ -2,9 +2,13 @@
 //! allocation and no lock, whether the unmapped range touches memory pinned for peers; if it
 //! does, it queues the range for the worker and, when allowed, waits until the revoke is over.
 //!
-//! When it may wait ([`UnmapEvent::Done`] only: after the system call, before the application
-//! sees it return): never on a thread inside the library (`crate::inside`: it may hold a lock the
-//! worker needs), never in a forked child (no worker there), never with a zero timeout.
+//! When it may wait ([`UnmapEvent::Done`] and [`UnmapEvent::DoneInLibcTrim`] only: after the
+//! system call, before the application sees it return): never on a thread inside the library
+//! (`crate::inside`: it may hold a lock the worker needs), never in a forked child (no worker
+//! there), never with a zero timeout. When libc trims a heap (`DoneInLibcTrim`, from `free` or
+//! `malloc_trim`) it holds the arena's mutex, which the worker's next allocation may need, so
+//! there the wait also ends once the worker has shown no progress for `FH_REVOKE_STALL`
+//! (`tests/hook_revoke_malloc_lock.rs`).
 //! `Before` is ignored (the check after the call also catches a pin made during the call);
 //! `Late` (userfaultfd: the unmapping thread is already released) and `Told`
 //! (`fh_notify_unmapped`, documented as never blocking) only queue.
@@ -30,16 +34,17 @@ impl MemoryListener for RevokeListener {
     }
 
     fn on_event(&self, addr: usize, len: usize, ev: UnmapEvent) {
-        let may_wait = match ev {
+        let how = match ev {
             UnmapEvent::Before => return,
             // Whether this thread is inside the library is asked only once the range is known
             // to overlap memory pinned for peers (in `unmapped`): that reads a thread-local,
             // and in a library loaded with dlopen a thread's first touch of those allocates,
             // which must not happen in every hook (see monitor/guard.rs).
-            UnmapEvent::Done => true,
-            UnmapEvent::Late | UnmapEvent::Told => false,
+            UnmapEvent::Done => Wait::Full,
+            UnmapEvent::DoneInLibcTrim => Wait::WhileWorking,
+            UnmapEvent::Late | UnmapEvent::Told => Wait::Never,
         };
-        self.0.unmapped(addr as u64, len as u64, may_wait);
+        self.0.unmapped(addr as u64, len as u64, how);
     }
 
     fn wants_done(&self) -> bool {
@@ -52,9 +57,21 @@ impl MemoryListener for RevokeListener {
     }
 }
 
+/// Whether the unmapping thread may wait for its revoke.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Wait {
+    /// No (queue it and return).
+    Never,
+    /// Until it is done or `FH_REVOKE_TIMEOUT`.
+    Full,
+    /// As `Full`, but no longer than `FH_REVOKE_STALL` without progress of the worker.
+    WhileWorking,
+}
+
 impl Shared {
     /// `[addr, addr + len)` lost its pages. Hook-safe.
-    pub(crate) fn unmapped(&self, addr: u64, len: u64, may_wait: bool) {
+    pub(crate) fn unmapped(&self, addr: u64, len: u64, how: Wait) {
+        let may_wait = how != Wait::Never;
         if self.forked.load(SeqCst) || self.queue.is_closed() {
             return;
         }
@@ -77,9 +94,15 @@ impl Shared {
         }
         self.stats.waits.fetch_add(1, Relaxed);
         let t0 = Instant::now(); // clock_gettime through the vDSO: no allocation
-        if self.queue.wait(ticket, self.settings.timeout) == Waited::TimedOut {
-            self.stats.timeouts.fetch_add(1, Relaxed);
-        }
+        let stall = (how == Wait::WhileWorking).then_some(self.settings.stall);
+        match self
+            .queue
+            .wait_watching(ticket, self.settings.timeout, stall)
+        {
+            Waited::TimedOut => self.stats.timeouts.fetch_add(1, Relaxed),
+            Waited::Stalled => self.stats.stalls.fetch_add(1, Relaxed),
+            Waited::Done | Waited::Closed => 0,
+        };
         let ns = t0.elapsed().as_nanos().min(u64::MAX as u128) as u64;
         self.stats.wait_ns.fetch_add(ns, Relaxed);
         self.stats.wait_ns_max.fetch_max(ns, Relaxed);

@@ -7,11 +7,12 @@
 //! - `pinned.rs`: the ranges pinned for peers, kept by `TargetPins` (inserted before each
 //!   registration, removed after each deregistration), checked by the hook without a lock.
 //! - `listener.rs`: the `MemoryListener`: after a hooked unmap (`UnmapEvent::Done`), if the
-//!   range overlaps, queue it and wait (bounded by `FH_REVOKE_TIMEOUT`).
+//!   range overlaps, queue it and wait (bounded by `FH_REVOKE_TIMEOUT`; in a call libc made
+//!   itself, also by `FH_REVOKE_STALL` without progress of the worker).
 //! - `queue.rs` (+ `futex.rs`): preallocated hook -> worker slots, futex sleeps.
 //! - `worker.rs`: the `fh-revoke` thread: `Firehose::invalidate`, progress until
 //!   `invalidation_done`, wake the waiter.
-//! - `settings.rs`: `FH_REMOTE_INVALIDATION`, `FH_REVOKE_TIMEOUT`.
+//! - `settings.rs`: `FH_REMOTE_INVALIDATION`, `FH_REVOKE_TIMEOUT`, `FH_REVOKE_STALL`.
 //!
 //! Owns: the table, the queue, the worker thread, the subscription. May call: `monitor`
 //! (subscribe), `inside`, `firehose::InvalId`; reaches the `Rma` only through `worker::Driver`.
@@ -40,6 +41,7 @@ pub(crate) struct Counters {
     pub started: AtomicU64,
     pub completed: AtomicU64,
     pub timeouts: AtomicU64,
+    pub stalls: AtomicU64,
     pub waits: AtomicU64,
     pub detached: AtomicU64,
     pub fast_returns: AtomicU64,
@@ -57,6 +59,9 @@ pub struct RevokeStats {
     pub completed: u64,
     /// Unmapping threads that stopped waiting after `FH_REVOKE_TIMEOUT`.
     pub timeouts: u64,
+    /// ... and those in libc's heap trimming that stopped waiting because the worker showed no
+    /// progress for `FH_REVOKE_STALL` (blocked, likely on a lock that libc call holds).
+    pub stalls: u64,
     /// Unmapping threads that waited for a revocation.
     pub waits: u64,
     /// Ranges queued with nobody waiting (library threads, userfaultfd, `fh_notify_unmapped`).
@@ -97,6 +102,7 @@ impl Shared {
             started: s.started.load(Relaxed),
             completed: s.completed.load(Relaxed),
             timeouts: s.timeouts.load(Relaxed),
+            stalls: s.stalls.load(Relaxed),
             waits: s.waits.load(Relaxed),
             detached: s.detached.load(Relaxed),
             fast_returns: s.fast_returns.load(Relaxed),

@@ -49,6 +49,8 @@ pub enum Waited {
     TimedOut,
     /// The queue was closed (the context is going away): nothing more will be revoked.
     Closed,
+    /// The worker showed no progress for the `stall` limit (`wait_watching`).
+    Stalled,
 }
 
 pub struct RevokeQueue {
@@ -60,6 +62,8 @@ pub struct RevokeQueue {
     /// The number of the last request a finished sweep covered: overflow waiters sleep on it.
     sweep_done: AtomicU32,
     closed: AtomicBool,
+    /// The worker's signs of life (`beat`), read by waiters that watch for a stall.
+    beat: AtomicU64,
 }
 
 impl std::fmt::Debug for RevokeQueue {
@@ -81,6 +85,7 @@ impl RevokeQueue {
             sweep_asked: AtomicU32::new(0),
             sweep_done: AtomicU32::new(0),
             closed: AtomicBool::new(false),
+            beat: AtomicU64::new(0),
         }
     }
 
@@ -114,7 +119,39 @@ impl RevokeQueue {
     /// Hook side: sleeps until the ticket's revoke is over, at most `timeout`. A slot is freed
     /// here (or handed to the worker to free). No allocation, no lock.
     pub fn wait(&self, t: Ticket, timeout: Duration) -> Waited {
+        self.wait_watching(t, timeout, None)
+    }
+
+    /// As [`RevokeQueue::wait`], and with `stall`, also gives up (`Stalled`) once the worker has
+    /// not [`RevokeQueue::beat`] for that long: it may be blocked on a lock this thread holds.
+    pub fn wait_watching(&self, t: Ticket, timeout: Duration, stall: Option<Duration>) -> Waited {
         let start = Instant::now();
+        let mut last_beat = (self.beat.load(SeqCst), start);
+        // `Err(why)`: stop waiting now. `Ok(nap)`: sleep at most that long, then look again.
+        let mut look = || -> Result<Duration, Waited> {
+            if self.closed.load(SeqCst) {
+                return Err(Waited::Closed);
+            }
+            let now = Instant::now(); // clock_gettime through the vDSO: no allocation
+            let left = timeout.saturating_sub(now - start);
+            if left.is_zero() {
+                return Err(Waited::TimedOut);
+            }
+            let Some(limit) = stall else {
+                return Ok(left.min(SLICE));
+            };
+            let b = self.beat.load(SeqCst);
+            if b != last_beat.0 {
+                last_beat = (b, now);
+            }
+            if now - last_beat.1 >= limit {
+                return Err(Waited::Stalled);
+            }
+            // A few looks per limit, at most one per millisecond.
+            Ok(left
+                .min(SLICE)
+                .min((limit / 4).max(Duration::from_millis(1))))
+        };
         match t {
             Ticket::Slot(i) => {
                 let s = &self.slots[i];
@@ -124,23 +161,19 @@ impl RevokeQueue {
                         s.state.store(FREE, SeqCst);
                         return Waited::Done;
                     }
-                    let closed = self.closed.load(SeqCst);
-                    let left = timeout.saturating_sub(start.elapsed());
-                    if closed || left.is_zero() {
-                        // Leave it to the worker (or to nobody, once closed).
-                        if s.state
-                            .compare_exchange(st, st | ORPHAN, SeqCst, SeqCst)
-                            .is_ok()
-                        {
-                            return if closed {
-                                Waited::Closed
-                            } else {
-                                Waited::TimedOut
-                            };
+                    match look() {
+                        Ok(nap) => futex::wait(&s.state, st, Some(nap)),
+                        // Leave the slot to the worker (or to nobody, once closed); if the
+                        // worker just finished, take it instead.
+                        Err(why) => {
+                            if s.state
+                                .compare_exchange(st, st | ORPHAN, SeqCst, SeqCst)
+                                .is_ok()
+                            {
+                                return why;
+                            }
                         }
-                        continue; // the worker just finished: take it
                     }
-                    futex::wait(&s.state, st, Some(left.min(SLICE)));
                 }
             }
             Ticket::Sweep(req) => loop {
@@ -148,16 +181,17 @@ impl RevokeQueue {
                 if reached(d, req) {
                     return Waited::Done;
                 }
-                if self.closed.load(SeqCst) {
-                    return Waited::Closed;
+                match look() {
+                    Ok(nap) => futex::wait(&self.sweep_done, d, Some(nap)),
+                    Err(why) => return why,
                 }
-                let left = timeout.saturating_sub(start.elapsed());
-                if left.is_zero() {
-                    return Waited::TimedOut;
-                }
-                futex::wait(&self.sweep_done, d, Some(left.min(SLICE)));
             },
         }
+    }
+
+    /// Worker side: a sign of life, given at every turn of its loop (see `wait_watching`).
+    pub fn beat(&self) {
+        self.beat.fetch_add(1, SeqCst);
     }
 
     /// Worker side: the counter to pass to [`RevokeQueue::sleep`], read *before* looking for
@@ -324,6 +358,61 @@ mod tests {
     }
 
     #[test]
+    fn a_silent_worker_ends_a_watching_wait_a_beating_one_does_not() {
+        let q = Arc::new(RevokeQueue::new(2));
+        let stall = Some(Duration::from_millis(20));
+        // Nobody beats: `Stalled` after the limit, long before the timeout; the slot is orphaned
+        // (the worker frees it later), as after a timeout.
+        let t = q.push(1, 1 ^ 0x5555, false);
+        let t0 = Instant::now();
+        assert_eq!(
+            q.wait_watching(t, Duration::from_secs(10), stall),
+            Waited::Stalled
+        );
+        assert!(t0.elapsed() >= Duration::from_millis(20));
+        assert!(t0.elapsed() < Duration::from_secs(5));
+        assert_eq!(q.busy(), 1);
+        q.take(|_, _, _| {});
+        q.complete(0);
+        assert_eq!(q.busy(), 0);
+        // Zero: gives up at once.
+        let t = q.push(2, 2 ^ 0x5555, false);
+        assert_eq!(
+            q.wait_watching(t, Duration::from_secs(10), Some(Duration::ZERO)),
+            Waited::Stalled
+        );
+        q.take(|_, _, _| {});
+        q.complete(0);
+        // A worker that beats every millisecond and completes after 150 ms (7x the limit).
+        let t = q.push(3, 3 ^ 0x5555, false);
+        let q2 = q.clone();
+        let w = std::thread::spawn(move || {
+            let t0 = Instant::now();
+            let mut taken = vec![];
+            while t0.elapsed() < Duration::from_millis(150) {
+                q2.beat();
+                q2.take(|i, _, _| taken.push(i));
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            for i in taken {
+                q2.complete(i);
+            }
+        });
+        assert_eq!(
+            q.wait_watching(t, Duration::from_secs(10), stall),
+            Waited::Done
+        );
+        w.join().unwrap();
+        assert_eq!(q.busy(), 0);
+        // No watch: a silent worker is waited for until the timeout.
+        let t = q.push(4, 4 ^ 0x5555, false);
+        assert_eq!(
+            q.wait_watching(t, Duration::from_millis(60), None),
+            Waited::TimedOut
+        );
+    }
+
+    #[test]
     fn full_queue_asks_for_a_sweep() {
         let q = RevokeQueue::new(1);
         let a = q.push(1, 1 ^ 0x5555, false);
@@ -384,7 +473,7 @@ mod tests {
                         match q.wait(tk, to) {
                             Waited::Done => done += 1,
                             Waited::TimedOut => assert!(to.is_zero(), "only the zero timeouts"),
-                            Waited::Closed => panic!("not closed"),
+                            Waited::Closed | Waited::Stalled => panic!("not closed, not watching"),
                         }
                     }
                     done

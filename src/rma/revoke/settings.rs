@@ -4,17 +4,28 @@
 //! |--------------------------|----------------------------|---------|---------|
 //! | `FH_REMOTE_INVALIDATION` | `0`/`1` (`no`/`yes`, `off`/`on`) | `1` | revoke peers' firehoses on memory this rank unmaps |
 //! | `FH_REVOKE_TIMEOUT`      | ms, `0..=3600000`          | `1000`  | longest an unmapping thread waits for the revoke; `0`: never wait (revokes still run, asynchronously) |
+//! | `FH_REVOKE_STALL`        | ms, `0..=3600000`          | `50`    | when libc trims a heap (from `free`, `malloc_trim`), stop waiting once the `fh-revoke` thread has shown no progress for this long; `0`: never wait in those |
 //!
 //! Why 1 s: a revoke is one message round trip to each holder plus the release of its in-flight
 //! RDMA (microseconds on a NIC, milliseconds on Soft-RoCE under emulation); a holder that does
 //! not answer within a second is computing without a progress thread, and an application's
 //! `free` should not hang on it for longer. Every rank should use the same values.
+//!
+//! Why a stall limit, and 50 ms: glibc trims heaps from `free`/`malloc_trim` with a malloc
+//! arena's mutex held, and the `fh-revoke` thread allocates: when it needs that arena it cannot
+//! move until the waiting thread returns, so waiting out the timeout would only stall the
+//! application. A working revoke thread shows progress about every millisecond (its naps on the
+//! link are 1 ms), so 50 ms of silence is fifty missed turns. A working thread descheduled that
+//! long on an overloaded host also ends the wait early; that happens only in heap trimming, for
+//! memory the application has already freed, and the revoke then finishes in the background as
+//! after a timeout.
 
 use crate::config::ConfigError;
 use crate::status::{fh_status, FhResult};
 use std::time::Duration;
 
 pub const DEFAULT_TIMEOUT_MS: u64 = 1000;
+pub const DEFAULT_STALL_MS: u64 = 50;
 const MAX_TIMEOUT_MS: u64 = 3_600_000;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -22,6 +33,8 @@ pub struct RevokeSettings {
     pub enabled: bool,
     /// Longest wait of an unmapping thread (zero: never waits).
     pub timeout: Duration,
+    /// When libc trims a heap: longest wait while the worker shows no progress.
+    pub stall: Duration,
 }
 
 impl Default for RevokeSettings {
@@ -29,6 +42,7 @@ impl Default for RevokeSettings {
         RevokeSettings {
             enabled: true,
             timeout: Duration::from_millis(DEFAULT_TIMEOUT_MS),
+            stall: Duration::from_millis(DEFAULT_STALL_MS),
         }
     }
 }
@@ -55,14 +69,21 @@ impl RevokeSettings {
                 _ => return Err(bad("FH_REMOTE_INVALIDATION", &v, "0 or 1")),
             };
         }
-        if let Some(v) = get("FH_REVOKE_TIMEOUT") {
+        let ms = |var: &'static str| -> Result<Option<Duration>, ConfigError> {
+            let Some(v) = get(var) else { return Ok(None) };
             let t = v.trim();
-            let ms = (!t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()))
+            (!t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()))
                 .then(|| t.parse::<u64>().ok())
                 .flatten()
                 .filter(|&n| n <= MAX_TIMEOUT_MS)
-                .ok_or_else(|| bad("FH_REVOKE_TIMEOUT", &v, "milliseconds in 0..=3600000"))?;
-            s.timeout = Duration::from_millis(ms);
+                .map(|n| Some(Duration::from_millis(n)))
+                .ok_or_else(|| bad(var, &v, "milliseconds in 0..=3600000"))
+        };
+        if let Some(d) = ms("FH_REVOKE_TIMEOUT")? {
+            s.timeout = d;
+        }
+        if let Some(d) = ms("FH_REVOKE_STALL")? {
+            s.stall = d;
         }
         Ok(s)
     }
@@ -95,6 +116,11 @@ mod tests {
             with(&[("FH_REVOKE_TIMEOUT", " 250 ")]).unwrap().timeout,
             Duration::from_millis(250)
         );
+        assert_eq!(RevokeSettings::default().stall, Duration::from_millis(50));
+        assert_eq!(
+            with(&[("FH_REVOKE_STALL", "0")]).unwrap().stall,
+            Duration::ZERO
+        );
         for (var, val) in [
             ("FH_REMOTE_INVALIDATION", "2"),
             ("FH_REMOTE_INVALIDATION", ""),
@@ -102,6 +128,8 @@ mod tests {
             ("FH_REVOKE_TIMEOUT", "1s"),
             ("FH_REVOKE_TIMEOUT", "3600001"),
             ("FH_REVOKE_TIMEOUT", ""),
+            ("FH_REVOKE_STALL", "x"),
+            ("FH_REVOKE_STALL", "3600001"),
         ] {
             let e = with(&[(var, val)]).unwrap_err();
             assert_eq!(e.var, var, "{val:?}");

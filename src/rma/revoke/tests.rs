@@ -2,7 +2,7 @@
 //! few progress rounds (or are held back), unpinning the range from the table as the real core
 //! does. The real `Rma` is exercised in the VM (`tests/verbs-suite.d/64-rma-revoke.sh`).
 
-use super::listener::RevokeListener;
+use super::listener::{RevokeListener, Wait};
 use super::*;
 use crate::firehose::InvalId;
 use crate::seam::UnmapEvent;
@@ -112,6 +112,7 @@ fn settings(timeout_ms: u64) -> RevokeSettings {
     RevokeSettings {
         enabled: true,
         timeout: Duration::from_millis(timeout_ms),
+        ..RevokeSettings::default()
     }
 }
 
@@ -148,8 +149,8 @@ fn no_overlap_returns_at_once_and_counts() {
     let base = 0x7100_0000_0000;
     f.pin(base, 0x2000);
     f.hold(true); // a wait would never end
-    r.shared.unmapped(base + 0x2000, 0x1000, true);
-    r.shared.unmapped(base - 0x1000, 0x1000, true);
+    r.shared.unmapped(base + 0x2000, 0x1000, Wait::Full);
+    r.shared.unmapped(base - 0x1000, 0x1000, Wait::Full);
     let s = r.stats();
     assert_eq!((s.fast_returns, s.waits, s.started), (2, 0, 0));
     assert!(f.invalidated().is_empty());
@@ -162,7 +163,7 @@ fn overlap_waits_until_revoked_and_unpinned() {
     f.pin(base, 0x2000);
     f.hold(true);
     let sh = r.shared.clone();
-    let h = std::thread::spawn(move || sh.unmapped(base + 0x1000, 0x1000, true));
+    let h = std::thread::spawn(move || sh.unmapped(base + 0x1000, 0x1000, Wait::Full));
     wait_until("revocation started", || !f.invalidated().is_empty());
     std::thread::sleep(Duration::from_millis(50));
     assert!(
@@ -216,7 +217,7 @@ fn timeout_bounds_the_wait_and_the_revoke_finishes_later() {
     f.pin(base, 0x1000);
     f.hold(true);
     let t = Instant::now();
-    r.shared.unmapped(base, 0x1000, true);
+    r.shared.unmapped(base, 0x1000, Wait::Full);
     let took = t.elapsed();
     assert!(took >= Duration::from_millis(55), "{took:?}");
     assert!(took < Duration::from_secs(10), "{took:?}");
@@ -234,7 +235,7 @@ fn zero_timeout_never_waits() {
     let base = 0x7500_0000_0000;
     f.pin(base, 0x1000);
     f.hold(true);
-    r.shared.unmapped(base, 0x1000, true);
+    r.shared.unmapped(base, 0x1000, Wait::Full);
     let s = r.stats();
     assert_eq!((s.waits, s.detached), (0, 1));
     f.hold(false);
@@ -269,7 +270,7 @@ fn sixteen_threads_each_see_their_range_unpinned() {
                 for k in 0..40u64 {
                     let a = base + (t << 24) + (k << 12);
                     f.pin(a, 0x1000);
-                    sh.unmapped(a, 0x1000, true);
+                    sh.unmapped(a, 0x1000, Wait::Full);
                     assert_eq!(settled(&sh.pinned, a, 0x1000), Overlap::No, "t{t} k{k}");
                 }
             })
@@ -316,7 +317,7 @@ fn stop_releases_a_waiter() {
     f.pin(base, 0x1000);
     f.hold(true);
     let sh = r.shared.clone();
-    let h = std::thread::spawn(move || sh.unmapped(base, 0x1000, true));
+    let h = std::thread::spawn(move || sh.unmapped(base, 0x1000, Wait::Full));
     wait_until("started", || r.stats().started == 1);
     let t = Instant::now();
     r.stop();
@@ -341,14 +342,14 @@ fn fast_path_cost() {
         r.shared.unmapped(
             0x7a00_0000_0000 + (i % 10_000) * 0x40000 + 0x20000,
             0x10000,
-            true,
+            Wait::Full,
         );
     }
     let per = t.elapsed().as_nanos() as f64 / n as f64;
     let empty = Revocation::new(settings(1000), 8);
     let t = Instant::now();
     for i in 0..n {
-        empty.shared.unmapped(i << 12, 0x1000, true);
+        empty.shared.unmapped(i << 12, 0x1000, Wait::Full);
     }
     let per_empty = t.elapsed().as_nanos() as f64 / n as f64;
     println!("fast path: {per:.1} ns with 10000 ranges, {per_empty:.1} ns with none");
@@ -382,7 +383,7 @@ fn a_gone_driver_ends_the_worker_and_frees_waiters() {
     let base = 0x7b00_0000_0000;
     r.pinned().insert(base, 0x1000);
     let t = Instant::now();
-    r.shared.unmapped(base, 0x1000, true);
+    r.shared.unmapped(base, 0x1000, Wait::Full);
     assert!(t.elapsed() < Duration::from_secs(10));
     assert!(r.shared.queue.is_closed());
     assert_eq!(r.stats().timeouts, 0);

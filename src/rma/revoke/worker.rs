@@ -62,6 +62,9 @@ pub(crate) fn run(sh: Arc<Shared>, drv: Box<dyn Driver>) {
     let mut empty_rounds = 0u32;
     let mut last_probe = Instant::now();
     loop {
+        // A sign of life at every turn: a thread waiting in an unmap libc made itself gives up
+        // once these stop (this thread may be blocked on a malloc arena that call holds).
+        sh.queue.beat();
         let seen = sh.queue.work_seq();
         if sh.queue.is_closed() {
             return;
