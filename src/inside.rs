@@ -7,7 +7,9 @@
 //! library's locks (the Firehose engine, the active-message endpoint, the pin-down cache). A
 //! thread inside the library may hold one of them while it frees memory; if it waited there, it
 //! would wait for itself. So a listener never waits on a thread that [`is_inside`]: it only
-//! queues its work.
+//! queues its work. (Except in libc's heap trimming, where reading this thread-local could be its
+//! first touch, which in a library loaded with dlopen allocates under the arena mutex libc holds:
+//! there the revoke listener does not read it, and its wait is bounded by `FH_REVOKE_STALL`.)
 //!
 //! The thread-local is const-initialised and has no destructor, so touching it never allocates
 //! (safe in hook context); during thread teardown it reads as "inside" (never wait then).

@@ -8,7 +8,9 @@
 //! there), never with a zero timeout. When libc trims a heap (`DoneInLibcTrim`, from `free` or
 //! `malloc_trim`) it holds the arena's mutex, which the worker's next allocation may need, so
 //! there the wait also ends once the worker has shown no progress for `FH_REVOKE_STALL`
-//! (`tests/hook_revoke_malloc_lock.rs`).
+//! (`tests/hook_revoke_malloc_lock.rs`). There the `inside` thread-local is not read (a first
+//! touch would allocate under that mutex): any thread but the worker waits, bounded by the stall
+//! limit.
 //! `Before` is ignored (the check after the call also catches a pin made during the call);
 //! `Late` (userfaultfd: the unmapping thread is already released) and `Told`
 //! (`fh_notify_unmapped`, documented as never blocking) only queue.
@@ -69,6 +71,12 @@ pub(crate) enum Wait {
 }
 
 impl Shared {
+    /// Whether the calling thread is the `fh-revoke` worker (no thread-local: `pthread_self`).
+    fn on_worker_thread(&self) -> bool {
+        // SAFETY: no preconditions; reads the thread pointer, no allocation.
+        self.worker_thread.load(SeqCst) == unsafe { libc::pthread_self() } as usize
+    }
+
     /// `[addr, addr + len)` lost its pages. Hook-safe.
     pub(crate) fn unmapped(&self, addr: u64, len: u64, how: Wait) {
         let may_wait = how != Wait::Never;
@@ -78,7 +86,17 @@ impl Shared {
         // Quick tries first; a thread that may wait (asked only now: see `on_event`) spins
         // longer for a contended table.
         let mut seen = self.pinned.overlaps(addr, len, TRIES_QUICK);
-        let may_wait = may_wait && seen != Overlap::No && !crate::inside::is_inside();
+        let may_wait = may_wait
+            && seen != Overlap::No
+            && match how {
+                // libc holds an arena mutex here: this thread's first touch of a thread-local
+                // in a library loaded with dlopen would call malloc and deadlock on it, so the
+                // `inside` flag is not read. A thread inside the library may wait too: if it
+                // holds a lock the worker needs, the worker stops turning and the stall limit
+                // ends the wait. Only the worker itself never waits (it cannot turn meanwhile).
+                Wait::WhileWorking => !self.on_worker_thread(),
+                _ => !crate::inside::is_inside(),
+            };
         if seen == Overlap::Busy && may_wait {
             seen = self.pinned.overlaps(addr, len, TRIES_WAITING);
         }

@@ -21,6 +21,10 @@ struct FakeState {
     done: HashSet<u64>,
     /// Nothing finishes while set.
     hold: bool,
+    /// An unmap the worker makes itself at its next progress (as libc trimming a heap), and how
+    /// long that call took there.
+    worker_unmap: Option<(Arc<Shared>, u64, u64)>,
+    worker_unmap_took: Option<Duration>,
     invalidated: Vec<(u64, u64)>,
 }
 
@@ -71,6 +75,12 @@ impl Driver for Fake {
         Some(self.st.lock().unwrap().done.contains(&id.0))
     }
     fn progress(&self) -> Option<usize> {
+        let unmap = self.st.lock().unwrap().worker_unmap.take();
+        if let Some((sh, a, l)) = unmap {
+            let t = Instant::now();
+            sh.unmapped(a, l, Wait::WhileWorking);
+            self.st.lock().unwrap().worker_unmap_took = Some(t.elapsed());
+        }
         let mut s = self.st.lock().unwrap();
         if s.hold {
             return Some(0);
@@ -207,6 +217,55 @@ fn inside_late_told_and_before_never_wait() {
     f.hold(false);
     wait_until("all done, slots freed", || {
         r.stats().completed == 3 && r.shared.queue.busy() == 0
+    });
+}
+
+/// In libc's heap trimming the `inside` thread-local is not read: a thread inside the library
+/// waits (bounded by the stall limit), and so does one that is not; the worker never does.
+#[test]
+fn trims_wait_inside_the_library_but_never_on_the_worker() {
+    let (r, f) = started(60_000, 8);
+    let base = 0x7380_0000_0000;
+    for i in 0..3 {
+        f.pin(base + i * 0x2000, 0x1000);
+    }
+    let l = RevokeListener(r.shared.clone());
+    {
+        let _in = crate::inside::enter();
+        l.on_event(base as usize, 0x1000, UnmapEvent::DoneInLibcTrim);
+    }
+    let s = r.stats();
+    assert_eq!((s.waits, s.detached, s.completed), (1, 0, 1), "{s:?}");
+    // A worker that keeps turning while its revoke waits 200 ms (4x the stall limit): waited for.
+    f.hold(true);
+    let f2 = f.clone();
+    let release = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(200));
+        f2.hold(false);
+    });
+    let t = Instant::now();
+    l.on_event(base as usize + 0x2000, 0x1000, UnmapEvent::DoneInLibcTrim);
+    let took = t.elapsed();
+    release.join().unwrap();
+    let s = r.stats();
+    assert_eq!((s.waits, s.stalls, s.completed), (2, 0, 2), "{s:?}");
+    assert!(took >= Duration::from_millis(190), "{took:?}");
+    // The worker's own trim: queued, not waited for (it could not turn while waiting).
+    f.st.lock().unwrap().worker_unmap = Some((r.shared.clone(), base + 0x4000, 0x1000));
+    // (The worker calls progress only while a revoke runs: start one, detached.)
+    l.on_event(base as usize + 0x4000, 0x1000, UnmapEvent::Told);
+    wait_until("the worker's unmap ran", || {
+        f.st.lock().unwrap().worker_unmap_took.is_some()
+    });
+    let took = f.st.lock().unwrap().worker_unmap_took.unwrap();
+    let s = r.stats();
+    assert_eq!((s.waits, s.detached, s.stalls), (2, 2, 0), "{s:?}");
+    assert!(
+        took < Duration::from_millis(40),
+        "the worker did not wait: {took:?}"
+    );
+    wait_until("all done, slots freed", || {
+        r.stats().completed == 4 && r.shared.queue.busy() == 0
     });
 }
 
