@@ -19,6 +19,8 @@
 #include "fh_test.h"
 
 #include <inttypes.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #define MAX_RANKS 64
 struct slot {
@@ -87,6 +89,25 @@ int main(void) {
     CHECK_OK(fh_init(NULL, &ctx));
     uint32_t me = fh_rank(ctx), n = fh_size(ctx);
     CHECK(n <= MAX_RANKS);
+    if (getenv("PMIX_RANK")) {
+        /* A forked child cannot bootstrap through its parent's PMIx connection: fh_init there
+         * fails at once (it hung in libpmix, with no progress thread in the child). */
+        pid_t pid = fork();
+        CHECK(pid >= 0);
+        if (pid == 0) {
+            alarm(30);
+            fh_ctx *c2 = NULL;
+            fh_status s = fh_init(NULL, &c2);
+            _exit(s == FH_ERR_BOOTSTRAP && c2 == NULL ? 0 : 1);
+        }
+        int ws = 0;
+        CHECK(waitpid(pid, &ws, 0) == pid);
+        if (!WIFEXITED(ws) || WEXITSTATUS(ws) != 0) {
+            fprintf(stderr, "fh_init in a forked child: %s %d (want a prompt FH_ERR_BOOTSTRAP)\n",
+                    WIFEXITED(ws) ? "exit" : "signal", WIFEXITED(ws) ? WEXITSTATUS(ws) : WTERMSIG(ws));
+            exit(1);
+        }
+    }
     rng ^= (uint64_t)(me + 1) * 0x2545F4914F6CDD1Dull;
     size_t base = env_size("FH_TEST_BUF", 256 << 10);
     size_t ops = env_size("FH_TEST_OPS", 400);

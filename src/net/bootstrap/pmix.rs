@@ -19,7 +19,7 @@ use crate::net::Rank;
 use abi::{Info, Proc, Value, ValueData, PMIX_SUCCESS};
 use dl::PmixFns;
 use std::ffi::{c_char, CString};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Mutex;
 
 /// Collectives issued by this process through PMIx, over all `PmixBootstrap`s: the sequence
@@ -28,6 +28,22 @@ static SEQUENCE: AtomicU64 = AtomicU64::new(0);
 /// One collective at a time per process: a put/commit/fence/get group must not interleave with
 /// another instance's fence, or ranks would pair up different fences.
 static COLLECTIVE: Mutex<()> = Mutex::new(());
+/// The process whose `PMIx_Init` succeeded here (0: none). A forked child inherits libpmix's
+/// state: its `PMIx_Init` returns the parent's identity at once, and its first collective hands
+/// work to the parent's progress thread, which the child does not have, and hangs (or talks on
+/// the parent's connection to the server). So a child is refused before it calls libpmix.
+static INIT_BY: AtomicU32 = AtomicU32::new(0);
+
+/// Why `pid` cannot bootstrap through PMIx when `init_by` initialized it, if it cannot.
+fn forked_from_initialized(init_by: u32, pid: u32) -> Option<BootstrapError> {
+    (init_by != 0 && init_by != pid).then(|| {
+        BootstrapError(format!(
+            "PMIx: this process was forked from process {init_by}, which had initialized PMIx; \
+             the connection to the PMIx server is that process's, so a forked child cannot \
+             bootstrap through it"
+        ))
+    })
+}
 
 /// This process as one rank of a PMIx job.
 pub struct PmixBootstrap {
@@ -50,11 +66,16 @@ impl PmixBootstrap {
     /// job size. Fails (never falls back to a single process) if the library is missing, if
     /// there is no server (`PMIx_Init` error) or the job size is unknown.
     pub fn new() -> Result<PmixBootstrap, BootstrapError> {
+        let pid = std::process::id();
+        if let Some(e) = forked_from_initialized(INIT_BY.load(Ordering::SeqCst), pid) {
+            return Err(e);
+        }
         let fns = dl::pmix().map_err(|e| BootstrapError(format!("PMIx: {e}")))?;
         let mut me = Proc::zeroed();
         // SAFETY: `me` is a valid pmix_proc_t to fill; no info array (NULL, 0).
         let rc = unsafe { (fns.init)(&mut me, std::ptr::null_mut(), 0) };
         check(fns, rc, "PMIx_Init")?;
+        INIT_BY.store(pid, Ordering::SeqCst);
         // From here on, a failure must still finalize: build the value first.
         let mut b = PmixBootstrap { fns, me, size: 0 };
         b.size = b.job_size()?;
@@ -234,5 +255,24 @@ impl Drop for PmixBootstrap {
             // Nothing to return to from drop; the job is ending anyway.
             eprintln!("firehose: PMIx_Finalize: {}", self.fns.describe(rc));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::forked_from_initialized;
+
+    #[test]
+    fn a_child_of_an_initialized_process_is_refused() {
+        assert!(
+            forked_from_initialized(0, 42).is_none(),
+            "nobody initialized"
+        );
+        assert!(
+            forked_from_initialized(42, 42).is_none(),
+            "this process did"
+        );
+        let e = forked_from_initialized(41, 42).expect("the parent did");
+        assert!(e.0.contains("forked from process 41"), "{}", e.0);
     }
 }
