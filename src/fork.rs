@@ -122,6 +122,8 @@ pub(crate) fn generation() -> u64 {
 
 extern "C" fn child() {
     GENERATION.fetch_add(1, Relaxed);
+    // The other threads' slots of "inside the library" go with them (atomics only).
+    crate::inside::fork_child();
     // This handler ran, so the handlers are registered in this process, whatever state a parent
     // thread that was registering them left behind.
     STATE.store(REGISTERED, SeqCst);

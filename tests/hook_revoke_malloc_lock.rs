@@ -78,7 +78,7 @@ impl Driver for Fake {
     }
 }
 
-const STALL: Duration = Duration::from_millis(50);
+const STALL: Duration = Duration::from_millis(100);
 
 /// Patches libc and starts a revocation on a `Fake`; `None` (after a SKIP line) when this build
 /// cannot tell libc's calls apart.
@@ -226,8 +226,8 @@ fn trim_pinned_chunk(pinned: &PinnedRanges) -> Duration {
 }
 
 fn slow_child() {
-    // A revoke takes 300 ms, six times the stall limit, and the worker keeps turning meanwhile.
-    let delay = Duration::from_millis(300);
+    // A revoke takes 400 ms, four times the stall limit, and the worker keeps turning meanwhile.
+    let delay = Duration::from_millis(400);
     let Some((mut r, pinned, _stuck)) = setup(Duration::from_secs(5), delay) else {
         return;
     };

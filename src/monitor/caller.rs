@@ -43,17 +43,18 @@ pub fn learn_libc_text(libc_fn: usize) {
     }
 }
 
-/// Size and alignment of a glibc secondary-arena heap on 64-bit (`HEAP_MAX_SIZE`: twice the
-/// largest mmap threshold, 2 * 32 MiB). glibc deletes a heap whose memory is all free by
-/// unmapping exactly that block, under the arena's mutex.
-const GLIBC_HEAP: usize = 64 << 20;
+/// The smallest glibc secondary-arena heap: `heap_max_size()` is `HEAP_MAX_SIZE` (64 MiB on
+/// 64-bit) by default, and 4 huge pages with `GLIBC_TUNABLES=glibc.malloc.hugetlb=2` (glibc 2.35+:
+/// 8 MiB with 2 MiB pages, 4 GiB with 1 GiB pages). Heaps are aligned to their size.
+const GLIBC_HEAP_MIN: usize = 8 << 20;
 
-/// Whether `[addr, addr + len)` looks like a whole glibc heap: one aligned 64 MiB block. An
-/// `mmap`ped chunk of exactly that size at exactly that alignment would be taken for one too,
-/// which costs nothing unless the revoke worker also stops turning (then that `free` stops
+/// Whether `[addr, addr + len)` looks like a whole glibc heap, which glibc deletes by unmapping
+/// exactly that block under the arena's mutex: a power of two of at least 8 MiB, aligned to its
+/// size. An `mmap`ped chunk of exactly such a size at such an alignment would be taken for one
+/// too, which costs nothing unless the revoke worker also stops turning (then that `free` stops
 /// waiting at `FH_REVOKE_STALL`).
 pub fn glibc_heap_block(addr: usize, len: usize) -> bool {
-    len == GLIBC_HEAP && addr % GLIBC_HEAP == 0
+    len >= GLIBC_HEAP_MIN && len.is_power_of_two() && addr & (len - 1) == 0
 }
 
 /// Whether the hooks tell libc's own calls apart in this build and process (naked functions, and
@@ -154,8 +155,23 @@ mod tests {
     #[test]
     fn heap_blocks() {
         assert!(glibc_heap_block(0x7f00_0000_0000, 64 << 20));
-        assert!(!glibc_heap_block(0x7f00_0000_1000, 64 << 20));
-        assert!(!glibc_heap_block(0x7f00_0000_0000, 32 << 20));
-        assert!(!glibc_heap_block(0x7f00_0000_0000, 128 << 20));
+        assert!(
+            glibc_heap_block(0x7f04_6480_0000, 8 << 20),
+            "hugetlb=2, 2 MiB pages"
+        );
+        assert!(
+            glibc_heap_block(0x7f00_0000_0000, 4 << 30),
+            "hugetlb=2, 1 GiB pages"
+        );
+        assert!(!glibc_heap_block(0x7f00_0000_1000, 64 << 20), "unaligned");
+        assert!(
+            !glibc_heap_block(0x7f04_6440_0000, 8 << 20),
+            "aligned to 4 MiB only"
+        );
+        assert!(!glibc_heap_block(0x7f00_0000_0000, 4 << 20), "too small");
+        assert!(
+            !glibc_heap_block(0x7f00_0000_0000, 48 << 20),
+            "not a power of two"
+        );
     }
 }

@@ -8,9 +8,9 @@
 //! there), never with a zero timeout. When libc trims a heap (`DoneInLibcTrim`, from `free` or
 //! `malloc_trim`) it holds the arena's mutex, which the worker's next allocation may need, so
 //! there the wait also ends once the worker has shown no progress for `FH_REVOKE_STALL`
-//! (`tests/hook_revoke_malloc_lock.rs`). There the `inside` thread-local is not read (a first
-//! touch would allocate under that mutex): any thread but the worker waits, bounded by the stall
-//! limit.
+//! (`tests/hook_revoke_malloc_lock.rs`). Whether the thread is inside the library is read from
+//! `crate::inside`'s table, not from a thread-local (a first touch would allocate, possibly under
+//! that mutex).
 //! `Before` is ignored (the check after the call also catches a pin made during the call);
 //! `Late` (userfaultfd: the unmapping thread is already released) and `Told`
 //! (`fh_notify_unmapped`, documented as never blocking) only queue.
@@ -39,9 +39,8 @@ impl MemoryListener for RevokeListener {
         let how = match ev {
             UnmapEvent::Before => return,
             // Whether this thread is inside the library is asked only once the range is known
-            // to overlap memory pinned for peers (in `unmapped`): that reads a thread-local,
-            // and in a library loaded with dlopen a thread's first touch of those allocates,
-            // which must not happen in every hook (see monitor/guard.rs).
+            // to overlap memory pinned for peers (in `unmapped`): a scan of the table of
+            // `crate::inside`, not needed in every hook.
             UnmapEvent::Done => Wait::Full,
             UnmapEvent::DoneInLibcTrim => Wait::WhileWorking,
             UnmapEvent::Late | UnmapEvent::Told => Wait::Never,
@@ -71,12 +70,6 @@ pub(crate) enum Wait {
 }
 
 impl Shared {
-    /// Whether the calling thread is the `fh-revoke` worker (no thread-local: `pthread_self`).
-    fn on_worker_thread(&self) -> bool {
-        // SAFETY: no preconditions; reads the thread pointer, no allocation.
-        self.worker_thread.load(SeqCst) == unsafe { libc::pthread_self() } as usize
-    }
-
     /// `[addr, addr + len)` lost its pages. Hook-safe.
     pub(crate) fn unmapped(&self, addr: u64, len: u64, how: Wait) {
         let may_wait = how != Wait::Never;
@@ -86,17 +79,7 @@ impl Shared {
         // Quick tries first; a thread that may wait (asked only now: see `on_event`) spins
         // longer for a contended table.
         let mut seen = self.pinned.overlaps(addr, len, TRIES_QUICK);
-        let may_wait = may_wait
-            && seen != Overlap::No
-            && match how {
-                // libc holds an arena mutex here: this thread's first touch of a thread-local
-                // in a library loaded with dlopen would call malloc and deadlock on it, so the
-                // `inside` flag is not read. A thread inside the library may wait too: if it
-                // holds a lock the worker needs, the worker stops turning and the stall limit
-                // ends the wait. Only the worker itself never waits (it cannot turn meanwhile).
-                Wait::WhileWorking => !self.on_worker_thread(),
-                _ => !crate::inside::is_inside(),
-            };
+        let may_wait = may_wait && seen != Overlap::No && !crate::inside::is_inside();
         if seen == Overlap::Busy && may_wait {
             seen = self.pinned.overlaps(addr, len, TRIES_WAITING);
         }
@@ -104,7 +87,10 @@ impl Shared {
             self.stats.fast_returns.fetch_add(1, Relaxed);
             return;
         }
-        let wait = may_wait && !self.settings.timeout.is_zero();
+        // `FH_REVOKE_STALL=0`: never wait in a trim (queued like a library thread's unmap).
+        let wait = may_wait
+            && !self.settings.timeout.is_zero()
+            && !(how == Wait::WhileWorking && self.settings.stall.is_zero());
         let ticket = self.queue.push(addr, len, !wait);
         if !wait {
             self.stats.detached.fetch_add(1, Relaxed);

@@ -32,7 +32,7 @@ pub use worker::Driver;
 
 use crate::monitor::{self, MemoryListener, Subscription};
 use crate::status::{fh_status, FhResult};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
 /// Counters (hook side and worker side).
@@ -83,8 +83,6 @@ pub(crate) struct Shared {
     pub stats: Counters,
     /// Set in the child of a fork: nothing here may be used there.
     pub forked: AtomicBool,
-    /// `pthread_self` of the `fh-revoke` worker (0 before it starts).
-    pub worker_thread: AtomicUsize,
 }
 
 impl Shared {
@@ -95,7 +93,6 @@ impl Shared {
             settings,
             stats: Counters::default(),
             forked: AtomicBool::new(false),
-            worker_thread: AtomicUsize::new(0),
         })
     }
 

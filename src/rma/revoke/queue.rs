@@ -360,7 +360,7 @@ mod tests {
     #[test]
     fn a_silent_worker_ends_a_watching_wait_a_beating_one_does_not() {
         let q = Arc::new(RevokeQueue::new(2));
-        let stall = Some(Duration::from_millis(20));
+        let stall = Some(Duration::from_millis(100));
         // Nobody beats: `Stalled` after the limit, long before the timeout; the slot is orphaned
         // (the worker frees it later), as after a timeout.
         let t = q.push(1, 1 ^ 0x5555, false);
@@ -369,7 +369,7 @@ mod tests {
             q.wait_watching(t, Duration::from_secs(10), stall),
             Waited::Stalled
         );
-        assert!(t0.elapsed() >= Duration::from_millis(20));
+        assert!(t0.elapsed() >= Duration::from_millis(100));
         assert!(t0.elapsed() < Duration::from_secs(5));
         assert_eq!(q.busy(), 1);
         q.take(|_, _, _| {});
@@ -383,13 +383,13 @@ mod tests {
         );
         q.take(|_, _, _| {});
         q.complete(0);
-        // A worker that beats every millisecond and completes after 150 ms (7x the limit).
+        // A worker that beats every millisecond and completes after 400 ms (4x the limit).
         let t = q.push(3, 3 ^ 0x5555, false);
         let q2 = q.clone();
         let w = std::thread::spawn(move || {
             let t0 = Instant::now();
             let mut taken = vec![];
-            while t0.elapsed() < Duration::from_millis(150) {
+            while t0.elapsed() < Duration::from_millis(400) {
                 q2.beat();
                 q2.take(|i, _, _| taken.push(i));
                 std::thread::sleep(Duration::from_millis(1));

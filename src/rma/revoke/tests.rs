@@ -220,13 +220,13 @@ fn inside_late_told_and_before_never_wait() {
     });
 }
 
-/// In libc's heap trimming the `inside` thread-local is not read: a thread inside the library
-/// waits (bounded by the stall limit), and so does one that is not; the worker never does.
+/// A trim waits for a working revoke past the stall limit; a thread inside the library never
+/// waits in one, and neither does the worker itself (it could not turn while waiting).
 #[test]
-fn trims_wait_inside_the_library_but_never_on_the_worker() {
+fn trims_wait_for_working_revokes_but_never_inside_the_library() {
     let (r, f) = started(60_000, 8);
     let base = 0x7380_0000_0000;
-    for i in 0..3 {
+    for i in 0..4 {
         f.pin(base + i * 0x2000, 0x1000);
     }
     let l = RevokeListener(r.shared.clone());
@@ -235,7 +235,7 @@ fn trims_wait_inside_the_library_but_never_on_the_worker() {
         l.on_event(base as usize, 0x1000, UnmapEvent::DoneInLibcTrim);
     }
     let s = r.stats();
-    assert_eq!((s.waits, s.detached, s.completed), (1, 0, 1), "{s:?}");
+    assert_eq!((s.waits, s.detached), (0, 1), "inside: {s:?}");
     // A worker that keeps turning while its revoke waits 200 ms (4x the stall limit): waited for.
     f.hold(true);
     let f2 = f.clone();
@@ -248,24 +248,50 @@ fn trims_wait_inside_the_library_but_never_on_the_worker() {
     let took = t.elapsed();
     release.join().unwrap();
     let s = r.stats();
-    assert_eq!((s.waits, s.stalls, s.completed), (2, 0, 2), "{s:?}");
+    assert_eq!((s.waits, s.stalls), (1, 0), "{s:?}");
     assert!(took >= Duration::from_millis(190), "{took:?}");
-    // The worker's own trim: queued, not waited for (it could not turn while waiting).
+    wait_until("two done", || r.stats().completed == 2);
+    // The worker's own trim: queued, not waited for.
     f.st.lock().unwrap().worker_unmap = Some((r.shared.clone(), base + 0x4000, 0x1000));
     // (The worker calls progress only while a revoke runs: start one, detached.)
-    l.on_event(base as usize + 0x4000, 0x1000, UnmapEvent::Told);
+    l.on_event(base as usize + 0x6000, 0x1000, UnmapEvent::Told);
     wait_until("the worker's unmap ran", || {
         f.st.lock().unwrap().worker_unmap_took.is_some()
     });
     let took = f.st.lock().unwrap().worker_unmap_took.unwrap();
     let s = r.stats();
-    assert_eq!((s.waits, s.detached, s.stalls), (2, 2, 0), "{s:?}");
+    assert_eq!((s.waits, s.detached, s.stalls), (1, 3, 0), "{s:?}");
     assert!(
         took < Duration::from_millis(40),
         "the worker did not wait: {took:?}"
     );
     wait_until("all done, slots freed", || {
         r.stats().completed == 4 && r.shared.queue.busy() == 0
+    });
+}
+
+/// `FH_REVOKE_STALL=0`: a trim never waits (queued, counted as detached, not as a stall).
+#[test]
+fn zero_stall_never_waits_in_a_trim() {
+    let mut r = Revocation::new(
+        RevokeSettings {
+            stall: Duration::ZERO,
+            ..settings(60_000)
+        },
+        8,
+    );
+    let f = Fake::new(r.pinned());
+    r.start(Box::new(f.clone())).unwrap();
+    let base = 0x7390_0000_0000;
+    f.pin(base, 0x1000);
+    f.hold(true);
+    let l = RevokeListener(r.shared.clone());
+    l.on_event(base as usize, 0x1000, UnmapEvent::DoneInLibcTrim);
+    let s = r.stats();
+    assert_eq!((s.waits, s.stalls, s.detached), (0, 0, 1), "{s:?}");
+    f.hold(false);
+    wait_until("done", || {
+        r.stats().completed == 1 && r.shared.queue.busy() == 0
     });
 }
 

@@ -10,7 +10,7 @@
 
 use super::Shared;
 use crate::firehose::InvalId;
-use std::sync::atomic::Ordering::{Relaxed, SeqCst};
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -55,9 +55,6 @@ impl Drop for CloseOnExit<'_> {
 
 pub(crate) fn run(sh: Arc<Shared>, drv: Box<dyn Driver>) {
     crate::inside::mark_thread();
-    // SAFETY: no preconditions. (The listener tells this thread apart without a thread-local.)
-    sh.worker_thread
-        .store(unsafe { libc::pthread_self() } as usize, SeqCst);
     let _close = CloseOnExit(&sh);
     let mut active: Vec<(Job, InvalId)> = Vec::new();
     let mut fresh: Vec<(Job, u64, u64)> = Vec::new();
