@@ -25,6 +25,7 @@ struct fh_preload_stats {
     uint64_t caches; /* live caches: one per protection domain and remote-rights class */
     uint64_t hit_bytes;                              /* bytes of registrations served by hits */
     uint64_t saved_ns; /* estimate: each hit priced by a t = a + b*bytes fit over the misses */
+    uint64_t stale_deregs; /* ibv_dereg_mr/ibv_rereg_mr of a wrapper already deregistered: EINVAL */
 };
 
 /* Copies up to `size` bytes of a snapshot into *out. 0, or -1 if out is NULL or size < 8. */

@@ -31,6 +31,18 @@ fn loaded(name: &CStr) -> bool {
     }
 }
 
+/// Said once, when the default monitor deferred to another library's hooks and userfaultfd is
+/// not running: the shim then caches nothing (`pd_cache::BLIND`). `uffd_errno`: why userfaultfd
+/// is off (0 if it was not asked for).
+pub fn warn_blind(uffd_errno: i32) {
+    eprintln!(
+        "firehose-preload: another library patches libc's unmap functions (UCX, Open MPI or \
+         libfabric) and userfaultfd is unavailable (errno {uffd_errno}): nothing would see the \
+         memory free() gives back, so registrations pass through uncached. FH_MONITOR=patch \
+         patches libc anyway (the other library then misses those events)."
+    );
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

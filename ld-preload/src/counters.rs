@@ -13,6 +13,9 @@ pub struct Counters {
     pub passthrough_reg: AtomicU64,
     /// `ibv_dereg_mr` / `ibv_rereg_mr` of MRs the shim did not create.
     pub passthrough_dereg: AtomicU64,
+    /// `ibv_dereg_mr` / `ibv_rereg_mr` of a wrapper already deregistered (or being deregistered
+    /// by another thread): refused with EINVAL.
+    pub stale_dereg: AtomicU64,
     /// Real registrations the caches made (misses), their total time, and the same for unpins.
     pub real_regs: AtomicU64,
     pub real_reg_ns: AtomicU64,
@@ -30,6 +33,7 @@ pub static COUNTERS: Counters = Counters {
     nested_calls: AtomicU64::new(0),
     passthrough_reg: AtomicU64::new(0),
     passthrough_dereg: AtomicU64::new(0),
+    stale_dereg: AtomicU64::new(0),
     real_regs: AtomicU64::new(0),
     real_reg_ns: AtomicU64::new(0),
     real_deregs: AtomicU64::new(0),

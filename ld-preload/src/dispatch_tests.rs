@@ -95,6 +95,50 @@ fn wrapper_has_the_exact_range_and_a_hit_reuses_the_keys() {
     }
 }
 
+/// A second (or concurrent) `ibv_dereg_mr` of a wrapper is refused: it went to libibverbs, which
+/// deregistered the cached MR other wrappers share (their lkey dead) and freed our slot into
+/// malloc's heap (found by review with a fake libibverbs). Here libibverbs is never reached: the
+/// pinner keeps the shared registration, the other wrapper stays usable.
+#[test]
+fn a_second_dereg_of_a_wrapper_is_refused_and_changes_nothing() {
+    let _s = serial();
+    let mut f = fake_pd(0xC2);
+    let buf = anon(65536);
+    let s0 = snapshot();
+    // SAFETY: a valid (fake) pd whose cache never calls libibverbs; `buf` is mapped.
+    unsafe {
+        let a = ibv_reg_mr(f.ptr(), buf as *mut c_void, 8192, RW);
+        let b = ibv_reg_mr(f.ptr(), buf as *mut c_void, 8192, RW);
+        assert!(!a.is_null() && !b.is_null() && a != b);
+        assert_eq!(ibv_dereg_mr(a), 0);
+        assert_eq!(ibv_dereg_mr(a), libc::EINVAL, "a second dereg");
+        assert_eq!(
+            ibv_rereg_mr(a, 0, std::ptr::null_mut(), std::ptr::null_mut(), 0, 0),
+            IBV_REREG_MR_ERR_INPUT,
+            "a rereg of a deregistered wrapper"
+        );
+        let s1 = snapshot();
+        assert_eq!(s1.stale_deregs - s0.stale_deregs, 2);
+        assert_eq!(
+            s1.passthrough_dereg, s0.passthrough_dereg,
+            "nothing reached libibverbs"
+        );
+        assert_eq!(
+            f.pinner.live_count(),
+            1,
+            "the shared registration is still pinned"
+        );
+        assert_eq!(
+            (*b).addr as usize,
+            buf as usize,
+            "the other wrapper is intact"
+        );
+        assert_eq!(ibv_dereg_mr(b), 0);
+        assert_eq!(snapshot().wrappers_live, s0.wrappers_live);
+        libc::munmap(buf as *mut c_void, 65536);
+    }
+}
+
 #[test]
 fn read_only_registration_does_not_serve_remote_write() {
     let _s = serial();
@@ -233,6 +277,55 @@ fn rereg_moves_the_same_wrapper_and_bad_flags_leave_it_alone() {
     }
 }
 
+/// Pinnable memory is the process's (RLIMIT_MEMLOCK), caches are per domain and rights class:
+/// a registration that finds the limit taken by another cache's idle regions gets them released
+/// and succeeds, instead of failing with ENOMEM although the application holds nothing (found by
+/// review with a fake libibverbs enforcing a memlock budget).
+#[test]
+fn out_of_memory_releases_the_idle_regions_of_every_cache() {
+    let _s = serial();
+    let shared = Arc::new(CountingPinner::new());
+    let mut pd1 = Box::new(IbvPd {
+        context: 0xC7 as *mut c_void,
+        handle: 7,
+    });
+    let mut pd2 = Box::new(IbvPd {
+        context: 0xC7 as *mut c_void,
+        handle: 8,
+    });
+    PdCache::install_for_test(&mut *pd1, shared.clone());
+    PdCache::install_for_test(&mut *pd2, shared.clone());
+    shared.set_budget(Some(8 << 20));
+    let buf = anon(16 << 20);
+    // SAFETY: fake pds whose caches never call libibverbs; `buf` is mapped.
+    unsafe {
+        let a = ibv_reg_mr(&mut *pd1, buf as *mut c_void, 6 << 20, RW);
+        assert!(!a.is_null());
+        assert_eq!(ibv_dereg_mr(a), 0);
+        assert_eq!(shared.live_bytes(), 6 << 20, "kept idle by pd1's cache");
+        let passed = std::cell::Cell::new(0);
+        let b = crate::verbs_hooks::register_for_test(
+            &mut *pd2,
+            buf.add(8 << 20) as *mut c_void,
+            4 << 20,
+            buf as u64 + (8 << 20),
+            RW as u32,
+            || {
+                passed.set(passed.get() + 1);
+                std::ptr::null_mut()
+            },
+        );
+        assert!(!b.is_null(), "served after pd1's idle region was released");
+        assert_eq!(passed.get(), 0, "from the cache, not passed through");
+        assert_eq!(shared.live_bytes(), 4 << 20);
+        assert_eq!(ibv_dereg_mr(b), 0);
+        shared.set_budget(None);
+        pd_cache::drop_pd(&mut *pd1);
+        pd_cache::drop_pd(&mut *pd2);
+        libc::munmap(buf as *mut c_void, 16 << 20);
+    }
+}
+
 #[test]
 fn dropping_a_domain_releases_what_only_the_cache_held() {
     let _s = serial();
@@ -278,10 +371,9 @@ fn uncacheable_and_nested_calls_pass_through_counted_once() {
         assert_eq!(iova, fake_mr, "iova != addr goes to the real function");
         // An application call whose real function re-enters the hook (as libibverbs'
         // ibv_reg_mr does through the PLT): one app call, one nested call.
-        let outer = register_for_test(f.ptr(), buf as *mut c_void, 8192, buf as u64, 0x10, || {
-            register_for_test(f.ptr(), buf as *mut c_void, 8192, buf as u64, 0x10, || {
-                fake_mr
-            })
+        let pd = f.ptr();
+        let outer = register_for_test(pd, buf as *mut c_void, 8192, buf as u64, 0x10, || {
+            register_for_test(pd, buf as *mut c_void, 8192, buf as u64, 0x10, || fake_mr)
         });
         assert_eq!(outer, fake_mr);
         let s1 = snapshot();

@@ -26,7 +26,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use firehose::cache::{Cache, Limits, RangeWatcher, Registration, Stats};
 use firehose::config::Config;
 use firehose::helper::{self, Helper, HelperConfig, Placement};
-use firehose::monitor::{self, MonitorOptions, Subscription, UffdWatcher};
+use firehose::monitor::{self, Hooked, MonitorOptions, Subscription, UffdWatcher};
 use firehose::pin::{Access, PinError, Pinned, Pinner};
 use firehose::status::{fh_status, FhResult};
 
@@ -243,6 +243,20 @@ pub fn drop_pd(pd: *mut IbvPd) {
     }
 }
 
+/// Release the idle registrations of every cache (all domains and rights classes); returns how
+/// many caches there were. Called when a registration ran out of pinnable memory: the limit
+/// (`RLIMIT_MEMLOCK`, the HCA's) is the process's, while each cache evicts only its own.
+pub fn flush_all_idle() -> usize {
+    let caches: Vec<Arc<PdCache>> = pds()
+        .as_ref()
+        .map(|m| m.values().cloned().collect())
+        .unwrap_or_default();
+    for c in &caches {
+        c.flush();
+    }
+    caches.len()
+}
+
 /// Cache counters summed over live and retired caches, and the number of live caches.
 pub fn stats_sum() -> (Stats, u64) {
     let caches: Vec<Arc<PdCache>> = pds()
@@ -315,13 +329,36 @@ fn ensure_monitor() {
         return;
     }
     let m = settings::config().monitor;
-    let patch_libc =
-        m.patch_libc && (settings::monitor_explicit() || !crate::coexist::foreign_patcher_loaded());
-    monitor::install(MonitorOptions {
-        patch_libc,
+    let deferred =
+        m.patch_libc && !settings::monitor_explicit() && crate::coexist::foreign_patcher_loaded();
+    let st = monitor::install(MonitorOptions {
+        patch_libc: m.patch_libc && !deferred,
         userfaultfd: m.userfaultfd,
     });
+    if deferred && !sees_free_unmaps(&st) {
+        BLIND.store(true, Ordering::Release);
+        crate::coexist::warn_blind(st.uffd_errno);
+    }
     DONE.store(true, Ordering::Release);
+}
+
+/// The default monitor left libc's code to another library's hooks (`coexist.rs`) and
+/// userfaultfd is not running either: the unmaps glibc makes inside `free`, `realloc` and
+/// `malloc_trim` reach no cache, so a cached registration of memory `free` gave back would stay a
+/// hit (seen with userfaultfd refused by a seccomp filter, as in containers). Then nothing is
+/// cached: every registration passes through.
+static BLIND: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether the monitor sees the unmaps of glibc's own `free`/`realloc`/`malloc_trim`: libc's
+/// munmap, mremap and madvise patched, or userfaultfd running.
+fn sees_free_unmaps(st: &monitor::MonitorStatus) -> bool {
+    let free_paths = Hooked::Munmap.bit() | Hooked::Mremap.bit() | Hooked::Madvise.bit();
+    st.patched & free_paths == free_paths || st.uffd
+}
+
+/// True when caching is off because nothing would see `free`'s unmaps (see `BLIND`).
+pub fn blind() -> bool {
+    BLIND.load(Ordering::Acquire)
 }
 
 impl PdCache {
@@ -329,6 +366,12 @@ impl PdCache {
         #[cfg(test)]
         if let Some(c) = Self::new_for_test(pd) {
             return c;
+        }
+        if settings::invalidation_enabled() {
+            ensure_monitor();
+            if blind() {
+                return Err(fh_status::FH_ERR_UNSUPPORTED);
+            }
         }
         let cfg = settings::config();
         let pinner = Arc::new(RealPinner::new(pd, real_verbs::get()));
@@ -448,5 +491,30 @@ impl PdCache {
     /// Kernel handle of the live MR with this lkey.
     pub fn mr_handle(&self, lkey: u32) -> u32 {
         self.pinner.as_ref().map_or(0, |p| p.handle_of(lkey))
+    }
+}
+
+#[cfg(test)]
+mod blind_tests {
+    use super::*;
+
+    /// Caching needs libc's free paths patched (munmap, mremap, madvise) or userfaultfd: without
+    /// either, a registration of memory `free` gave back stayed a hit (found by review with
+    /// userfaultfd refused by seccomp next to a foreign patcher).
+    #[test]
+    fn free_unmaps_are_seen_by_the_patch_or_userfaultfd_only() {
+        let all = Hooked::Munmap.bit() | Hooked::Mremap.bit() | Hooked::Madvise.bit();
+        let st = |patched, uffd| monitor::MonitorStatus {
+            patched,
+            uffd,
+            ..Default::default()
+        };
+        assert!(sees_free_unmaps(&st(all, false)));
+        assert!(sees_free_unmaps(&st(0, true)));
+        assert!(!sees_free_unmaps(&st(0, false)), "deferred, no userfaultfd");
+        assert!(
+            !sees_free_unmaps(&st(Hooked::Munmap.bit(), false)),
+            "realloc's mremap and trimming's madvise unseen"
+        );
     }
 }

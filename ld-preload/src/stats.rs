@@ -36,6 +36,8 @@ pub struct FhPreloadStats {
     pub hit_bytes: u64,
     /// Size-aware estimate of the time hits saved (`cost_model.rs`).
     pub saved_ns: u64,
+    /// `ibv_dereg_mr`/`ibv_rereg_mr` of a wrapper already deregistered: refused (EINVAL).
+    pub stale_deregs: u64,
 }
 
 pub const FLAG_ACTIVE: u32 = 1;
@@ -47,7 +49,8 @@ pub fn snapshot() -> FhPreloadStats {
     let ld = |a: &AtomicU64| a.load(Ordering::Relaxed);
     let (cache, pds): (Stats, u64) = crate::pd_cache::stats_sum();
     let mut flags = 0;
-    if !crate::settings::disabled() {
+    // Not when nothing would see free()'s unmaps (`pd_cache::blind`): then nothing is cached.
+    if !crate::settings::disabled() && !crate::pd_cache::blind() {
         flags |= FLAG_ACTIVE;
     }
     if crate::settings::invalidation_enabled() {
@@ -74,6 +77,7 @@ pub fn snapshot() -> FhPreloadStats {
         caches: pds,
         hit_bytes: ld(&c.hit_bytes),
         saved_ns: crate::cost_model::saved_ns(cache.hits, ld(&c.hit_bytes)),
+        stale_deregs: ld(&c.stale_dereg),
     }
 }
 
@@ -155,6 +159,12 @@ pub extern "C" fn print_at_exit() {
             return;
         }
         let mut text = summary(&s);
+        if s.stale_deregs != 0 {
+            text.push_str(&format!(
+                "  refused:       {} ibv_dereg_mr/ibv_rereg_mr of MRs already deregistered (EINVAL)\n",
+                s.stale_deregs
+            ));
+        }
         if let Some(line) = crate::pd_cache::helper_line() {
             text.push_str(&line);
         }

@@ -15,7 +15,7 @@ use firehose::status::fh_status;
 use crate::counters::{bump, COUNTERS};
 use crate::ffi_types::*;
 use crate::guard::Outermost;
-use crate::wrapper::{self, Backing, WrapperMr};
+use crate::wrapper::{self, Backing, Taken, WrapperMr};
 use crate::{pd_cache, real_verbs, settings};
 
 fn set_errno(e: c_int) {
@@ -39,8 +39,17 @@ unsafe fn cached_reg(pd: *mut IbvPd, addr: *mut c_void, len: usize, access: u32)
     let Ok(cache) = pd_cache::for_pd(pd, Access(access)) else {
         return std::ptr::null_mut();
     };
-    let Ok((reg, hit)) = cache.register(addr as usize, len, Access(access)) else {
-        return std::ptr::null_mut();
+    let (reg, hit) = match cache.register(addr as usize, len, Access(access)) {
+        Ok(r) => r,
+        // Out of pinnable memory after this cache evicted its own idle regions: other domains'
+        // and rights classes' caches may hold the rest of the process's limit idle.
+        Err(fh_status::FH_ERR_NO_MEMORY) if pd_cache::flush_all_idle() > 1 => {
+            match cache.register(addr as usize, len, Access(access)) {
+                Ok(r) => r,
+                Err(_) => return std::ptr::null_mut(),
+            }
+        }
+        Err(_) => return std::ptr::null_mut(),
     };
     if hit {
         COUNTERS
@@ -87,7 +96,7 @@ unsafe fn register(
     len: usize,
     iova: u64,
     access: u32,
-    pass: impl FnOnce() -> *mut IbvMr,
+    pass: impl Fn() -> *mut IbvMr,
 ) -> *mut IbvMr {
     let Some(_outer) = Outermost::enter() else {
         bump(&COUNTERS.nested_calls);
@@ -113,7 +122,15 @@ unsafe fn register(
     }
     // Uncacheable, or the cache failed: the real call gives the application the real errno.
     bump(&COUNTERS.passthrough_reg);
-    pass()
+    let mr = pass();
+    // SAFETY: this thread's errno slot.
+    if mr.is_null() && unsafe { *libc::__errno_location() } == libc::ENOMEM && try_cache {
+        // Idle cached registrations count against the same limit: give them back, try again.
+        if pd_cache::flush_all_idle() > 0 {
+            return pass();
+        }
+    }
+    mr
 }
 
 /// `register` for the host tests (a fake `pass`).
@@ -127,7 +144,7 @@ pub unsafe fn register_for_test(
     len: usize,
     iova: u64,
     access: u32,
-    pass: impl FnOnce() -> *mut IbvMr,
+    pass: impl Fn() -> *mut IbvMr,
 ) -> *mut IbvMr {
     // SAFETY: forwarded per the contract.
     unsafe { register(pd, addr, len, iova, access, pass) }
@@ -257,10 +274,17 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut IbvMr) -> c_int {
         // SAFETY: a nested call comes from libibverbs or our backend: a real MR.
         return unsafe { real_dereg(mr) };
     };
-    let Some(mut w) = wrapper::take(mr) else {
-        bump(&COUNTERS.passthrough_dereg);
-        // SAFETY: not a wrapper, so it is whatever libibverbs gave the application.
-        return unsafe { real_dereg(mr) };
+    let mut w = match wrapper::take(mr) {
+        Taken::Wrapper(w) => w,
+        Taken::Stale => {
+            bump(&COUNTERS.stale_dereg);
+            return libc::EINVAL;
+        }
+        Taken::NotOurs => {
+            bump(&COUNTERS.passthrough_dereg);
+            // SAFETY: not a wrapper, so it is whatever libibverbs gave the application.
+            return unsafe { real_dereg(mr) };
+        }
     };
     let backing = std::mem::replace(&mut w.backing, Backing::Real(std::ptr::null_mut()));
     // SAFETY: the wrapper was in the registry, so its backing is live and only it refers to it.
@@ -399,9 +423,17 @@ pub unsafe extern "C" fn ibv_rereg_mr(
     let Some(_outer) = Outermost::enter() else {
         return real();
     };
-    let Some(mut w) = wrapper::take(mr) else {
-        bump(&COUNTERS.passthrough_dereg);
-        return real();
+    let mut w = match wrapper::take(mr) {
+        Taken::Wrapper(w) => w,
+        Taken::Stale => {
+            bump(&COUNTERS.stale_dereg);
+            set_errno(libc::EINVAL);
+            return IBV_REREG_MR_ERR_INPUT;
+        }
+        Taken::NotOurs => {
+            bump(&COUNTERS.passthrough_dereg);
+            return real();
+        }
     };
     // SAFETY: `w` came out of the registry; `pd` is the caller's.
     let r = catch_unwind(AssertUnwindSafe(|| unsafe {

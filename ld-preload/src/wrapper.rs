@@ -10,7 +10,8 @@
 //! takes back one wrapper, and under the VM's emulation a lock, a hash and a malloc/free pair each
 //! cost more than the cache hit itself. Taking a wrapper back is one compare-and-swap on its state
 //! (LIVE -> HELD), which also makes two concurrent `ibv_dereg_mr` of one MR safe: one wins, the
-//! other sees "not ours" as it did with the map. Free slots are kept per thread, with a shared
+//! other finds a slot that is not handed out and fails with EINVAL (it must never reach
+//! libibverbs, which would deregister the cached MR behind it and free our slot). Free slots are kept per thread, with a shared
 //! pool behind them; chunks are never freed (their number is bounded by the peak of live MRs).
 
 use std::cell::{RefCell, UnsafeCell};
@@ -213,13 +214,31 @@ impl Drop for Held {
     }
 }
 
-/// Take the wrapper at `mr` back (`None`: not ours, or not handed out: pass it through).
-pub fn take(mr: *mut IbvMr) -> Option<Held> {
-    let slot = slot_at(mr)?;
-    slot.state
+/// What `take` found at an MR pointer.
+pub enum Taken {
+    /// A wrapper we handed out, now ours to release or hand out again.
+    Wrapper(Held),
+    /// The start of one of our slots that is not handed out: a wrapper already deregistered (a
+    /// second `ibv_dereg_mr`), or being deregistered by another thread right now. It must never
+    /// reach libibverbs: its `handle` is that of a cached MR other wrappers share, and its memory
+    /// is not malloc's.
+    Stale,
+    /// Not ours: an MR libibverbs gave the application.
+    NotOurs,
+}
+
+/// Take the wrapper at `mr` back.
+pub fn take(mr: *mut IbvMr) -> Taken {
+    let Some(slot) = slot_at(mr) else {
+        return Taken::NotOurs;
+    };
+    match slot
+        .state
         .compare_exchange(LIVE, HELD, Ordering::Acquire, Ordering::Relaxed)
-        .ok()?;
-    Some(Held(slot))
+    {
+        Ok(_) => Taken::Wrapper(Held(slot)),
+        Err(_) => Taken::Stale,
+    }
 }
 
 /// Wrappers currently handed out (or held by a call in progress). Scans every slot: for the
@@ -275,14 +294,23 @@ mod tests {
         let mut foreign = dummy(0x2000);
         assert!(!is_wrapper(&mut foreign.mr), "not published: not ours");
         // Inside a slot but not at its start: not ours either.
-        assert!(take((p as usize + 8) as *mut IbvMr).is_none());
-        let w = take(p).expect("ours");
+        assert!(matches!(
+            take((p as usize + 8) as *mut IbvMr),
+            Taken::NotOurs
+        ));
+        let Taken::Wrapper(w) = take(p) else {
+            panic!("ours")
+        };
         assert_eq!(w.mr.addr as usize, 0x1000);
-        assert!(take(p).is_none(), "a second dereg passes through");
+        assert!(
+            matches!(take(p), Taken::Stale),
+            "a second dereg while held: refused, never passed through"
+        );
         let again = w.publish();
         assert_eq!(again, p, "republishing keeps the address (rereg)");
         drop(take(again));
         assert!(!is_wrapper(p), "freed");
+        assert!(matches!(take(p), Taken::Stale), "and after it is freed");
     }
 
     #[test]
@@ -303,7 +331,9 @@ mod tests {
         );
         assert!(live() >= 1000);
         for (i, p) in held.iter().enumerate() {
-            let w = take(*p).expect("ours");
+            let Taken::Wrapper(w) = take(*p) else {
+                panic!("ours")
+            };
             assert_eq!(w.access, i as u32, "each slot kept its own wrapper");
             drop(w);
         }
