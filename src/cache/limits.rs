@@ -129,7 +129,8 @@ impl Cache {
         self.unpin_all(&w, unpins);
     }
 
-    /// Unpin every idle region (also processes pending invalidations). Returns how many.
+    /// Unpin every idle region (also processes pending invalidations, and the regions released
+    /// for the helper thread to unpin: `defer_unpins`). Returns how many.
     pub fn flush(&self) -> usize {
         if self.is_forked() {
             return 0;
@@ -150,6 +151,8 @@ impl Cache {
         self.c.evictions.bump(&w, (unpins.len() - drained) as u64);
         let n = unpins.len();
         self.unpin_all(&w, unpins);
-        n
+        drop(w);
+        // Without the mutex, as the helper does (the queue is multi-consumer).
+        n + self.unpin_deferred()
     }
 }

@@ -139,6 +139,29 @@ fn invalidate_in_use_and_idle_and_old_handle_after_reuse() {
     assert_eq!(pin.bad_unpins(), 0);
 }
 
+/// With a helper (`defer_unpins`), the last release of a detached region leaves its unpin to the
+/// helper's queue; `flush` unpins those too. (It did not: the shim's `ibv_dealloc_pd`, which
+/// flushes first, then failed with EBUSY on a registration only that queue still held; found by
+/// review.)
+#[test]
+fn flush_unpins_what_waits_for_the_helper() {
+    let (pin, c) = cache(1 << 30, 100);
+    c.defer_unpins();
+    let a = c.register(P, P, RW).unwrap();
+    c.invalidate(P, P); // detached while in use
+    c.register(20 * P, P, RW).unwrap(); // any call drains the invalidation
+    c.deregister(a.handle).unwrap(); // last holder: queued for the helper
+    assert_eq!(pin.live_count(), 2, "a waits in the helper's queue");
+    c.flush();
+    assert_eq!(
+        pin.live_count(),
+        1,
+        "flush unpinned a (the other is in use)"
+    );
+    assert_eq!(c.unpin_deferred(), 0, "and left nothing queued");
+    assert_eq!(pin.bad_unpins(), 0);
+}
+
 #[test]
 fn lru_bounds_and_too_large() {
     let (pin, c) = cache(4 * P, 3);
