@@ -28,9 +28,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use firehose::firehose::InvalId;
-use firehose::monitor::{self, MonitorOptions};
-use firehose::rma::revoke::{Driver, PinnedRanges, Revocation, RevokeSettings};
-use monitor_util::{in_child, map, run_in_child, PAGE};
+use firehose::rma::revoke::{Driver, PinnedRanges, Revocation};
+use monitor_util::{
+    in_child, map, patch_libc_telling_callers_apart, revocation, run_in_child, PAGE,
+};
 
 /// Completes every revoke `delay` after it started, at a progress call; allocates per revoke as
 /// the real driver does (a buffer larger than any tcache bin, so the allocation goes to the
@@ -86,25 +87,10 @@ fn setup(
     timeout: Duration,
     delay: Duration,
 ) -> Option<(Revocation, Arc<PinnedRanges>, Arc<Mutex<()>>)> {
-    let st = monitor::install(MonitorOptions {
-        patch_libc: true,
-        userfaultfd: false,
-    });
-    assert_eq!(st.patched, 0b11_1111, "{st:?}");
-    if !monitor::tells_libc_apart() {
-        eprintln!(
-            "SKIP: this build cannot tell libc's own calls apart (needs Rust >= 1.88, x86_64)"
-        );
+    if !patch_libc_telling_callers_apart() {
         return None;
     }
-    let mut r = Revocation::new(
-        RevokeSettings {
-            enabled: true,
-            timeout,
-            stall: STALL,
-        },
-        8,
-    );
+    let mut r = revocation(timeout, STALL);
     let pinned = r.pinned();
     let stuck = Arc::new(Mutex::new(()));
     r.start(Box::new(Fake {

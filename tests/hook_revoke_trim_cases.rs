@@ -22,9 +22,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use firehose::firehose::InvalId;
-use firehose::monitor::{self, MemoryListener, MonitorOptions, UnmapEvent};
-use firehose::rma::revoke::{Driver, PinnedRanges, Revocation, RevokeSettings};
-use monitor_util::{in_child, run_in_child, PAGE};
+use firehose::monitor::{self, MemoryListener, UnmapEvent};
+use firehose::rma::revoke::{Driver, PinnedRanges, Revocation};
+use monitor_util::{in_child, patch_libc_telling_callers_apart, revocation, run_in_child, PAGE};
 
 const STALL: Duration = Duration::from_millis(100);
 const TIMEOUT: Duration = Duration::from_millis(800);
@@ -105,25 +105,10 @@ impl MemoryListener for Rec {
 }
 
 fn setup(blocking: bool) -> Option<(Revocation, Arc<PinnedRanges>, Arc<Mutex<()>>)> {
-    let st = monitor::install(MonitorOptions {
-        patch_libc: true,
-        userfaultfd: false,
-    });
-    assert_eq!(st.patched, 0b11_1111, "{st:?}");
-    if !monitor::tells_libc_apart() {
-        eprintln!(
-            "SKIP: this build cannot tell libc's own calls apart (needs Rust >= 1.88, x86_64)"
-        );
+    if !patch_libc_telling_callers_apart() {
         return None;
     }
-    let mut r = Revocation::new(
-        RevokeSettings {
-            enabled: true,
-            timeout: TIMEOUT,
-            stall: STALL,
-        },
-        8,
-    );
+    let mut r = revocation(TIMEOUT, STALL);
     let pinned = r.pinned();
     let gate = Arc::new(Mutex::new(()));
     r.start(Box::new(Fake {

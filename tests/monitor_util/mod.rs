@@ -148,3 +148,35 @@ pub fn rss() -> usize {
         .unwrap()
         * PAGE
 }
+
+/// Patches libc (every hook must be in) for the revoke tests, and returns whether this build tells
+/// libc's own calls apart (needs naked functions); if not, prints a SKIP line.
+pub fn patch_libc_telling_callers_apart() -> bool {
+    let st = firehose::monitor::install(firehose::monitor::MonitorOptions {
+        patch_libc: true,
+        userfaultfd: false,
+    });
+    assert_eq!(st.patched, 0b11_1111, "{st:?}");
+    if !firehose::monitor::tells_libc_apart() {
+        eprintln!(
+            "SKIP: this build cannot tell libc's own calls apart (needs Rust >= 1.88, x86_64)"
+        );
+        return false;
+    }
+    true
+}
+
+/// A revocation (8 queue slots) with these limits, not started.
+pub fn revocation(
+    timeout: std::time::Duration,
+    stall: std::time::Duration,
+) -> firehose::rma::revoke::Revocation {
+    firehose::rma::revoke::Revocation::new(
+        firehose::rma::revoke::RevokeSettings {
+            enabled: true,
+            timeout,
+            stall,
+        },
+        8,
+    )
+}
