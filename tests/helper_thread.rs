@@ -352,3 +352,19 @@ fn placement_off_says_why() {
     assert_eq!(cache.stats().misses, 1);
     assert_eq!(h.stats().planner.uses, 0);
 }
+
+/// `stop` ends the thread and waits for it while the helper lives on (the shim stops a domain's
+/// helper before the real `ibv_dealloc_pd`, which other threads' lookups may outlive); twice is
+/// fine, and so is the drop after it.
+#[test]
+fn stop_ends_the_thread_and_is_idempotent() {
+    let _g = serial();
+    let (_counting, cache, h) = setup(Duration::ZERO);
+    assert!(h.is_on());
+    h.stop();
+    assert!(!h.is_on(), "the thread has ended");
+    h.stop();
+    let r = cache.register(0x10_0000, 4096, Access(1)).unwrap();
+    cache.deregister(r.handle).unwrap();
+    drop(h);
+}

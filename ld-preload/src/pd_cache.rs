@@ -233,6 +233,7 @@ pub fn drop_pd(pd: *mut IbvPd) {
         }
     });
     for c in gone {
+        c.stop_helper();
         c.flush();
         let s = c.stats();
         let mut r = RETIRED.lock().unwrap_or_else(|e| e.into_inner());
@@ -476,6 +477,13 @@ impl PdCache {
     /// Release every idle registration.
     pub fn flush(&self) {
         self.cache.flush();
+    }
+
+    /// Stop the helper thread for good and wait for it (it may be registering ahead on this
+    /// domain right now): before the real `ibv_dealloc_pd`, while other threads' remembered
+    /// lookups may keep this cache alive.
+    pub fn stop_helper(&self) {
+        self.helper.stop();
     }
 
     pub fn stats(&self) -> Stats {

@@ -141,7 +141,8 @@ pub struct Helper {
     /// The system's page size (events carry page-aligned ranges, as the cache keeps them).
     page: usize,
     shared: Option<Arc<Shared>>,
-    thread: Option<crate::raw_thread::RawThread>,
+    /// Taken by the first `stop` (or the drop).
+    thread: Mutex<Option<crate::raw_thread::RawThread>>,
     pid: u32,
     /// Subscribes `Shared::unmaps` to the monitor's events.
     _unmaps: Option<Subscription>,
@@ -189,7 +190,7 @@ impl Helper {
             min_bytes: usize::MAX,
             page: page_size(),
             shared: None,
-            thread: None,
+            thread: Mutex::new(None),
             pid: std::process::id(),
             _unmaps: None,
         }
@@ -240,7 +241,7 @@ impl Helper {
             min_bytes: cfg.min_bytes.max(1),
             page: page_size(),
             shared: Some(shared),
-            thread: Some(thread),
+            thread: Mutex::new(Some(thread)),
             pid: std::process::id(),
             _unmaps: Some(subscription),
         }
@@ -351,19 +352,43 @@ impl Helper {
     }
 }
 
-impl Drop for Helper {
-    fn drop(&mut self) {
-        let Some(t) = self.thread.take() else { return };
+impl Helper {
+    /// Stops the thread and waits until it has ended (it may be pinning ahead right now), for an
+    /// owner that must be sure nothing runs any more while the helper itself may live on (the
+    /// shim, before the real `ibv_dealloc_pd`: other threads may still hold this cache).
+    /// Idempotent; nothing in a forked child (the thread stayed in the parent).
+    pub fn stop(&self) {
         if self.in_forked_child() {
-            // A forked child: the thread stayed in the parent (and may have held the lock).
-            std::mem::forget(t);
             return;
         }
+        let t = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let Some(t) = t else { return };
         if let Some(s) = &self.shared {
             *s.stop.lock().unwrap_or_else(|e| e.into_inner()) = true;
             s.wake.notify_all();
         }
-        t.join();
+        if t.is_current() {
+            std::mem::forget(t); // dropped by its own thread: it ends when it returns
+        } else {
+            t.join();
+        }
+    }
+}
+
+impl Drop for Helper {
+    fn drop(&mut self) {
+        if self.in_forked_child() {
+            // A forked child: the thread stayed in the parent (and a parent thread may have held
+            // the lock: `get_mut` takes none).
+            let t = self
+                .thread
+                .get_mut()
+                .unwrap_or_else(|e| e.into_inner())
+                .take();
+            std::mem::forget(t);
+            return;
+        }
+        self.stop();
     }
 }
 
