@@ -254,6 +254,19 @@ fn rereg_moves_the_same_wrapper_and_bad_flags_leave_it_alone() {
             no_len, IBV_REREG_MR_ERR_INPUT,
             "translation without a length"
         );
+        let access_unasked = ibv_rereg_mr(
+            m,
+            IBV_REREG_MR_CHANGE_TRANSLATION,
+            std::ptr::null_mut(),
+            buf as *mut c_void,
+            4096,
+            1,
+        );
+        assert_eq!(
+            access_unasked, IBV_REREG_MR_ERR_INPUT,
+            "access rights without CHANGE_ACCESS (rdma-core: EINVAL)"
+        );
+        assert_eq!(((*m).addr, (*m).length), (before.addr, before.length));
         let r = ibv_rereg_mr(
             m,
             IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_ACCESS,

@@ -353,8 +353,10 @@ unsafe fn rereg_wrapper(
         return IBV_REREG_MR_ERR_INPUT;
     }
     let translation = flags & IBV_REREG_MR_CHANGE_TRANSLATION != 0;
+    // As rdma-core: access rights without CHANGE_ACCESS are an input error, not ignored.
     if (translation && (addr.is_null() || len == 0))
         || (flags & IBV_REREG_MR_CHANGE_PD != 0 && pd.is_null())
+        || (access != 0 && flags & IBV_REREG_MR_CHANGE_ACCESS == 0)
     {
         set_errno(libc::EINVAL);
         return IBV_REREG_MR_ERR_INPUT;
