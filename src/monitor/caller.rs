@@ -13,7 +13,8 @@
 //! at thread exit (the dead thread's stack) holds none either, but is rare enough to be counted
 //! with the trims.
 //!
-//! How: each hook's entry ([`by_caller!`]) is a naked stub that compares its return address with
+//! How: the entries of the patched `munmap`, `madvise` and `mmap` ([`by_caller!`]; the other
+//! hooked functions never trim) are naked stubs that compares its return address with
 //! libc's code segment and jumps to one of two instantiations of the hook's body. It uses the
 //! stack as it found it and touches only r11 and the flags, which no caller expects preserved
 //! across a call and which carry no argument, so the body returns straight to the caller. A

@@ -79,23 +79,17 @@ impl Hooked {
     }
 }
 
-// The entries the patches jump to: each runs its body as libc's call or as anyone else's.
+// The entries the patches jump to for the calls glibc makes when it trims a heap: each runs its
+// body as libc's call or as anyone else's. (libc's mremap, shmdt and shmat never trim: their
+// entries are the bodies themselves.)
 by_caller!(fh_munmap, munmap_body, (addr: *mut c_void, len: size_t) -> c_int);
 by_caller!(fh_madvise, madvise_body, (addr: *mut c_void, len: size_t, advice: c_int) -> c_int);
-by_caller!(
-    fh_mremap,
-    mremap_body,
-    (old: *mut c_void, old_size: size_t, new_size: size_t, flags: c_int, new_addr: *mut c_void)
-        -> *mut c_void
-);
 by_caller!(
     fh_mmap,
     mmap_body,
     (addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, fd: c_int, off: off_t)
         -> *mut c_void
 );
-by_caller!(fh_shmdt, shmdt_body, (addr: *const c_void) -> c_int);
-by_caller!(fh_shmat, shmat_body, (id: c_int, addr: *const c_void, flags: c_int) -> *mut c_void);
 
 fn errno_ptr() -> *mut c_int {
     // SAFETY: __errno_location always returns this thread's errno slot.
@@ -202,7 +196,7 @@ unsafe extern "C" fn madvise_body<const BY_LIBC: bool>(
 /// `mremap` is variadic in C; on x86_64 the optional fifth argument travels in r8 like a normal
 /// fifth argument, so a plain five-argument function receives it (garbage when not passed, and
 /// then, like glibc, we do not forward it).
-unsafe extern "C" fn mremap_body<const BY_LIBC: bool>(
+unsafe extern "C" fn fh_mremap(
     old: *mut c_void,
     old_size: size_t,
     new_size: size_t,
@@ -296,7 +290,7 @@ fn shm_extent(addr: usize) -> Option<(usize, usize)> {
     first.map(|f| (f.start, end - f.start))
 }
 
-unsafe extern "C" fn shmdt_body<const BY_LIBC: bool>(addr: *const c_void) -> c_int {
+unsafe extern "C" fn fh_shmdt(addr: *const c_void) -> c_int {
     // Also when nested (a signal handler's shmdt during a hook): the guard delivers it later.
     let range = shm_extent(addr as usize);
     let _w = window(range);
@@ -307,11 +301,7 @@ unsafe extern "C" fn shmdt_body<const BY_LIBC: bool>(addr: *const c_void) -> c_i
     r
 }
 
-unsafe extern "C" fn shmat_body<const BY_LIBC: bool>(
-    id: c_int,
-    addr: *const c_void,
-    flags: c_int,
-) -> *mut c_void {
+unsafe extern "C" fn fh_shmat(id: c_int, addr: *const c_void, flags: c_int) -> *mut c_void {
     let mut range = None;
     if flags & libc::SHM_REMAP != 0 && !addr.is_null() {
         let mut ds: libc::shmid_ds = unsafe { std::mem::zeroed() };
