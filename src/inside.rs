@@ -186,10 +186,11 @@ pub struct Inside {
 #[inline]
 pub fn enter() -> Inside {
     let mut slot = mine();
-    if slot < SLOTS {
-        let d = &TABLE[slot].depth;
-        // Only this thread writes its slot: a load and a store, no locked instruction.
-        d.store(d.load(Relaxed).saturating_add(1), Relaxed);
+    if let Some(s) = TABLE.get(slot) {
+        let d = &s.depth;
+        // Only this thread writes its slot: a load and a store, no locked instruction. (Depths
+        // balance: every entry's guard drops once.)
+        d.store(d.load(Relaxed).wrapping_add(1), Relaxed);
     } else if slot == GONE {
         slot = teardown_entry();
     }
@@ -211,12 +212,21 @@ fn teardown_entry() -> usize {
 impl Drop for Inside {
     #[inline]
     fn drop(&mut self) {
-        if self.slot < SLOTS {
-            let d = &TABLE[self.slot].depth;
-            d.store(d.load(Relaxed).saturating_sub(1), Relaxed);
-        } else if self.slot >= TEARDOWN && self.slot < TEARDOWN + WINDOWS {
-            sub_overflow(self.slot - TEARDOWN);
+        if let Some(slot) = TABLE.get(self.slot) {
+            let d = &slot.depth;
+            d.store(d.load(Relaxed).wrapping_sub(1), Relaxed);
+        } else {
+            teardown_exit(self.slot);
         }
+    }
+}
+
+/// The end of an entry that had no slot (see `teardown_entry`).
+#[cold]
+#[inline(never)]
+fn teardown_exit(slot: usize) {
+    if (TEARDOWN..TEARDOWN + WINDOWS).contains(&slot) {
+        sub_overflow(slot - TEARDOWN);
     }
 }
 
