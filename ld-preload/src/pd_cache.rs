@@ -391,8 +391,7 @@ impl PdCache {
                 pinner: Some(pinner),
             }));
         }
-        ensure_monitor();
-        // A forked child inherits the parent's userfaultfd, whose registrations act on the
+        // (The monitor was installed above.) A forked child inherits the parent's userfaultfd, whose registrations act on the
         // parent's address space: a child relies on the libc hooks alone.
         let watcher: Option<Arc<dyn RangeWatcher>> =
             if cfg.monitor.userfaultfd && !crate::process::in_child() {
