@@ -39,6 +39,7 @@ int main(void) {
         {"FH_MAX_PINNED", "-5"},
         {"FH_MAX_REGIONS", "many"},
         {"FH_BACKEND", "carrier-pigeon"},
+        {"FH_FORK_MODE", "sometimes"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         setenv(bad[i][0], bad[i][1], 1);
@@ -89,6 +90,25 @@ int main(void) {
     CHECK(strlen(fh_version()) >= 5);
     CHECK_OK(fh_print_info(c, 1));
     fh_cache_free(c);
+
+    /* FH_FORK_MODE: keep for mlock by default; followed by a cache made from an explicit config
+     * too (fh_config has no field for it); a bad value refuses that cache as well. */
+    char info[4096];
+    CHECK_OK(fh_cache_new(NULL, &c));
+    CHECK_OK(fh_info(c, info, sizeof info, NULL));
+    CHECK(strstr(info, "fork:          keep") != NULL);
+    fh_cache_free(c);
+    setenv("FH_FORK_MODE", "retire", 1);
+    CHECK_OK(fh_config_init(&cfg));
+    CHECK_OK(fh_cache_new(&cfg, &c));
+    CHECK_OK(fh_info(c, info, sizeof info, NULL));
+    CHECK(strstr(info, "fork:          retire") != NULL);
+    fh_cache_free(c);
+    setenv("FH_FORK_MODE", "never", 1);
+    fh_cache *c3 = NULL;
+    CHECK_STATUS(fh_cache_new(&cfg, &c3), FH_ERR_BAD_CONFIG);
+    CHECK(c3 == NULL);
+    unsetenv("FH_FORK_MODE");
     puts("config_env: ok");
     return 0;
 }

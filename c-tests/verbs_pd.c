@@ -38,6 +38,16 @@ int main(void) {
     CHECK_EQ_U64(s.misses, 1);
     CHECK_OK(fh_deregister(c, b.handle));
     CHECK_OK(fh_print_info(c, 1));
+    /* FH_FORK_MODE=auto follows what libibverbs says of fork (README, "fork and cached
+     * registrations"). */
+    char info[4096];
+    CHECK_OK(fh_info(c, info, sizeof info, NULL));
+    enum ibv_fork_status fs = ibv_is_fork_initialized();
+    const char *want = fs == IBV_FORK_UNNEEDED  ? "fork:          keep"
+                       : fs == IBV_FORK_ENABLED ? "fork:          release"
+                                                : "fork:          retire";
+    printf("verbs_pd: ibv_is_fork_initialized() = %d, expecting \"%s\"\n", (int)fs, want);
+    CHECK(strstr(info, want) != NULL);
     CHECK_OK(fh_cache_finalize(c));
 
     /* No PD given: the library opens a device and a PD of its own. */

@@ -9,11 +9,13 @@
 //! | `FH_HELPER`      | `0`/`1` (`off`/`on`, `no`/`yes`)         | `0` (lazy cache, no helper)      |
 //! | `FH_HELPER_CPU`  | core number, or `auto`                   | `auto` (only with an idle core)  |
 //! | `FH_HELPER_MIN`  | bytes (suffixes as above)                | `16k` (smaller: not tracked)     |
+//! | `FH_FORK_MODE`   | `auto`, `keep`, `release`, `retire`      | `auto` (`pin/fork_mode.rs`)      |
 //!
 //! [1] only when the kernel enforces it: a process with CAP_IPC_LOCK (root) is not limited.
 //!
 //! An invalid value is `FH_ERR_BAD_CONFIG`, with a message naming the variable on stderr.
 
+use crate::pin::fork_mode::{self, ForkSetting};
 use crate::status::{fh_status, FhResult};
 
 /// Which pinning backend to use.
@@ -48,6 +50,9 @@ pub struct Config {
     pub max_regions: usize,
     pub monitor: MonitorFlags,
     pub helper: HelperSettings,
+    /// What caches do around a `fork` (`pin/fork_mode.rs`). Read from the environment only: the
+    /// C `fh_config` has no field for it.
+    pub fork: ForkSetting,
 }
 
 pub const DEFAULT_MAX_REGIONS: usize = 16384;
@@ -99,6 +104,7 @@ impl Default for Config {
                 userfaultfd: true,
             },
             helper: HelperSettings::default(),
+            fork: ForkSetting::Auto,
         }
     }
 }
@@ -163,7 +169,29 @@ impl Config {
                     msg: format!("{v:?} is not a positive byte count (e.g. 16k)"),
                 })?;
         }
+        if let Some(v) = get("FH_FORK_MODE") {
+            c.fork = parse_fork(&v)?;
+        }
         Ok(c)
+    }
+}
+
+fn parse_fork(v: &str) -> Result<ForkSetting, ConfigError> {
+    fork_mode::parse(v).ok_or_else(|| ConfigError {
+        var: "FH_FORK_MODE",
+        msg: format!("{v:?} is not one of auto, keep, release, retire"),
+    })
+}
+
+/// `FH_FORK_MODE` alone (a cache made from an explicit `fh_config` still follows it).
+/// `FH_ERR_BAD_CONFIG`, with the reason on stderr, for a bad value.
+pub fn fork_setting_from_env() -> FhResult<ForkSetting> {
+    match std::env::var("FH_FORK_MODE") {
+        Ok(v) => parse_fork(&v).map_err(|e| {
+            eprintln!("{e}");
+            fh_status::FH_ERR_BAD_CONFIG
+        }),
+        Err(_) => Ok(ForkSetting::Auto),
     }
 }
 
@@ -376,6 +404,12 @@ mod tests {
         );
         let a = with(&[("FH_HELPER", "0"), ("FH_HELPER_CPU", "AUTO")]).unwrap();
         assert!(!a.helper.enabled && a.helper.cpu.is_none());
+        assert_eq!(d.fork, ForkSetting::Auto);
+        let f = with(&[("FH_FORK_MODE", "Retire")]).unwrap();
+        assert_eq!(
+            f.fork,
+            ForkSetting::Fixed(crate::pin::fork_mode::ForkMode::Retire)
+        );
     }
 
     #[test]
@@ -394,6 +428,7 @@ mod tests {
             ("FH_HELPER_CPU", "1024"),
             ("FH_HELPER_CPU", "x"),
             ("FH_HELPER_MIN", "0"),
+            ("FH_FORK_MODE", "flush"),
         ] {
             let e = with(&[(var, val)]).unwrap_err();
             assert_eq!(e.var, var);

@@ -9,6 +9,11 @@
 //! parent's: the child shares the parent's verbs objects), so an inherited cache quarantines
 //! itself and the child builds new ones.
 //!
+//! In the parent, listeners hear of the fork on both sides of it: [`MemoryListener::before_fork`]
+//! first thing in `prepare`, with none of these locks held yet (a cache may deregister there), and
+//! [`MemoryListener::after_fork_in_parent`] last thing in `parent`. What caches do there:
+//! `pin/fork_mode.rs`.
+//!
 //! Lock order. Every path that holds two of these takes them in this order, and `prepare` takes
 //! all of them in it:
 //!
@@ -31,6 +36,8 @@
 //! atfork lock, which a concurrent `fork` holds while its prepare handler waits for our locks.
 //!
 //! [`MemoryListener::forked`]: crate::seam::MemoryListener::forked
+//! [`MemoryListener::before_fork`]: crate::seam::MemoryListener::before_fork
+//! [`MemoryListener::after_fork_in_parent`]: crate::seam::MemoryListener::after_fork_in_parent
 
 use std::any::Any;
 use std::cell::UnsafeCell;
@@ -84,6 +91,9 @@ unsafe impl Sync for Held {}
 static HELD: Held = Held(UnsafeCell::new(None));
 
 extern "C" fn prepare() {
+    // First, with none of our locks held: caches release what must not cross the fork (their
+    // backend calls may reach the hooks, the userfaultfd state and the registry's readers).
+    let _ = std::panic::catch_unwind(|| monitor::each_listener(|l| l.before_fork()));
     let _ = std::panic::catch_unwind(|| {
         let install = monitor::fork_lock_install();
         let uffd = monitor::fork_lock_uffd();
@@ -108,6 +118,7 @@ extern "C" fn parent() {
         // SAFETY: see `Held`; dropping the guards unlocks.
         drop(unsafe { (*HELD.0.get()).take() });
     });
+    let _ = std::panic::catch_unwind(|| monitor::each_listener(|l| l.after_fork_in_parent()));
 }
 
 /// How many forks this process's line has gone through (this process and its ancestors since

@@ -66,6 +66,15 @@ pub trait MemoryListener: Send + Sync {
     /// other threads' locks possibly held forever): must not allocate, lock or call the backend.
     /// A cache quarantines itself here: what it holds belongs to the parent.
     fn forked(&self) {}
+
+    /// Called in the parent before `fork`, from the atfork prepare handler, before the library
+    /// takes its fork locks: may lock and call the backend (other threads still run). A cache
+    /// releases what its `ForkMode` says must not cross the fork (`pin/fork_mode.rs`).
+    fn before_fork(&self) {}
+
+    /// Called in the parent after `fork`, from the atfork parent handler: hook rules (no
+    /// allocation, no lock).
+    fn after_fork_in_parent(&self) {}
 }
 
 /// Told about every range the cache pins and, later, unpins, so a monitor can watch exactly the

@@ -27,6 +27,7 @@ use firehose::cache::{Cache, Limits, RangeWatcher, Registration, Stats};
 use firehose::config::Config;
 use firehose::helper::{self, Helper, HelperConfig, Placement};
 use firehose::monitor::{self, Hooked, MonitorOptions, Subscription, UffdWatcher};
+use firehose::pin::fork_mode;
 use firehose::pin::{Access, PinError, Pinned, Pinner};
 use firehose::status::{fh_status, FhResult};
 
@@ -381,9 +382,13 @@ impl PdCache {
             max_regions: cfg.max_regions,
         };
         let backend = backend(&cfg, Arc::new(Flagging(pinner.clone())));
+        // Registrations here are the application's verbs MRs: what libibverbs says of fork
+        // decides (`FH_FORK_MODE=auto`, the default).
+        let fork = fork_mode::resolve(cfg.fork, true);
         if !settings::invalidation_enabled() {
             // FH_TEST_NO_INVALIDATE: a cache deaf to memory events (tests only).
             let cache = Cache::new(backend, limits, None);
+            cache.set_fork_mode(fork);
             return Ok(Arc::new(PdCache {
                 _events: None,
                 helper: start_helper(&cfg, &cache),
@@ -400,6 +405,7 @@ impl PdCache {
                 None
             };
         let cache = Cache::new(backend, limits, watcher);
+        cache.set_fork_mode(fork);
         Self::subscribed(cache, Some(pinner), &cfg)
     }
 

@@ -25,7 +25,7 @@
 //!   that found it earlier finished before the writer detached it.
 
 use std::cell::UnsafeCell;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use crossbeam_queue::ArrayQueue;
@@ -41,6 +41,7 @@ use super::readers::{ReaderSlot, SLOTS};
 use super::region::Region;
 use super::slab::Slab;
 use super::{Limits, RangeWatcher};
+use crate::pin::fork_mode::ForkMode;
 use crate::pin::Pinner;
 
 #[repr(align(128))]
@@ -138,6 +139,9 @@ pub struct Cache {
     /// With a helper thread: detached regions whose last holder let go, for the helper to unpin
     /// (`ahead.rs`), so `deregister` never calls the backend. Unset without a helper.
     pub(super) deferred: OnceLock<ArrayQueue<usize>>,
+    /// `pin::fork_mode::ForkMode` as its byte: what a `fork` in this process does to the cache
+    /// (`across_fork.rs`). Keep until the cache's maker says otherwise.
+    pub(super) fork_mode: AtomicU8,
 }
 
 // SAFETY: `index` is mutated only by the writer (mutex held + readers excluded, see
@@ -180,6 +184,7 @@ impl Cache {
             handles: Handles::new(),
             c: SlowCounters::default(),
             deferred: OnceLock::new(),
+            fork_mode: AtomicU8::new(ForkMode::Keep as u8),
         })
     }
 

@@ -133,4 +133,12 @@ impl crate::seam::MemoryListener for Cache {
     fn forked(&self) {
         self.quarantine();
     }
+
+    fn before_fork(&self) {
+        self.release_before_fork();
+    }
+
+    fn after_fork_in_parent(&self) {
+        self.retire_after_fork();
+    }
 }

@@ -7,6 +7,7 @@
 //!
 //! (Implementation lives in the sibling files; this file is the public surface.)
 
+mod across_fork;
 mod ahead;
 mod core;
 mod counters;

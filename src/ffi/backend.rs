@@ -14,6 +14,8 @@ use super::types::{FH_BACKEND_AUTO, FH_BACKEND_MLOCK, FH_BACKEND_VERBS};
 pub(crate) struct Backend {
     pub(crate) pinner: Arc<dyn Pinner>,
     pub(crate) detail: String,
+    /// Registrations are shared with a NIC (what a `fork` can break: `pin/fork_mode.rs`).
+    pub(crate) verbs: bool,
 }
 
 /// Builds the backend `backend` (an `FH_BACKEND_*` value, already range-checked).
@@ -45,6 +47,7 @@ fn mlock() -> Backend {
     Backend {
         pinner: Arc::new(MlockPinner::new()),
         detail: "mlock (keys are local cookies, no RDMA)".to_string(),
+        verbs: false,
     }
 }
 
@@ -59,6 +62,7 @@ unsafe fn verbs(pd: *mut c_void) -> FhResult<Backend> {
         Ok(Backend {
             pinner: Arc::new(VerbsPinner::new(own_pd)),
             detail: format!("verbs ({}, own PD)", ctx.name()),
+            verbs: true,
         })
     } else {
         // SAFETY: per the contract, `pd` is a live PD that outlives the pinner (and the cache).
@@ -67,6 +71,7 @@ unsafe fn verbs(pd: *mut c_void) -> FhResult<Backend> {
         Ok(Backend {
             pinner: Arc::new(pinner),
             detail: format!("verbs (caller PD {pd:p})"),
+            verbs: true,
         })
     }
 }

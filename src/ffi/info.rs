@@ -5,6 +5,7 @@ use std::fmt::Write as _;
 
 use crate::helper::{Helper, HelperState};
 use crate::monitor::Hooked;
+use crate::pin::fork_mode::ForkMode;
 use crate::status::fh_status;
 
 use super::cache_object::fh_cache;
@@ -72,6 +73,16 @@ pub(crate) fn render(c: &fh_cache) -> String {
         l.max_regions
     );
     let _ = writeln!(o, "#   monitor asked: {}", monitor.join(", "));
+    let _ = writeln!(
+        o,
+        "#   fork:          {} (FH_FORK_MODE; {})",
+        c.cache.fork_mode().as_str(),
+        match c.cache.fork_mode() {
+            ForkMode::Keep => "a fork leaves the cache alone",
+            ForkMode::Release => "idle registrations are released before a fork",
+            ForkMode::Retire => "idle ones released before a fork, the rest retired after it",
+        }
+    );
     // Live, process-wide state (the monitor is shared by every cache).
     let m = crate::monitor::status();
     let _ = writeln!(o, "#   libc patched:  {}", bit_names(m.patched));

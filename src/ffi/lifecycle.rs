@@ -5,6 +5,7 @@ use std::sync::Arc;
 use crate::cache::{Cache, Limits, RangeWatcher};
 use crate::helper::{self, Helper, HelperConfig, Placement};
 use crate::monitor::{self, MemoryListener, MonitorOptions, UffdWatcher};
+use crate::pin::fork_mode;
 use crate::status::{fh_status, FhResult};
 
 use super::cache_object::fh_cache;
@@ -18,8 +19,10 @@ use super::{backend, config};
 /// # Safety
 /// `cfg.ibv_pd` is NULL or a live `struct ibv_pd *` that outlives the cache.
 pub(crate) unsafe fn build(cfg: fh_config) -> FhResult<Arc<fh_cache>> {
+    let fork = crate::config::fork_setting_from_env()?;
     // SAFETY: forwarded contract on `cfg.ibv_pd`.
     let backend = unsafe { backend::build(cfg.backend, cfg.ibv_pd) }?;
+    let fork = fork_mode::resolve(fork, backend.verbs);
     let opts = MonitorOptions {
         patch_libc: cfg.monitor & FH_MONITOR_PATCH_LIBC != 0,
         userfaultfd: cfg.monitor & FH_MONITOR_USERFAULTFD != 0,
@@ -45,6 +48,7 @@ pub(crate) unsafe fn build(cfg: fh_config) -> FhResult<Arc<fh_cache>> {
         backend.pinner
     };
     let cache = Cache::new(pinner, limits, watcher);
+    cache.set_fork_mode(fork);
     // Always subscribed, so `fh_notify_unmapped` reaches every cache even with no monitor path.
     let subscription = monitor::subscribe(cache.clone() as Arc<dyn MemoryListener>);
     if !subscription.is_active() {

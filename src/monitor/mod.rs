@@ -134,7 +134,8 @@ fn lock_install() -> MutexGuard<'static, ()> {
 
 // For the atfork handlers (`crate::fork`, which has the order).
 pub(crate) use registry::{
-    fork_child as fork_child_listeners, fork_lock as fork_lock_registry, Writers as RegistryWriters,
+    each_listener, fork_child as fork_child_listeners, fork_lock as fork_lock_registry,
+    Writers as RegistryWriters,
 };
 
 /// Lock 1, held across `fork`.

@@ -224,6 +224,13 @@ pub fn done_wanted() -> bool {
 
 /// Fan an event out to every subscribed listener. No allocation, no lock: hook-safe.
 pub fn notify_all(addr: usize, len: usize, ev: UnmapEvent) {
+    each_listener(|l| l.on_event(addr, len, ev));
+}
+
+/// Call `f` on every subscribed listener (no allocation, no lock: hook-safe). For the hooks'
+/// events and the atfork prepare and parent handlers (`crate::fork`).
+#[inline(always)]
+pub(crate) fn each_listener(f: impl Fn(&dyn MemoryListener)) {
     for_each_slot(HIGH.load(SeqCst), |s| {
         // Cheap pre-check so a free slot costs one load, not two RMWs.
         if s.listener.load(SeqCst).is_null() {
@@ -233,7 +240,7 @@ pub fn notify_all(addr: usize, len: usize, ev: UnmapEvent) {
         let raw = s.listener.load(SeqCst);
         if !raw.is_null() {
             // SAFETY: the pointer stays valid while `in_flight` > 0 (see Drop above).
-            unsafe { (*raw).on_event(addr, len, ev) };
+            f(unsafe { &**raw });
         }
         s.in_flight.fetch_sub(1, SeqCst);
     });

@@ -4,6 +4,7 @@
 //! RDMA device (keys are local-only cookies), `counting` is a test double that records every call.
 
 pub mod counting;
+pub mod fork_mode;
 pub mod mlock;
 pub mod null;
 pub mod verbs;

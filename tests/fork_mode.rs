@@ -1,0 +1,287 @@
+//! Registrations a cache keeps, across `fork` in the parent (`FH_FORK_MODE`, `pin/fork_mode.rs`).
+//!
+//! The backend here does to a registered range what libibverbs' fork protection does on a kernel
+//! that does not copy pinned pages at fork: `MADV_DONTFORK` at registration, `MADV_DOFORK` at
+//! deregistration. A buffer the application registered and released, but the cache kept, is then
+//! missing in a child: the child faults where it would have read its data without the cache.
+//!
+//! - `Release` deregisters idle registrations in the atfork prepare handler: the child reads the
+//!   buffer. With `Keep` the same child dies of SIGSEGV (shown here, so the check can fail).
+//! - `Retire` also detaches every cached registration in the parent after the fork: the next
+//!   request for a range pins anew; a registration held across the fork stays valid for its
+//!   holder and is deregistered at its release.
+//! - 16 threads register and release while the main thread forks: no fork hangs, each child still
+//!   reads the buffer released just before its fork, and the pins balance at the end.
+//!
+//! No device: the verbs backends resolve `auto` from libibverbs (unit tests in
+//! `pin/fork_mode.rs`); here the mode is set on the cache.
+
+mod fork_util;
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
+use std::sync::{Arc, Mutex};
+
+use firehose::cache::{Cache, Limits};
+use firehose::monitor::{self, MemoryListener, Subscription};
+use firehose::pin::fork_mode::ForkMode;
+use firehose::pin::{Access, PinError, Pinned, Pinner};
+use fork_util::{fork_run, wait_child};
+
+const LEN: usize = 64 << 10;
+const RW: Access = Access(1 | 2 | 4);
+
+/// Fork protection as libibverbs applies it, plus counts.
+#[derive(Default)]
+struct ForkProtecting {
+    pins: AtomicUsize,
+    unpins: AtomicUsize,
+}
+
+impl ForkProtecting {
+    fn live(&self) -> usize {
+        self.pins.load(SeqCst) - self.unpins.load(SeqCst)
+    }
+}
+
+fn advise(addr: usize, len: usize, advice: libc::c_int) -> i32 {
+    // SAFETY: advice on a range the caller pins or unpins; DONTFORK/DOFORK change no data.
+    unsafe { libc::madvise(addr as *mut libc::c_void, len, advice) }
+}
+
+impl Pinner for ForkProtecting {
+    fn pin(&self, addr: usize, len: usize, _access: Access) -> Result<Pinned, PinError> {
+        if advise(addr, len, libc::MADV_DONTFORK) != 0 {
+            return Err(PinError::Failed(libc::EFAULT));
+        }
+        let n = self.pins.fetch_add(1, SeqCst) as u32 + 1;
+        Ok(Pinned {
+            token: addr,
+            lkey: n,
+            rkey: n,
+        })
+    }
+    fn unpin(&self, _pinned: Pinned, addr: usize, len: usize) {
+        advise(addr, len, libc::MADV_DOFORK);
+        self.unpins.fetch_add(1, SeqCst);
+    }
+    fn name(&self) -> &'static str {
+        "fork-protecting"
+    }
+}
+
+struct Setup {
+    cache: Arc<Cache>,
+    pinner: Arc<ForkProtecting>,
+    _sub: Subscription,
+    _serial: std::sync::MutexGuard<'static, ()>,
+}
+
+/// One test at a time: a fork in one would reach the others' caches.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// A cache in `mode`, subscribed (so the atfork handlers reach it).
+fn setup(mode: ForkMode) -> Setup {
+    let serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let pinner = Arc::new(ForkProtecting::default());
+    let cache = Cache::new(
+        pinner.clone(),
+        Limits {
+            max_pinned: 1 << 30,
+            max_regions: 1 << 12,
+        },
+        None,
+    );
+    cache.set_fork_mode(mode);
+    let sub = monitor::subscribe(cache.clone() as Arc<dyn MemoryListener>);
+    assert!(sub.is_active());
+    Setup {
+        cache,
+        pinner,
+        _sub: sub,
+        _serial: serial,
+    }
+}
+
+/// The raw wait status of child `pid`.
+fn wait_status(pid: libc::pid_t) -> i32 {
+    let mut status = 0;
+    // SAFETY: waiting for our own child (it ends by itself: it reads 64 KiB).
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    status
+}
+
+/// A fresh anonymous mapping of `len` bytes, every byte `fill`.
+fn buffer(len: usize, fill: u8) -> usize {
+    // SAFETY: a fresh private anonymous mapping.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(p, libc::MAP_FAILED);
+    // SAFETY: just mapped, `len` bytes.
+    unsafe { std::ptr::write_bytes(p as *mut u8, fill, len) };
+    p as usize
+}
+
+/// In a child: 0 when every byte of the buffer is `fill` (a missing page faults first).
+fn child_reads(addr: usize, len: usize, fill: u8) -> i32 {
+    // SAFETY: mapped in the parent; in the child only if it was not MADV_DONTFORK.
+    let bytes = unsafe { std::slice::from_raw_parts(addr as *const u8, len) };
+    if bytes.iter().all(|&b| b == fill) {
+        0
+    } else {
+        1
+    }
+}
+
+/// Register and release: the cache keeps the registration (idle).
+fn register_and_release(c: &Cache, addr: usize) {
+    let r = c.register(addr, LEN, RW).expect("register");
+    c.deregister(r.handle).expect("deregister");
+}
+
+#[test]
+fn release_gives_a_child_the_pages_of_idle_registrations() {
+    let s = setup(ForkMode::Release);
+    let buf = buffer(LEN, 0x5a);
+    register_and_release(&s.cache, buf);
+    assert_eq!(s.pinner.live(), 1, "cached while idle");
+    let pid = fork_run(|| child_reads(buf, LEN, 0x5a));
+    wait_child(pid).expect("the child reads the released buffer");
+    assert_eq!(s.pinner.live(), 0, "deregistered before the fork");
+    assert_eq!(s.cache.stats().regions, 0);
+    // The cache still serves the parent: a miss, then cached again.
+    register_and_release(&s.cache, buf);
+    assert_eq!(s.pinner.pins.load(SeqCst), 2);
+    assert_eq!(s.pinner.live(), 1);
+}
+
+#[test]
+fn keep_leaves_the_child_without_them() {
+    // What `Release` is for: with the registration kept, the child has no page there.
+    let s = setup(ForkMode::Keep);
+    let buf = buffer(LEN, 0x3c);
+    register_and_release(&s.cache, buf);
+    let pid = fork_run(|| child_reads(buf, LEN, 0x3c));
+    let status = wait_status(pid);
+    assert!(
+        libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGSEGV,
+        "the child must fault on the DONTFORK range: status {status:#x}"
+    );
+    assert_eq!(s.pinner.live(), 1, "Keep leaves the cache alone");
+    let r = s.cache.register(buf, LEN, RW).expect("hit");
+    assert_eq!(s.pinner.pins.load(SeqCst), 1, "still a hit after the fork");
+    s.cache.deregister(r.handle).unwrap();
+}
+
+/// A held registration `a` and an idle one `b` across a fork; then both requested again.
+/// Returns (pins made after the fork, unpins made after the fork).
+fn across_fork(mode: ForkMode) -> (usize, usize, Setup) {
+    let s = setup(mode);
+    let (a, b) = (buffer(LEN, 1), buffer(LEN, 2));
+    let held = s.cache.register(a, LEN, RW).unwrap();
+    register_and_release(&s.cache, b);
+    let pid = fork_run(|| 0);
+    wait_child(pid).unwrap();
+    let (pins, unpins) = (s.pinner.pins.load(SeqCst), s.pinner.unpins.load(SeqCst));
+    let again = s.cache.register(a, LEN, RW).unwrap();
+    register_and_release(&s.cache, b);
+    // The holder's keys from before the fork are still its own until it releases them.
+    s.cache.deregister(held.handle).unwrap();
+    s.cache.deregister(again.handle).unwrap();
+    (
+        s.pinner.pins.load(SeqCst) - pins,
+        s.pinner.unpins.load(SeqCst) - unpins,
+        s,
+    )
+}
+
+#[test]
+fn retire_makes_the_parent_pin_anew_after_the_fork() {
+    let (pins, unpins, s) = across_fork(ForkMode::Retire);
+    assert_eq!(pins, 2, "both ranges pinned anew after the fork");
+    assert_eq!(
+        unpins, 1,
+        "the held one, retired, deregistered at its release"
+    );
+    assert_eq!(s.pinner.live(), 2, "the new ones are cached");
+    assert_eq!(s.cache.stats().regions, 2);
+    assert!(s.cache.stats().invalidations >= 1);
+}
+
+#[test]
+fn release_keeps_held_registrations_in_the_cache() {
+    let (pins, unpins, s) = across_fork(ForkMode::Release);
+    assert_eq!(
+        pins, 1,
+        "only the idle one, released before the fork, is pinned again"
+    );
+    assert_eq!(unpins, 0);
+    assert_eq!(s.pinner.live(), 2);
+}
+
+#[test]
+fn forks_while_sixteen_threads_register() {
+    const THREADS: usize = 16;
+    const FORKS: usize = 40;
+    let s = setup(ForkMode::Release);
+    let stop = Arc::new(AtomicBool::new(false));
+    let bufs: Vec<usize> = (0..THREADS * 4).map(|i| buffer(LEN, i as u8)).collect();
+    let errors = Arc::new(Mutex::new(Vec::<String>::new()));
+    let workers: Vec<_> = (0..THREADS)
+        .map(|t| {
+            let (c, stop, errors) = (s.cache.clone(), stop.clone(), errors.clone());
+            let mine: Vec<usize> = bufs[t * 4..t * 4 + 4].to_vec();
+            std::thread::spawn(move || {
+                let mut i = t;
+                while !stop.load(SeqCst) {
+                    i = i.wrapping_mul(6364136223846793005).wrapping_add(1);
+                    let addr = mine[(i >> 40) % 4];
+                    match c.register(addr, LEN, RW) {
+                        Ok(r) => {
+                            if r.lkey == 0 {
+                                errors.lock().unwrap().push(format!("lkey 0 for {addr:#x}"));
+                            }
+                            c.deregister(r.handle).unwrap();
+                        }
+                        Err(e) => errors.lock().unwrap().push(format!("register: {e:?}")),
+                    }
+                }
+            })
+        })
+        .collect();
+    let mine = buffer(LEN, 0x77);
+    for _ in 0..FORKS {
+        register_and_release(&s.cache, mine);
+        let pid = fork_run(|| child_reads(mine, LEN, 0x77));
+        if let Err(e) = wait_child(pid) {
+            errors.lock().unwrap().push(format!("child: {e}"));
+        }
+    }
+    stop.store(true, SeqCst);
+    for w in workers {
+        w.join().unwrap();
+    }
+    let errors = errors.lock().unwrap();
+    assert!(
+        errors.is_empty(),
+        "{} errors, first: {:?}",
+        errors.len(),
+        errors.first()
+    );
+    let st = s.cache.stats();
+    assert_eq!(st.in_use, 0);
+    assert_eq!(
+        s.pinner.live() as u64,
+        st.regions,
+        "every pin is cached or undone"
+    );
+    s.cache.flush();
+    assert_eq!(s.pinner.live(), 0);
+}
