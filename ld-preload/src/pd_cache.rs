@@ -20,7 +20,7 @@
 //! uncached.
 
 use std::cell::RefCell;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use firehose::cache::{Cache, Limits, RangeWatcher, Registration, Stats};
@@ -280,6 +280,20 @@ pub fn stats_sum() -> (Stats, u64) {
 
 /// The helper threads' line for the `FH_STATS` summary (`None` without `FH_HELPER=1`): summed
 /// over the live caches, or why the first one stayed off.
+/// The fork mode the caches were made with (`FH_FORK_MODE`, resolved once per cache; the same for
+/// all), as its byte; `NO_CACHE_YET` before the first.
+static FORK_MODE: AtomicU8 = AtomicU8::new(NO_CACHE_YET);
+const NO_CACHE_YET: u8 = u8::MAX;
+
+/// The `FH_STATS` line of the fork mode, once a cache was made (they may all be gone by exit).
+pub fn fork_line() -> Option<String> {
+    let m = FORK_MODE.load(Ordering::Relaxed);
+    (m != NO_CACHE_YET).then(|| {
+        let mode = fork_mode::ForkMode::from_u8(m);
+        format!("  fork:          {} (FH_FORK_MODE)\n", mode.as_str())
+    })
+}
+
 pub fn helper_line() -> Option<String> {
     if !settings::config().helper.enabled {
         return None;
@@ -385,6 +399,7 @@ impl PdCache {
         // Registrations here are the application's verbs MRs: what libibverbs says of fork
         // decides (`FH_FORK_MODE=auto`, the default).
         let fork = fork_mode::resolve(cfg.fork, true);
+        FORK_MODE.store(fork as u8, Ordering::Relaxed);
         if !settings::invalidation_enabled() {
             // FH_TEST_NO_INVALIDATE: a cache deaf to memory events (tests only).
             let cache = Cache::new(backend, limits, None);

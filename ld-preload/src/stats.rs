@@ -165,6 +165,9 @@ pub extern "C" fn print_at_exit() {
                 s.stale_deregs
             ));
         }
+        if let Some(line) = crate::pd_cache::fork_line() {
+            text.push_str(&line);
+        }
         if let Some(line) = crate::pd_cache::helper_line() {
             text.push_str(&line);
         }
