@@ -93,7 +93,10 @@ static HELD: Held = Held(UnsafeCell::new(None));
 extern "C" fn prepare() {
     // First, with none of our locks held: caches release what must not cross the fork (their
     // backend calls may reach the hooks, the userfaultfd state and the registry's readers).
-    let _ = std::panic::catch_unwind(|| monitor::each_listener(|l| l.before_fork()));
+    monitor::each_listener(|l| {
+        // Each on its own: a panic in one cache's backend must not spare the others.
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| l.before_fork()));
+    });
     let _ = std::panic::catch_unwind(|| {
         let install = monitor::fork_lock_install();
         let uffd = monitor::fork_lock_uffd();
@@ -118,7 +121,9 @@ extern "C" fn parent() {
         // SAFETY: see `Held`; dropping the guards unlocks.
         drop(unsafe { (*HELD.0.get()).take() });
     });
-    let _ = std::panic::catch_unwind(|| monitor::each_listener(|l| l.after_fork_in_parent()));
+    monitor::each_listener(|l| {
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| l.after_fork_in_parent()));
+    });
 }
 
 /// How many forks this process's line has gone through (this process and its ancestors since

@@ -10,8 +10,12 @@
 //! - `Retire` also detaches every cached registration in the parent after the fork: the next
 //!   request for a range pins anew; a registration held across the fork stays valid for its
 //!   holder and is deregistered at its release.
-//! - 16 threads register and release while the main thread forks: no fork hangs, each child still
-//!   reads the buffer released just before its fork, and the pins balance at the end.
+//! - 16 threads register and release while the main thread forks (release and retire): no fork
+//!   hangs, each child still reads the buffer released just before its fork, and the pins balance
+//!   at the end.
+//! - With the helper thread, a region it is deregistering when the fork comes is waited for.
+//! - A backend that panics in the prepare handler leaves the registry usable (found by review:
+//!   the cache's unsubscribe then waited forever).
 //!
 //! No device: the verbs backends resolve `auto` from libibverbs (unit tests in
 //! `pin/fork_mode.rs`); here the mode is set on the cache.
@@ -20,21 +24,28 @@ mod fork_util;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use firehose::cache::{Cache, Limits};
+use firehose::helper::{self, Helper, HelperConfig, Placement};
 use firehose::monitor::{self, MemoryListener, Subscription};
 use firehose::pin::fork_mode::ForkMode;
 use firehose::pin::{Access, PinError, Pinned, Pinner};
-use fork_util::{fork_run, wait_child};
+use fork_util::{first_cpu, fork_run, say, wait_child};
 
 const LEN: usize = 64 << 10;
 const RW: Access = Access(1 | 2 | 4);
 
-/// Fork protection as libibverbs applies it, plus counts.
+/// Fork protection as libibverbs applies it, plus counts. The unpin of `slow_addr` takes
+/// 300 ms (a big MR's deregistration) and says when it started; with `panic_next` set, the
+/// next unpin panics (after applying nothing).
 #[derive(Default)]
 struct ForkProtecting {
     pins: AtomicUsize,
     unpins: AtomicUsize,
+    slow_addr: AtomicUsize,
+    slow_started: AtomicBool,
+    panic_next: AtomicBool,
 }
 
 impl ForkProtecting {
@@ -61,6 +72,13 @@ impl Pinner for ForkProtecting {
         })
     }
     fn unpin(&self, _pinned: Pinned, addr: usize, len: usize) {
+        if self.panic_next.swap(false, SeqCst) {
+            panic!("the backend failed to unpin");
+        }
+        if addr == self.slow_addr.load(SeqCst) {
+            self.slow_started.store(true, SeqCst);
+            std::thread::sleep(Duration::from_millis(300));
+        }
         advise(addr, len, libc::MADV_DOFORK);
         self.unpins.fetch_add(1, SeqCst);
     }
@@ -81,10 +99,20 @@ static SERIAL: Mutex<()> = Mutex::new(());
 
 /// A cache in `mode`, subscribed (so the atfork handlers reach it).
 fn setup(mode: ForkMode) -> Setup {
+    setup_with(mode, false)
+}
+
+/// `setup`, with the backend wrapped for a helper thread (`helped`; the caller starts it).
+fn setup_with(mode: ForkMode, helped: bool) -> Setup {
     let serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let pinner = Arc::new(ForkProtecting::default());
+    let backend: Arc<dyn Pinner> = if helped {
+        helper::wrap_backend(pinner.clone())
+    } else {
+        pinner.clone()
+    };
     let cache = Cache::new(
-        pinner.clone(),
+        backend,
         Limits {
             max_pinned: 1 << 30,
             max_regions: 1 << 12,
@@ -100,6 +128,26 @@ fn setup(mode: ForkMode) -> Setup {
         _sub: sub,
         _serial: serial,
     }
+}
+
+/// Ends the whole test process (exit 42) unless `done` is set within `secs`: a fork handler
+/// that hangs must fail the run, not stall it.
+fn watchdog(what: &'static str, secs: u64) -> Arc<AtomicBool> {
+    let done = Arc::new(AtomicBool::new(false));
+    let d = done.clone();
+    std::thread::spawn(move || {
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_secs(secs) {
+            if d.load(SeqCst) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        say(&format!("\nHANG: {what} (not done in {secs} s)\n"));
+        // SAFETY: leaving the process at once is the point.
+        unsafe { libc::_exit(42) };
+    });
+    done
 }
 
 /// The raw wait status of child `pid`.
@@ -227,10 +275,20 @@ fn release_keeps_held_registrations_in_the_cache() {
 }
 
 #[test]
-fn forks_while_sixteen_threads_register() {
+fn release_forks_while_sixteen_threads_register() {
+    forks_while_sixteen_threads_register(ForkMode::Release);
+}
+
+#[test]
+fn retire_forks_while_sixteen_threads_register() {
+    forks_while_sixteen_threads_register(ForkMode::Retire);
+}
+
+fn forks_while_sixteen_threads_register(mode: ForkMode) {
     const THREADS: usize = 16;
     const FORKS: usize = 40;
-    let s = setup(ForkMode::Release);
+    let s = setup(mode);
+    let done = watchdog("forks while 16 threads register", 120);
     let stop = Arc::new(AtomicBool::new(false));
     let bufs: Vec<usize> = (0..THREADS * 4).map(|i| buffer(LEN, i as u8)).collect();
     let errors = Arc::new(Mutex::new(Vec::<String>::new()));
@@ -284,4 +342,119 @@ fn forks_while_sixteen_threads_register() {
     );
     s.cache.flush();
     assert_eq!(s.pinner.live(), 0);
+    done.store(true, SeqCst);
+}
+
+/// The helper takes a released, detached region off its queue and deregisters it (300 ms) when
+/// the application forks: the prepare handler waits for that deregistration, so the child has the
+/// pages (found by review: the child died of SIGSEGV).
+#[test]
+fn a_fork_waits_for_the_helpers_unpin_in_flight() {
+    let s = setup_with(ForkMode::Retire, true);
+    let helper = Helper::start(
+        &s.cache,
+        HelperConfig {
+            placement: Placement::Cpu(first_cpu() as usize),
+            calibrate: false,
+            ..HelperConfig::default()
+        },
+    );
+    assert!(helper.is_on());
+    let done = watchdog("fork with the helper's unpin in flight", 60);
+    let buf = buffer(LEN, 0x5a);
+    s.pinner.slow_addr.store(buf, SeqCst);
+    let held = s.cache.register(buf, LEN, RW).unwrap();
+    // A first fork retires the held region (detached at the next call); its release then goes to
+    // the helper's queue, not to the backend.
+    wait_child(fork_run(|| 0)).unwrap();
+    s.cache.process_invalidations();
+    s.cache.deregister(held.handle).unwrap();
+    let t = Instant::now();
+    while !s.pinner.slow_started.load(SeqCst) {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "the helper never unpinned"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let pid = fork_run(|| child_reads(buf, LEN, 0x5a));
+    wait_child(pid).expect("the child reads the buffer released before the fork");
+    assert_eq!(s.pinner.live(), 0);
+    drop(helper);
+    done.store(true, SeqCst);
+}
+
+/// A backend that panics while the prepare handler releases: the fork goes on, the other caches
+/// are still released, and the panicking cache can be dropped (its unsubscribe does not wait for
+/// a notification that never ended).
+#[test]
+fn a_panicking_backend_in_the_prepare_handler_leaves_the_registry_usable() {
+    let s = setup(ForkMode::Release);
+    let other = {
+        let pinner = Arc::new(ForkProtecting::default());
+        let c = Cache::new(
+            pinner.clone(),
+            Limits {
+                max_pinned: 1 << 30,
+                max_regions: 16,
+            },
+            None,
+        );
+        c.set_fork_mode(ForkMode::Release);
+        let sub = monitor::subscribe(c.clone() as Arc<dyn MemoryListener>);
+        (c, pinner, sub)
+    };
+    let done = watchdog("a panic in the prepare handler", 30);
+    let (a, b) = (buffer(LEN, 1), buffer(LEN, 2));
+    register_and_release(&s.cache, a);
+    register_and_release(&other.0, b);
+    s.pinner.panic_next.store(true, SeqCst);
+    let pid = fork_run(|| child_reads(b, LEN, 2));
+    wait_child(pid).expect("the other cache was released before the fork");
+    assert_eq!(other.1.live(), 0);
+    drop(other);
+    let Setup { cache, _sub, .. } = s;
+    drop(_sub);
+    drop(cache);
+    done.store(true, SeqCst);
+}
+
+/// Calls the helper's `prefetch` from inside the fork's prepare handler, after the cache's own
+/// release (listeners are called in subscription order).
+struct PrefetchDuringFork {
+    cache: Arc<Cache>,
+    addr: usize,
+    result: Mutex<Option<Result<bool, firehose::status::fh_status>>>,
+}
+
+impl MemoryListener for PrefetchDuringFork {
+    fn on_unmap(&self, _: usize, _: usize) {}
+    fn before_fork(&self) {
+        let r = self.cache.prefetch(self.addr, LEN, RW, &|| true);
+        *self.result.lock().unwrap() = Some(r);
+    }
+}
+
+/// Between the release before a fork and the parent handler the helper pins nothing ahead (a pin
+/// there would cross the fork with MADV_DONTFORK on memory the application never registered);
+/// after the fork it may again.
+#[test]
+fn no_pin_ahead_between_the_release_and_the_fork() {
+    let s = setup(ForkMode::Release);
+    let buf = buffer(LEN, 9);
+    let probe = Arc::new(PrefetchDuringFork {
+        cache: s.cache.clone(),
+        addr: buf,
+        result: Mutex::new(None),
+    });
+    let _p = monitor::subscribe(probe.clone() as Arc<dyn MemoryListener>);
+    let pid = fork_run(|| child_reads(buf, LEN, 9));
+    wait_child(pid).expect("the child has the pages");
+    assert_eq!(
+        *probe.result.lock().unwrap(),
+        Some(Err(firehose::status::fh_status::FH_ERR_BUSY))
+    );
+    assert_eq!(s.pinner.live(), 0);
+    assert_eq!(s.cache.prefetch(buf, LEN, RW, &|| true), Ok(true));
+    assert_eq!(s.pinner.live(), 1);
 }

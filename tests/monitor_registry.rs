@@ -462,3 +462,57 @@ fn fork_during_unsubscribe_and_an_inflight_call() {
         libc::WEXITSTATUS(status)
     );
 }
+
+/// Panics for events of its marker length.
+struct Panics;
+impl MemoryListener for Panics {
+    fn on_unmap(&self, _: usize, len: usize) {
+        if len == 0x7777_7000 {
+            panic!("listener failed");
+        }
+    }
+}
+
+/// A listener that unwinds out of a notification is counted out anyway: its subscription can
+/// still be dropped (without the count's drop guard, the drop waited forever; the atfork
+/// handlers call listeners that call backends, which may panic). In a child process: the
+/// notification guard's slot of the panicking thread stays claimed after the unwind (hooks never
+/// panic; only the registry's count is under test), and a later thread with the same id would
+/// find its notifications deferred, which would break the other tests here.
+#[test]
+fn a_listener_that_panics_can_still_be_unsubscribed() {
+    let _g = SERIAL.lock().unwrap();
+    // SAFETY: the child runs the check below and leaves with _exit.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0);
+    if pid == 0 {
+        let code = std::panic::catch_unwind(|| {
+            let sub = monitor::subscribe(Arc::new(Panics));
+            let t = std::thread::spawn(|| {
+                std::panic::catch_unwind(|| monitor::notify_unmapped(0x1000, 0x7777_7000)).is_err()
+            });
+            if !t.join().unwrap_or(false) {
+                return 3; // the listener was not called
+            }
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                drop(sub);
+                let _ = tx.send(());
+            });
+            match rx.recv_timeout(Duration::from_secs(10)) {
+                Ok(()) => 0,
+                Err(_) => 2, // unsubscribe hung: the call was never counted out
+            }
+        })
+        .unwrap_or(99);
+        // SAFETY: leave without running the test harness in the child.
+        unsafe { libc::_exit(code) };
+    }
+    let mut status = 0;
+    // SAFETY: our child; it ends by itself within 10 s.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "child status {status:#x} (exit 2: unsubscribe hung)"
+    );
+}

@@ -142,6 +142,13 @@ pub struct Cache {
     /// `pin::fork_mode::ForkMode` as its byte: what a `fork` in this process does to the cache
     /// (`across_fork.rs`). Keep until the cache's maker says otherwise.
     pub(super) fork_mode: AtomicU8,
+    /// Threads in `unpin_deferred` (the helper's unpins, which run without the mutex): a fork's
+    /// release waits for them, or a region the helper took off the queue before the flush would
+    /// cross the fork still registered.
+    pub(super) deferred_busy: AtomicUsize,
+    /// Between a fork's release and its parent handler: the helper pins nothing ahead (read under
+    /// the mutex by its misses, set before the release takes the mutex).
+    pub(super) forking: AtomicBool,
 }
 
 // SAFETY: `index` is mutated only by the writer (mutex held + readers excluded, see
@@ -185,6 +192,8 @@ impl Cache {
             c: SlowCounters::default(),
             deferred: OnceLock::new(),
             fork_mode: AtomicU8::new(ForkMode::Keep as u8),
+            deferred_busy: AtomicUsize::new(0),
+            forking: AtomicBool::new(false),
         })
     }
 

@@ -72,6 +72,10 @@ impl Cache {
             return Err(fh_status::FH_ERR_FORKED);
         }
         let mut w = self.lock();
+        if matches!(by, MissBy::Helper(_)) && self.forking.load(Ordering::SeqCst) {
+            // A fork is releasing: a pin ahead now would cross it (`across_fork.rs`).
+            return Err(fh_status::FH_ERR_BUSY);
+        }
         // Scratch lists kept in the writer state: a miss then pays no malloc/free pair.
         let mut unpins = std::mem::take(&mut w.state.spare);
         let mut overlaps = std::mem::take(&mut w.state.overlaps);

@@ -237,13 +237,24 @@ pub(crate) fn each_listener(f: impl Fn(&dyn MemoryListener)) {
             return;
         }
         s.in_flight.fetch_add(1, SeqCst);
+        // Counted out even if `f` unwinds (a fork handler's listener may call a backend, which
+        // may panic): a count left raised would make the listener's unsubscribe wait forever.
+        let _out = OutOnDrop(&s.in_flight);
         let raw = s.listener.load(SeqCst);
         if !raw.is_null() {
             // SAFETY: the pointer stays valid while `in_flight` > 0 (see Drop above).
             f(unsafe { &**raw });
         }
-        s.in_flight.fetch_sub(1, SeqCst);
     });
+}
+
+struct OutOnDrop<'a>(&'a AtomicUsize);
+
+impl Drop for OutOnDrop<'_> {
+    #[inline(always)]
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, SeqCst);
+    }
 }
 
 /// In a child of `fork`, from the atfork child handler (one thread, `WRITERS` held by it): every
