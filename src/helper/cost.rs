@@ -12,6 +12,12 @@ use crate::pin::{Access, Pinner};
 /// Safety factor on the fitted line.
 pub const MARGIN: f64 = 1.5;
 
+/// One observed pin or unpin counts for at most this many times the current estimate (without
+/// the margin). A preemption in the middle of one call (seen: a 5 ms "unpin" on a loaded host,
+/// the model's only sample, after which the helper never unpinned again) then cannot take the
+/// model over, while a backend really that slow is learned within a few samples.
+pub const MAX_STEP: f64 = 4.0;
+
 /// Running sums of a least-squares fit of ns against pages.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Fit {
@@ -85,8 +91,31 @@ impl CostModel {
     }
 
     fn estimate(&self, fit: &Fit, pages: u64) -> u64 {
+        (self.line_ns(fit, pages) * MARGIN) as u64
+    }
+
+    /// The fitted (or fallback) line at `pages`, without the margin.
+    fn line_ns(&self, fit: &Fit, pages: u64) -> f64 {
         let (a, b) = fit.line().unwrap_or(self.fallback);
-        ((a + b * pages as f64) * MARGIN) as u64
+        a + b * pages as f64
+    }
+
+    /// `ns` capped at `MAX_STEP` times what `fit` predicts now (see `MAX_STEP`).
+    fn capped(&self, fit: &Fit, pages: u64, ns: u64) -> u64 {
+        let cap = MAX_STEP * self.line_ns(fit, pages).max(1.0);
+        (ns as f64).min(cap) as u64
+    }
+
+    /// A pin the helper made took `ns`: refine the pin line.
+    pub fn observe_pin(&mut self, pages: u64, ns: u64) {
+        let ns = self.capped(&self.pin, pages, ns);
+        self.pin.add(pages, ns);
+    }
+
+    /// An unpin the helper made took `ns`: refine the unpin line.
+    pub fn observe_unpin(&mut self, pages: u64, ns: u64) {
+        let ns = self.capped(&self.unpin, pages, ns);
+        self.unpin.add(pages, ns);
     }
 
     /// Planned cost of pinning `pages` pages, in ns (with the margin).
@@ -132,7 +161,8 @@ pub fn calibrate(pinner: &dyn Pinner, max_bytes: usize) -> CostModel {
         if pages > max_pages {
             break;
         }
-        for _ in 0..3 {
+        let (mut pins, mut unpins) = ([0u64; 3], [0u64; 3]);
+        for i in 0..3 {
             let t0 = now_ns();
             let Ok(p) = pinner.pin(addr, pages * page, Access::LOCAL_WRITE) else {
                 break 'sizes;
@@ -140,8 +170,13 @@ pub fn calibrate(pinner: &dyn Pinner, max_bytes: usize) -> CostModel {
             let t1 = now_ns();
             pinner.unpin(p, addr, pages * page);
             let t2 = now_ns();
-            m.pin.add(pages as u64, t1 - t0);
-            m.unpin.add(pages as u64, t2 - t1);
+            (pins[i], unpins[i]) = (t1 - t0, t2 - t1);
+        }
+        // Each size's median, three times (the fit's weight): one preempted call of the three
+        // does not count.
+        for _ in 0..3 {
+            m.pin.add(pages as u64, median3(pins));
+            m.unpin.add(pages as u64, median3(unpins));
         }
     }
     // SAFETY: unmapping the mapping made above (nothing of it is pinned any more).
@@ -149,9 +184,41 @@ pub fn calibrate(pinner: &dyn Pinner, max_bytes: usize) -> CostModel {
     m
 }
 
+fn median3(mut v: [u64; 3]) -> u64 {
+    v.sort_unstable();
+    v[1]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_slow_observation_does_not_take_the_model_over() {
+        let mut m = CostModel::default();
+        // The first unpin the helper makes is preempted: 5 ms instead of ~30 us.
+        m.observe_unpin(256, 5_000_000);
+        let first = m.unpin_ns(256);
+        let fallback = CostModel::default().unpin_ns(256);
+        assert!(
+            first <= (MAX_STEP * fallback as f64) as u64,
+            "{first} vs {fallback}"
+        );
+        // Typical unpins afterwards pull it back down.
+        for _ in 0..20 {
+            m.observe_unpin(256, 30_000);
+        }
+        assert!(m.unpin_ns(256) < first / 2, "{} {first}", m.unpin_ns(256));
+        // A backend that really is that slow is learned within a few samples.
+        let mut slow = CostModel::default();
+        for _ in 0..12 {
+            slow.observe_pin(4, 1_000_000);
+        }
+        let est = slow.pin_ns(4) as f64 / MARGIN;
+        assert!(est > 500_000.0, "{est}");
+        assert_eq!(median3([9, 1, 5]), 5);
+        assert_eq!(median3([5_000_000, 30_000, 31_000]), 31_000);
+    }
 
     #[test]
     fn fit_recovers_a_line() {

@@ -543,7 +543,7 @@ impl Planner {
             Ok(fresh) => {
                 if fresh {
                     self.stats.helper_pins += 1;
-                    self.cost.pin.add(pages, t1.saturating_sub(t0));
+                    self.cost.observe_pin(pages, t1.saturating_sub(t0));
                 }
                 r.pin = PinState::HelperPinned { at: t1 };
                 // If the use does not come, look again once it is overdue.
@@ -562,7 +562,7 @@ impl Planner {
         let pages = self.pages(&key);
         if bytes > 0 {
             self.stats.helper_unpins += 1;
-            self.cost.unpin.add(pages, t1.saturating_sub(t0));
+            self.cost.observe_unpin(pages, t1.saturating_sub(t0));
             return;
         }
         if let Some(r) = self.regions.get_mut(&key) {
