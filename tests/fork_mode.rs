@@ -21,6 +21,7 @@
 //! `pin/fork_mode.rs`); here the mode is set on the cache.
 
 mod fork_util;
+mod monitor_util;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
@@ -160,21 +161,10 @@ fn wait_status(pid: libc::pid_t) -> i32 {
 
 /// A fresh anonymous mapping of `len` bytes, every byte `fill`.
 fn buffer(len: usize, fill: u8) -> usize {
-    // SAFETY: a fresh private anonymous mapping.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        )
-    };
-    assert_ne!(p, libc::MAP_FAILED);
-    // SAFETY: just mapped, `len` bytes.
+    let p = monitor_util::map(len);
+    // SAFETY: just mapped, `len` bytes, ours.
     unsafe { std::ptr::write_bytes(p as *mut u8, fill, len) };
-    p as usize
+    p
 }
 
 /// In a child: 0 when every byte of the buffer is `fill` (a missing page faults first).
