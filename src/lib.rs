@@ -6,6 +6,7 @@
 
 pub mod cache;
 pub mod config;
+mod counted;
 pub mod ffi;
 pub mod firehose;
 mod fork;

@@ -278,8 +278,6 @@ pub fn stats_sum() -> (Stats, u64) {
     (t, caches.len() as u64)
 }
 
-/// The helper threads' line for the `FH_STATS` summary (`None` without `FH_HELPER=1`): summed
-/// over the live caches, or why the first one stayed off.
 /// The fork mode the caches were made with (`FH_FORK_MODE`, resolved once per cache; the same for
 /// all), as its byte; `NO_CACHE_YET` before the first.
 static FORK_MODE: AtomicU8 = AtomicU8::new(NO_CACHE_YET);
@@ -294,6 +292,8 @@ pub fn fork_line() -> Option<String> {
     })
 }
 
+/// The helper threads' line for the `FH_STATS` summary (`None` without `FH_HELPER=1`): summed
+/// over the live caches, or why the first one stayed off.
 pub fn helper_line() -> Option<String> {
     if !settings::config().helper.enabled {
         return None;

@@ -23,10 +23,10 @@ impl Cache {
     ///
     /// From here to the parent handler the helper pins nothing ahead. Not covered: a region
     /// released by another thread between this and the fork itself. And a `fork` from a signal
-    /// handler that interrupted this thread
-    /// inside the cache (its mutex or reader section may be this thread's): skipped when the
-    /// thread is inside a C API call, a hang otherwise, as glibc's own `fork` hangs when the
-    /// handler interrupted `malloc` (glibc offers `_Fork` for signal handlers).
+    /// handler that interrupted this thread inside the cache (its mutex or reader section may be
+    /// this thread's): skipped when the thread is inside a C API call, a hang otherwise, as
+    /// glibc's own `fork` hangs when the handler interrupted `malloc` (glibc offers `_Fork` for
+    /// signal handlers).
     pub(crate) fn release_before_fork(&self) -> usize {
         if self.fork_mode() == ForkMode::Keep || self.is_forked() || crate::inside::is_inside() {
             return 0;

@@ -21,17 +21,9 @@ use super::readers::my_slot;
 use super::region::Region;
 use std::sync::Arc;
 
+use crate::counted::Counted;
 use crate::pin::{Access, Pinner};
 use crate::status::{fh_status, FhResult};
-
-/// Lowers a count when dropped (a backend that panics does not leave it raised).
-struct DecOnDrop<'a>(&'a std::sync::atomic::AtomicUsize);
-
-impl Drop for DecOnDrop<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
-    }
-}
 
 /// Detached regions queued for the helper at most; past that the releasing caller unpins
 /// itself (as without a helper).
@@ -134,8 +126,7 @@ impl Cache {
         };
         // Counted in before the pop: a fork's release waits until no region is between the queue
         // and its unpin (`across_fork.rs`).
-        self.deferred_busy.fetch_add(1, Ordering::SeqCst);
-        let _out = DecOnDrop(&self.deferred_busy);
+        let _in = Counted::enter(&self.deferred_busy);
         let mut n = 0;
         while let Some(p) = q.pop() {
             // The queue holds pointers of detached regions with no holder left, pushed once each.

@@ -73,11 +73,12 @@ pub(crate) fn render(c: &fh_cache) -> String {
         l.max_regions
     );
     let _ = writeln!(o, "#   monitor asked: {}", monitor.join(", "));
+    let fork = c.cache.fork_mode();
     let _ = writeln!(
         o,
         "#   fork:          {} (FH_FORK_MODE; {})",
-        c.cache.fork_mode().as_str(),
-        match c.cache.fork_mode() {
+        fork.as_str(),
+        match fork {
             ForkMode::Keep => "a fork leaves the cache alone",
             ForkMode::Release => "idle registrations are released before a fork",
             ForkMode::Retire => "idle ones released before a fork, the rest retired after it",

@@ -27,6 +27,7 @@ use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::MemoryListener;
+use crate::counted::Counted;
 use crate::seam::UnmapEvent;
 
 /// Slots per chunk (a chunk is 4 KiB).
@@ -236,25 +237,15 @@ pub(crate) fn each_listener(f: impl Fn(&dyn MemoryListener)) {
         if s.listener.load(SeqCst).is_null() {
             return;
         }
-        s.in_flight.fetch_add(1, SeqCst);
         // Counted out even if `f` unwinds (a fork handler's listener may call a backend, which
         // may panic): a count left raised would make the listener's unsubscribe wait forever.
-        let _out = OutOnDrop(&s.in_flight);
+        let _in = Counted::enter(&s.in_flight);
         let raw = s.listener.load(SeqCst);
         if !raw.is_null() {
             // SAFETY: the pointer stays valid while `in_flight` > 0 (see Drop above).
             f(unsafe { &**raw });
         }
     });
-}
-
-struct OutOnDrop<'a>(&'a AtomicUsize);
-
-impl Drop for OutOnDrop<'_> {
-    #[inline(always)]
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, SeqCst);
-    }
 }
 
 /// In a child of `fork`, from the atfork child handler (one thread, `WRITERS` held by it): every
