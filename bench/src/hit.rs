@@ -1,8 +1,10 @@
 //! Hit cost: register + deregister of ranges that are already cached, timed in batches, on
-//! 1..N threads that each own their own regions.
+//! 1..N threads that each own their own regions, thread t bound to allowed CPU t mod N.
 
 use std::sync::Barrier;
 use std::time::Instant;
+
+use firehose::helper::placement::{allowed_cpus, bind_current_thread};
 
 use crate::impls::RegCache;
 use crate::summary::{summarize, Summary, XorShift};
@@ -81,6 +83,7 @@ pub fn run<C: RegCache>(
 ) -> HitRow {
     let threads = slices.len();
     let barrier = Barrier::new(threads);
+    let cpus = &allowed_cpus();
     let results: Vec<ThreadResult> = std::thread::scope(|s| {
         let handles: Vec<_> = slices
             .iter()
@@ -88,6 +91,16 @@ pub fn run<C: RegCache>(
             .map(|(t, regions)| {
                 let barrier = &barrier;
                 s.spawn(move || {
+                    // Thread t on allowed CPU t mod N, for every implementation alike. Unbound,
+                    // the kernel's wake-affine placement sometimes kept both threads of a 2-thread
+                    // row on one CPU for a whole segment (they wake each other at every round's
+                    // barrier). That row then measured 1.0-1.5x the 1-thread throughput with an
+                    // unchanged per-op latency, while the ceiling's threads, placed apart,
+                    // measured 1.95x: in 7 of 20 runs, and sched_getcpu showed the cause.
+                    let cpu = cpus[t % cpus.len()];
+                    if let Err(errno) = bind_current_thread(cpu) {
+                        eprintln!("hit: thread {t} not bound to CPU {cpu} (errno {errno})");
+                    }
                     // Addresses, not indices: the timed loop then reads one sequential stream
                     // instead of adding a random access into a region table of its own.
                     let seq: Vec<usize> = match pattern {

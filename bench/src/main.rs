@@ -103,13 +103,14 @@ fn run(args: &args::Args) -> Result<(), String> {
         return Ok(());
     }
     println!(
-        "# firehose-bench  backend={}  {}  cpus={}  load average at start {}  hit batches: {} x {} ops per thread{}",
+        "# firehose-bench  backend={}  {}  cpus={}  load average at start {}  hit batches: {} x {} ops per thread (thread t on CPU t mod {}){}",
         info.backend,
         info.memlock,
         info.cpus,
         info.loadavg,
         cfg.batches,
         cfg.batch,
+        info.cpus,
         if args.quick { "  (quick)" } else { "" }
     );
     println!(
