@@ -418,7 +418,12 @@ impl Integral {
     }
 }
 
-fn take_unmaps(s: &Shared, p: &mut Planner) {
+/// Tells the planner of the unmaps reported since the last call. Returns the unmap log's mark
+/// from before the ring was emptied: every patched unmap logged before it is either in the
+/// planner now or still in flight (its window is open until its report has been pushed), and
+/// `prefetch_checked` looks at every one logged since.
+fn take_unmaps(s: &Shared, p: &mut Planner) -> u64 {
+    let synced = unmap_log::mark();
     if s.unmaps.overflow.swap(false, Ordering::Relaxed) {
         while s.unmaps.ring.pop().is_some() {}
         p.on_unmapped_everything();
@@ -426,6 +431,7 @@ fn take_unmaps(s: &Shared, p: &mut Planner) {
     while let Some((a, b)) = s.unmaps.ring.pop() {
         p.on_unmapped(a, b);
     }
+    synced
 }
 
 /// Takes the callers' events, then tells the planner of the releases seen since the last look.
@@ -483,12 +489,12 @@ fn run(cache: &Arc<Cache>, s: &Shared, cfg: HelperConfig, cpu: Option<usize>) {
         deferred += cache.unpin_deferred() as u64;
         cache.process_invalidations();
         take_events(s, &mut planner, &mut releases, cache);
-        take_unmaps(s, &mut planner);
+        let mut synced = take_unmaps(s, &mut planner);
         while let Some(a) = planner.poll(now_ns()) {
             let t0 = now_ns();
             match a {
                 Action::Pin(k) => {
-                    let r = prefetch_checked(cache, k);
+                    let r = prefetch_checked(cache, k, synced);
                     planner.pinned(k, r, t0, now_ns());
                 }
                 Action::Unpin(k) => {
@@ -498,7 +504,7 @@ fn run(cache: &Arc<Cache>, s: &Shared, cfg: HelperConfig, cpu: Option<usize>) {
             }
             integral.sample(now_ns(), cache.pinned_bytes());
             take_events(s, &mut planner, &mut releases, cache);
-            take_unmaps(s, &mut planner);
+            synced = take_unmaps(s, &mut planner);
         }
         let now = now_ns();
         integral.sample(now, cache.pinned_bytes());
@@ -521,17 +527,23 @@ fn run(cache: &Arc<Cache>, s: &Shared, cfg: HelperConfig, cpu: Option<usize>) {
 }
 
 /// `Cache::prefetch`, guarded against unmaps racing with it (see `monitor::unmap_log`): a range
-/// that a patched unmap is carrying out is not pinned, and a pin made while an overlapping unmap
-/// began is undone before the region is published (its invalidation may have run before the
-/// region was in the index). An unmap by a raw system call during the pin is reported by
+/// that a patched unmap is carrying out, or that one began on since the planner last took the
+/// unmap reports (`synced`, from `take_unmaps`), is not pinned; a pin made while an overlapping
+/// unmap began is undone before the region is published (its invalidation may have run before
+/// the region was in the index). An unmap by a raw system call during the pin is reported by
 /// userfaultfd: the cache watches a region's range from before its pin (`cache::miss`).
-fn prefetch_checked(cache: &Cache, k: Key) -> Result<bool, ()> {
+///
+/// Why since `synced` and not since now: an unmap that began and ended between the planner's
+/// look at the reports and this pin (its report not yet taken) left the key's range to whatever
+/// the application maps there next. A pin of it then covered part of a new mapping: mlock and
+/// the userfaultfd watch split that mapping, and the application's `mremap` of it failed with
+/// EFAULT (seen in `case6_stale_threads_helper` under AddressSanitizer, about 1 run in 6).
+fn prefetch_checked(cache: &Cache, k: Key, synced: u64) -> Result<bool, ()> {
     let (s, e) = (k.start, k.end);
-    let mark = unmap_log::mark();
-    if unmap_log::in_flight_overlapping(s, e) {
+    if unmap_log::in_flight_overlapping(s, e) || unmap_log::begun_since(synced, s, e) {
         return Err(());
     }
-    let still_valid = || !unmap_log::begun_since(mark, s, e);
+    let still_valid = || !unmap_log::begun_since(synced, s, e);
     cache
         .prefetch(s, e - s, Access(k.access), &still_valid)
         .map_err(|_| ())
@@ -551,4 +563,40 @@ fn publish(s: &Shared, p: &Planner, i: &Integral, deferred: u64, cache: &Cache) 
         slack_ns: p.slack(),
     };
     *s.stats.lock().unwrap_or_else(|e| e.into_inner()) = st;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cache::Limits;
+    use crate::pin::counting::CountingPinner;
+
+    /// An unmap of a key's memory that began and ended after the planner last took the unmap
+    /// reports (its report may still be on the way to the ring) stops the pin of that key.
+    /// Without `synced` (a fresh mark taken at the pin) the key was pinned.
+    #[test]
+    fn a_key_unmapped_since_the_planners_last_look_is_not_pinned() {
+        let counting = Arc::new(CountingPinner::new());
+        let limits = Limits {
+            max_pinned: 1 << 30,
+            max_regions: 64,
+        };
+        let cache = Cache::new(counting.clone(), limits, None);
+        // An address range nothing in this process maps.
+        let k = Key {
+            start: 0x41_0000_0000,
+            end: 0x41_0001_0000,
+            access: Access::LOCAL_WRITE.0,
+        };
+        let synced = unmap_log::mark();
+        let seq = unmap_log::begin(k.start + 0x8000, k.end + 0x8000);
+        unmap_log::end(seq);
+        assert_eq!(prefetch_checked(&cache, k, synced), Err(()));
+        assert_eq!(counting.pins(), 0);
+        // Nothing overlapping since a newer look: pinned. (Retried: other tests' unmaps may fill
+        // the log's 64 slots between the mark and the check, which counts as raced.)
+        let ok = (0..100).any(|_| prefetch_checked(&cache, k, unmap_log::mark()) == Ok(true));
+        assert!(ok);
+        assert_eq!(counting.pins(), 1);
+    }
 }
