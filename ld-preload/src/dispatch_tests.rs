@@ -693,3 +693,44 @@ fn a_child_builds_its_own_caches() {
         libc::WEXITSTATUS(status)
     );
 }
+
+/// `ibv_close_device`'s first step, `drop_context`: the caches of every domain of that context
+/// release what they keep and are forgotten; another context's cache keeps its registration.
+/// Afterwards an unmap of the range reaches none of the dropped caches' backends. (The exported
+/// hook itself then calls the real `ibv_close_device`, which a fake context cannot take: the VM
+/// suite runs it, `56-preload-close-device.sh`.)
+#[test]
+fn closing_a_device_drops_the_caches_of_its_domains_only() {
+    let _s = serial();
+    let (mut a1, mut a2, mut b) = (fake_pd(0xCA), fake_pd(0xCA), fake_pd(0xCB));
+    let len = 65536;
+    let buf = anon(len);
+    let caches0 = snapshot().caches;
+    for f in [&mut a1, &mut a2, &mut b] {
+        // SAFETY: a valid (fake) pd whose cache never calls libibverbs; `buf` is mapped.
+        unsafe {
+            let mr = ibv_reg_mr(f.ptr(), buf as *mut c_void, len, RW);
+            assert!(!mr.is_null());
+            assert_eq!(ibv_dereg_mr(mr), 0);
+        }
+        assert_eq!(f.pinner.live_count(), 1, "kept after the release (lazy)");
+    }
+    assert_eq!(snapshot().caches, caches0 + 3);
+    pd_cache::drop_context(0xCA as *mut c_void);
+    assert_eq!((a1.pinner.live_count(), a2.pinner.live_count()), (0, 0));
+    assert_eq!(
+        b.pinner.live_count(),
+        1,
+        "another device's cache is left alone"
+    );
+    assert_eq!(snapshot().caches, caches0 + 1);
+    let unpins = (a1.pinner.unpins(), a2.pinner.unpins());
+    // SAFETY: our mapping, unmapped through the shim's exported hook.
+    assert_eq!(
+        unsafe { crate::unmap_hooks::munmap(buf as *mut c_void, len) },
+        0
+    );
+    assert_eq!((a1.pinner.unpins(), a2.pinner.unpins()), unpins);
+    pd_cache::drop_pd(b.ptr());
+    assert_eq!(b.pinner.live_count(), 0);
+}

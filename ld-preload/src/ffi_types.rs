@@ -35,6 +35,8 @@ pub type DeregMrFn = unsafe extern "C" fn(*mut IbvMr) -> c_int;
 pub type ReregMrFn =
     unsafe extern "C" fn(*mut IbvMr, c_int, *mut IbvPd, *mut c_void, usize, c_int) -> c_int;
 pub type DeallocPdFn = unsafe extern "C" fn(*mut IbvPd) -> c_int;
+/// `ibv_close_device(struct ibv_context *)`: the context stays opaque here.
+pub type CloseDeviceFn = unsafe extern "C" fn(*mut c_void) -> c_int;
 
 /// `enum ibv_rereg_mr_flags`.
 pub const IBV_REREG_MR_CHANGE_TRANSLATION: c_int = 1;

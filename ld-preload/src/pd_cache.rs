@@ -1,6 +1,7 @@
 //! One registration cache per protection domain and remote-rights class (`struct ibv_pd *` plus
 //! the request's remote read/write/atomic bits -> cache), created on the first registration of
-//! that kind and dropped, all classes at once, by our `ibv_dealloc_pd` hook.
+//! that kind and dropped, all classes at once, by our `ibv_dealloc_pd` hook (and by our
+//! `ibv_close_device` hook, for every domain of the device).
 //!
 //! Why split by remote rights: the cache serves a request from any region whose rights cover it
 //! and merges overlapping regions with the union of their rights. Within one domain that would
@@ -20,6 +21,7 @@
 //! uncached.
 
 use std::cell::RefCell;
+use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -216,13 +218,31 @@ fn lookup_or_create(pd: *mut IbvPd, key: Key) -> FhResult<Arc<PdCache>> {
 /// Forget the cache of `pd` and release every idle registration it keeps, so that the real
 /// `ibv_dealloc_pd` does not fail with EBUSY because of MRs only the cache still holds.
 pub fn drop_pd(pd: *mut IbvPd) {
+    drop_where(|p| p == pd);
+}
+
+/// Forget the caches of every domain of the device context `ctx` and release their idle
+/// registrations, before the real `ibv_close_device`. An application may close a device without
+/// deallocating its domains (the kernel then destroys what they hold, and libibverbs frees the
+/// context): MRs left in a cache would later be deregistered through the freed context, at the
+/// next unmap of a cached range or at the next eviction, a use after free.
+pub fn drop_context(ctx: *mut c_void) {
+    // SAFETY: every pd in the map is live: it leaves the map when the application deallocates
+    // it (`ibv_dealloc_pd` is interposed) or closes its device (here), and until then libibverbs
+    // keeps the struct. Only its `context` field is read, under the map's lock.
+    drop_where(|pd| unsafe { (*pd).context } == ctx);
+}
+
+/// Forget the caches of the domains `which` picks (see `drop_pd`).
+fn drop_where(which: impl Fn(*mut IbvPd) -> bool) {
     let mut gone = Vec::new();
     if let Some(m) = pds().as_mut() {
         m.retain(|k, c| {
-            if k.0 == pd as usize {
+            let drop = which(k.0 as *mut IbvPd);
+            if drop {
                 gone.push(c.clone());
             }
-            k.0 != pd as usize
+            !drop
         });
     }
     // Before the flush: threads stop trusting their remembered lookups of this domain.

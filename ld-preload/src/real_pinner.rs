@@ -203,6 +203,7 @@ mod tests {
         dereg_mr: Some(fake_dereg),
         rereg_mr: None,
         dealloc_pd: None,
+        close_device: None,
     };
 
     #[test]

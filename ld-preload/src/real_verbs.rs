@@ -9,7 +9,9 @@
 
 use std::ffi::{c_void, CStr};
 
-use crate::ffi_types::{DeallocPdFn, DeregMrFn, RegMrFn, RegMrIova2Fn, RegMrIovaFn, ReregMrFn};
+use crate::ffi_types::{
+    CloseDeviceFn, DeallocPdFn, DeregMrFn, RegMrFn, RegMrIova2Fn, RegMrIovaFn, ReregMrFn,
+};
 
 /// Every target we may call. `None` when libibverbs lacks it (an older library).
 #[derive(Clone, Copy)]
@@ -20,6 +22,7 @@ pub struct RealVerbs {
     pub dereg_mr: Option<DeregMrFn>,
     pub rereg_mr: Option<ReregMrFn>,
     pub dealloc_pd: Option<DeallocPdFn>,
+    pub close_device: Option<CloseDeviceFn>,
 }
 
 /// Not a `OnceLock`: a child forked while another thread resolved it would wait for that thread
@@ -97,6 +100,7 @@ fn resolve() -> RealVerbs {
         dereg_mr: resolve_fn!(h, c"ibv_dereg_mr", c"IBVERBS_1.1", DeregMrFn),
         rereg_mr: resolve_fn!(h, c"ibv_rereg_mr", c"IBVERBS_1.1", ReregMrFn),
         dealloc_pd: resolve_fn!(h, c"ibv_dealloc_pd", c"IBVERBS_1.1", DeallocPdFn),
+        close_device: resolve_fn!(h, c"ibv_close_device", c"IBVERBS_1.1", CloseDeviceFn),
     }
 }
 
@@ -113,6 +117,7 @@ mod tests {
         assert!(r.dereg_mr.is_some());
         assert!(r.rereg_mr.is_some());
         assert!(r.dealloc_pd.is_some());
+        assert!(r.close_device.is_some());
         // The targets live in libibverbs, not in this test binary.
         let ours = object_base(get as *const c_void);
         assert_ne!(object_base(r.reg_mr.unwrap() as *const c_void), ours);

@@ -463,6 +463,24 @@ pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut IbvPd) -> c_int {
     }
 }
 
+/// Drop the caches of the context's domains (releasing the registrations only they still hold)
+/// before the real call: after it, those MRs could only be deregistered through a freed context.
+///
+/// # Safety
+/// Same contract as libibverbs `ibv_close_device`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_close_device(ctx: *mut c_void) -> c_int {
+    let outer = Outermost::enter();
+    if outer.is_some() && !ctx.is_null() {
+        let _ = catch_unwind(|| pd_cache::drop_context(ctx));
+    }
+    match real_verbs::get().close_device {
+        // SAFETY: forwarded unchanged.
+        Some(f) => unsafe { f(ctx) },
+        None => libc::ENOSYS,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
