@@ -382,12 +382,19 @@ impl Planner {
         self.by_start.retain(|k| regions.contains_key(k));
     }
 
-    /// The memory of `[start, end)` went away (an unmap, reported by the monitor). Idle regions
+    /// The memory of `[start, end)` went away (an unmap, reported by the monitor). Regions
     /// overlapping it are not pinned ahead again until a caller registers them again: the
     /// application freed or is reshaping that memory, and a pin of its new pages made on a guess
     /// would split the new owner's mapping (an `mremap` of it would then fail), for a use that
     /// may never come. (Correctness does not depend on this: the cache invalidates regions the
     /// helper pinned like any other.)
+    ///
+    /// Held regions too: the planner sees a release only when the helper next polls the handle
+    /// (`releases.rs`), so a region the application had already released and unmapped could
+    /// still count a holder here. Exempted, it was unpinned and pinned ahead again once the
+    /// release was seen, over whatever was mapped there since (seen: `case6_stale_threads_helper`
+    /// under AddressSanitizer, another thread's `mremap` failing with EFAULT). A use after the
+    /// unmap re-arms the region.
     pub fn on_unmapped(&mut self, start: usize, end: usize) {
         let lo = start.saturating_sub(self.max_len);
         let hits: Vec<Key> = self
@@ -408,11 +415,9 @@ impl Planner {
             .collect();
         for k in hits {
             if let Some(r) = self.regions.get_mut(&k) {
-                if r.holders == 0 {
-                    r.pin = PinState::Gone;
-                    r.check_at = 0;
-                    self.rq.remove(k);
-                }
+                r.pin = PinState::Gone;
+                r.check_at = 0;
+                self.rq.remove(k);
             }
         }
     }
@@ -777,6 +782,31 @@ mod tests {
         // The next use re-arms it (a use of a Gone region is neither late nor unpredicted).
         use_at(&mut p, key(1), 50, 40 * MS, true);
         assert_eq!((p.stats().late, p.stats().unpredicted), (0, 3));
+    }
+
+    /// The unmap is reported while the planner still counts the last use's holder (the helper
+    /// had not polled the release yet): once the release is seen, no pin ahead of that memory.
+    #[test]
+    fn an_unmap_reported_before_the_release_was_seen_cancels_the_plan() {
+        let mut p = planner();
+        for h in 1..=3u64 {
+            use_at(&mut p, key(1), h, (h - 1) * 10 * MS, true);
+            release_at(&mut p, h, (h - 1) * 10 * MS + MS);
+        }
+        use_at(&mut p, key(1), 4, 30 * MS, true);
+        p.on_unmapped(key(1).start, key(1).end);
+        release_at(&mut p, 4, 31 * MS);
+        assert_eq!(p.stats().queued, 0);
+        for ms in 31..100 {
+            assert_eq!(p.poll(ms * MS), None, "at {ms} ms");
+        }
+        // The next use re-arms it.
+        use_at(&mut p, key(1), 5, 100 * MS, true);
+        release_at(&mut p, 5, 101 * MS);
+        assert!(p
+            .regions
+            .get(&key(1))
+            .is_some_and(|r| r.pin != PinState::Gone));
     }
 
     #[test]
