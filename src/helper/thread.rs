@@ -419,11 +419,11 @@ impl Integral {
 }
 
 /// Tells the planner of the unmaps reported since the last call. Returns the unmap log's mark
-/// from before the ring was emptied: every patched unmap logged before it is either in the
-/// planner now or still in flight (its window is open until its report has been pushed), and
-/// `prefetch_checked` looks at every one logged since.
+/// from before the ring was emptied, at or before every patched unmap then still in flight: each
+/// one logged before it had reported (pushed to the ring) before it ended, so it is in the
+/// planner now, and `prefetch_checked` looks at every one logged since.
 fn take_unmaps(s: &Shared, p: &mut Planner) -> u64 {
-    let synced = unmap_log::mark();
+    let synced = unmap_log::mark_before_unfinished();
     if s.unmaps.overflow.swap(false, Ordering::Relaxed) {
         while s.unmaps.ring.pop().is_some() {}
         p.on_unmapped_everything();
@@ -533,9 +533,9 @@ fn run(cache: &Arc<Cache>, s: &Shared, cfg: HelperConfig, cpu: Option<usize>) {
 /// the region was in the index). An unmap by a raw system call during the pin is reported by
 /// userfaultfd: the cache watches a region's range from before its pin (`cache::miss`).
 ///
-/// Why since `synced` and not since now: an unmap that began and ended between the planner's
-/// look at the reports and this pin (its report not yet taken) left the key's range to whatever
-/// the application maps there next. A pin of it then covered part of a new mapping: mlock and
+/// Why since `synced` and not since now: an unmap that was running when the planner looked at
+/// the reports, or began after, and ended before this pin (its report not taken yet) left the
+/// key's range to whatever the application maps there next. A pin of it then covered part of a new mapping: mlock and
 /// the userfaultfd watch split that mapping, and the application's `mremap` of it failed with
 /// EFAULT (seen in `case6_stale_threads_helper` under AddressSanitizer, about 1 run in 6).
 fn prefetch_checked(cache: &Cache, k: Key, synced: u64) -> Result<bool, ()> {
@@ -571,9 +571,10 @@ mod tests {
     use crate::cache::Limits;
     use crate::pin::counting::CountingPinner;
 
-    /// An unmap of a key's memory that began and ended after the planner last took the unmap
-    /// reports (its report may still be on the way to the ring) stops the pin of that key.
-    /// Without `synced` (a fresh mark taken at the pin) the key was pinned.
+    /// An unmap of a key's memory that began, or was still running, when the planner last took
+    /// the unmap reports (its report may not be in the ring yet) stops the pin of that key, also
+    /// when it has ended by the pin. With a fresh mark at the pin the first was pinned; with a
+    /// plain mark at the take, the second.
     #[test]
     fn a_key_unmapped_since_the_planners_last_look_is_not_pinned() {
         let counting = Arc::new(CountingPinner::new());
@@ -588,14 +589,21 @@ mod tests {
             end: 0x41_0001_0000,
             access: Access::LOCAL_WRITE.0,
         };
-        let synced = unmap_log::mark();
+        let synced = unmap_log::mark_before_unfinished();
         let seq = unmap_log::begin(k.start + 0x8000, k.end + 0x8000);
+        unmap_log::end(seq);
+        assert_eq!(prefetch_checked(&cache, k, synced), Err(()));
+        // One in flight when the helper took the reports (its report not pushed yet), ended
+        // before the pin.
+        let seq = unmap_log::begin(k.start, k.start + 0x1000);
+        let synced = unmap_log::mark_before_unfinished();
         unmap_log::end(seq);
         assert_eq!(prefetch_checked(&cache, k, synced), Err(()));
         assert_eq!(counting.pins(), 0);
         // Nothing overlapping since a newer look: pinned. (Retried: other tests' unmaps may fill
         // the log's 64 slots between the mark and the check, which counts as raced.)
-        let ok = (0..100).any(|_| prefetch_checked(&cache, k, unmap_log::mark()) == Ok(true));
+        let ok = (0..100)
+            .any(|_| prefetch_checked(&cache, k, unmap_log::mark_before_unfinished()) == Ok(true));
         assert!(ok);
         assert_eq!(counting.pins(), 1);
     }

@@ -89,6 +89,39 @@ fn read(seq: u64) -> Option<(usize, usize, bool)> {
     (s.begun.load(SeqCst) == seq + 1).then_some((a, b, ended))
 }
 
+/// A mark for `begun_since` at or before every unmap still in flight now. An unmap that ended
+/// before this call ran its listeners before it ended, so a consumer of their reports that takes
+/// this mark first and then empties its report queue has seen every unmap before the mark, and
+/// `begun_since` covers every other one (one still in flight may not have reported yet). Unknown
+/// slots give a mark so old that `begun_since` answers "raced".
+pub fn mark_before_unfinished() -> u64 {
+    let next = NEXT.load(SeqCst);
+    let pending = IN_FLIGHT.load(SeqCst);
+    if pending == 0 {
+        return next;
+    }
+    let lo = next.saturating_sub(SLOTS as u64);
+    let unknown = lo.saturating_sub(1);
+    let mut oldest = next;
+    let mut seen = 0;
+    for seq in lo..next {
+        match read(seq) {
+            None => return unknown,
+            Some((_, _, true)) => {}
+            Some((_, _, false)) => {
+                oldest = oldest.min(seq);
+                seen += 1;
+            }
+        }
+    }
+    // One older than the ring is still running.
+    if seen < pending {
+        unknown
+    } else {
+        oldest
+    }
+}
+
 /// Whether an unmap overlapping `[start, end)` is in flight now (or might be: unknown slots).
 pub fn in_flight_overlapping(start: usize, end: usize) -> bool {
     let pending = IN_FLIGHT.load(SeqCst);
@@ -132,6 +165,27 @@ mod tests {
     // The log is process-wide and other tests unmap memory through the hooks meanwhile: use
     // ranges no one else has (high, made-up addresses) and only assert what they cannot change.
     const BASE: usize = 0x7eee_0000_0000;
+
+    /// An unmap in flight at the mark (its report may come after the consumer emptied its queue)
+    /// stays after the mark even once it has ended; one that ended before does not.
+    #[test]
+    fn a_mark_before_unfinished_covers_what_was_in_flight() {
+        let (a, b) = (BASE + 0x100000, BASE + 0x110000);
+        let done = begin(a, b);
+        end(done);
+        let seq = begin(a, b);
+        let m = mark_before_unfinished();
+        assert!(m <= seq, "mark {m}, unfinished {seq}");
+        end(seq);
+        assert!(begun_since(m, a, b));
+        // Nothing of ours in flight: the mark is past both (another test's unmap in flight
+        // elsewhere can only make it older).
+        let m2 = mark_before_unfinished();
+        assert!(m2 <= mark());
+        if m2 > seq {
+            assert!(!begun_since(m2, a, b));
+        }
+    }
 
     #[test]
     fn in_flight_and_since() {
