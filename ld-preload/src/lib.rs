@@ -2,7 +2,8 @@
 //! Open MPI/UCX, ...) the firehose registration cache.
 //!
 //! Hooks: `ibv_reg_mr`, `ibv_reg_mr_iova`, `ibv_reg_mr_iova2`, `ibv_dereg_mr`, `ibv_rereg_mr`,
-//! `ibv_dealloc_pd`, `ibv_close_device` (`verbs_hooks.rs`) and the libc unmap family (`unmap_hooks.rs`).
+//! `ibv_dealloc_pd`, `ibv_close_device` (`verbs_hooks.rs`) and the libc unmap family
+//! (`unmap_hooks.rs`).
 //! Flow: depth guard (`guard.rs`) -> dispatch -> per-pd cache (`pd_cache.rs`) whose backend calls
 //! the real functions (`real_verbs.rs`, `real_pinner.rs`) -> a wrapper MR (`wrapper.rs`).
 //! Settings in `settings.rs`, counters in `counters.rs`, `fh_preload_stats` and `FH_STATS` in
