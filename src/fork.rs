@@ -154,6 +154,7 @@ extern "C" fn child() {
         }
         *g.mlock = crate::range_counts::RangeCounts::new();
         monitor::unmap_log::fork_child();
+        monitor::pins_ahead::fork_child();
         // Unlock this process's copies of the mutexes. (Freeing the uffd guard's box is fine:
         // glibc's malloc is usable in a child's atfork handler.)
         drop(g);

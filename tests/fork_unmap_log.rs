@@ -14,6 +14,8 @@
 //! has one thread) and asks whether an unmap overlapping an untouched range is in flight: it must
 //! not be.
 //!
+//! The second test does the same for an announced pin ahead (`monitor/pins_ahead.rs`).
+//!
 //! C API (`fh_cache_new` installs the libc patch), mlock backend.
 
 mod fork_util;
@@ -105,4 +107,48 @@ fn unmaps_in_flight_at_the_fork_are_not_in_flight_in_the_child() {
         failures.len(),
         failures.join("\n")
     );
+}
+
+/// The same for the pins ahead a patched unmap waits for (`monitor/pins_ahead.rs`): a parent
+/// thread's announced pin is not in a child, which must not wait for it (it would, for the
+/// whole bound, on every unmap of that range).
+#[test]
+fn a_pin_ahead_announced_at_the_fork_is_not_waited_for_in_the_child() {
+    use firehose::monitor::pins_ahead;
+    let c = new_cache();
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let (held_tx, held_rx) = std::sync::mpsc::channel::<()>();
+    let holder = std::thread::spawn(move || {
+        let g = pins_ahead::enter(UNTOUCHED, UNTOUCHED + 4096).expect("a free slot");
+        held_tx.send(()).unwrap();
+        rx.recv().unwrap();
+        drop(g);
+    });
+    held_rx.recv().unwrap();
+    let child = || {
+        let t = std::time::Instant::now();
+        let waited = pins_ahead::wait_for_overlapping(UNTOUCHED, UNTOUCHED + 4096);
+        if waited || t.elapsed() > Duration::from_millis(500) {
+            say("child: waited for a pin ahead of a parent thread that is not here\n");
+            return 2;
+        }
+        0
+    };
+    let r = wait_child(fork_run(child));
+    // The parent still waits for it (up to the bound: the holder stays until told).
+    let parent_waits = {
+        let t = std::time::Instant::now();
+        let w =
+            std::thread::spawn(|| pins_ahead::wait_for_overlapping(UNTOUCHED, UNTOUCHED + 4096));
+        std::thread::sleep(Duration::from_millis(100));
+        let still = !w.is_finished();
+        tx.send(()).unwrap();
+        let waited = w.join().unwrap();
+        still && waited && t.elapsed() < Duration::from_millis(900)
+    };
+    holder.join().unwrap();
+    // SAFETY: ours, no other user.
+    unsafe { fh_cache_free(c) };
+    r.expect("child");
+    assert!(parent_waits, "the parent's unmap did not wait for the pin");
 }

@@ -39,7 +39,9 @@ use std::sync::Arc;
 
 pub use pin_flag::FlaggingPinner;
 pub use placement::Placement;
-pub use thread::{Helper, HelperConfig, HelperState, HelperStats, DEFAULT_MIN_BYTES};
+pub use thread::{
+    prefetch_checked, Helper, HelperConfig, HelperState, HelperStats, DEFAULT_MIN_BYTES,
+};
 
 use crate::pin::Pinner;
 

@@ -27,9 +27,9 @@ use super::placement::{self, Placement};
 use super::planner::{Action, Planner, PlannerConfig, PlannerStats};
 use super::releases::Releases;
 use crate::cache::{Cache, Registration};
-use crate::monitor::{unmap_log, MemoryListener, Subscription};
+use crate::monitor::{pins_ahead, unmap_log, MemoryListener, Subscription};
 use crate::pin::Access;
-use crate::status::FhResult;
+use crate::status::{fh_status, FhResult};
 use crossbeam_queue::ArrayQueue;
 
 /// How a helper is started.
@@ -494,7 +494,7 @@ fn run(cache: &Arc<Cache>, s: &Shared, cfg: HelperConfig, cpu: Option<usize>) {
             let t0 = now_ns();
             match a {
                 Action::Pin(k) => {
-                    let r = prefetch_checked(cache, k, synced);
+                    let r = prefetch_checked(cache, k, synced).map_err(|_| ());
                     planner.pinned(k, r, t0, now_ns());
                 }
                 Action::Unpin(k) => {
@@ -526,27 +526,33 @@ fn run(cache: &Arc<Cache>, s: &Shared, cfg: HelperConfig, cpu: Option<usize>) {
     publish(s, &planner, &integral, deferred, cache);
 }
 
-/// `Cache::prefetch`, guarded against unmaps racing with it (see `monitor::unmap_log`): a range
-/// that a patched unmap is carrying out, or that one began on since the planner last took the
-/// unmap reports (`synced`, from `take_unmaps`), is not pinned; a pin made while an overlapping
-/// unmap began is undone before the region is published (its invalidation may have run before
-/// the region was in the index). An unmap by a raw system call during the pin is reported by
-/// userfaultfd: the cache watches a region's range from before its pin (`cache::miss`).
+/// `Cache::prefetch`, guarded against unmaps racing with it (`FH_ERR_BUSY`: raced, nothing
+/// stays pinned; else as `Cache::prefetch`). The pin is announced first
+/// (`monitor::pins_ahead`): a patched unmap of the range that begins from then on waits until this
+/// returns, so the pin, and its undo if it raced, touch the old memory only, never a mapping the
+/// application put there next. Then the unmap log (`monitor::unmap_log`): a range that a patched
+/// unmap is carrying out, or that one began on since the planner last took the unmap reports
+/// (`synced`, from `take_unmaps`), is not pinned; a pin made while an overlapping unmap began is
+/// undone before the region is published (its invalidation may have run before the region was in
+/// the index). An unmap by a raw system call during the pin is reported by userfaultfd: the
+/// cache watches a region's range from before its pin (`cache::miss`).
 ///
 /// Why since `synced` and not since now: an unmap that was running when the planner looked at
 /// the reports, or began after, and ended before this pin (its report not taken yet) left the
-/// key's range to whatever the application maps there next. A pin of it then covered part of a new mapping: mlock and
-/// the userfaultfd watch split that mapping, and the application's `mremap` of it failed with
-/// EFAULT (seen in `case6_stale_threads_helper` under AddressSanitizer, about 1 run in 6).
-fn prefetch_checked(cache: &Cache, k: Key, synced: u64) -> Result<bool, ()> {
+/// key's range to whatever the application maps there next. A pin of it then covered part of a
+/// new mapping: mlock and the userfaultfd watch split that mapping, and the application's
+/// `mremap` of it failed with EFAULT (seen in `case6_stale_threads_helper` under
+/// AddressSanitizer, about 1 run in 6; the announcement closed the rest, about 1 in 30).
+pub fn prefetch_checked(cache: &Cache, k: Key, synced: u64) -> FhResult<bool> {
     let (s, e) = (k.start, k.end);
+    let Some(_announced) = pins_ahead::enter(s, e) else {
+        return Err(fh_status::FH_ERR_BUSY);
+    };
     if unmap_log::in_flight_overlapping(s, e) || unmap_log::begun_since(synced, s, e) {
-        return Err(());
+        return Err(fh_status::FH_ERR_BUSY);
     }
     let still_valid = || !unmap_log::begun_since(synced, s, e);
-    cache
-        .prefetch(s, e - s, Access(k.access), &still_valid)
-        .map_err(|_| ())
+    cache.prefetch(s, e - s, Access(k.access), &still_valid)
 }
 
 fn publish(s: &Shared, p: &Planner, i: &Integral, deferred: u64, cache: &Cache) {
@@ -592,13 +598,19 @@ mod tests {
         let synced = unmap_log::mark_before_unfinished();
         let seq = unmap_log::begin(k.start + 0x8000, k.end + 0x8000);
         unmap_log::end(seq);
-        assert_eq!(prefetch_checked(&cache, k, synced), Err(()));
+        assert_eq!(
+            prefetch_checked(&cache, k, synced),
+            Err(fh_status::FH_ERR_BUSY)
+        );
         // One in flight when the helper took the reports (its report not pushed yet), ended
         // before the pin.
         let seq = unmap_log::begin(k.start, k.start + 0x1000);
         let synced = unmap_log::mark_before_unfinished();
         unmap_log::end(seq);
-        assert_eq!(prefetch_checked(&cache, k, synced), Err(()));
+        assert_eq!(
+            prefetch_checked(&cache, k, synced),
+            Err(fh_status::FH_ERR_BUSY)
+        );
         assert_eq!(counting.pins(), 0);
         // Nothing overlapping since a newer look: pinned. (Retried: other tests' unmaps may fill
         // the log's 64 slots between the mark and the check, which counts as raced.)

@@ -12,6 +12,7 @@ use libc::{c_int, c_long, c_void, off_t, size_t};
 use super::caller::{self, by_caller};
 use super::guard::notify_guarded;
 use super::maps;
+use super::pins_ahead;
 use super::ranges::{madvise_drops_pages, mmap_replaces, mremap_ranges, page_span, PAGE};
 use super::registry::done_wanted;
 use super::unmap_log;
@@ -125,8 +126,17 @@ impl Drop for Window {
     }
 }
 
-fn window(range: Option<(usize, usize)>) -> Window {
-    Window(range.map(|(addr, len)| unmap_log::begin(addr, addr.saturating_add(len))))
+/// Opens the window, then waits for the helpers' pins ahead of the same memory to end
+/// (`pins_ahead.rs`), unless this is libc trimming a heap (`trim`: an arena mutex held) or a
+/// thread inside the library (it may hold a cache's lock, which the pin needs).
+fn window(range: Option<(usize, usize)>, trim: bool) -> Window {
+    let w = Window(range.map(|(addr, len)| unmap_log::begin(addr, addr.saturating_add(len))));
+    if let Some((addr, len)) = range {
+        if !trim && !crate::inside::is_inside() {
+            pins_ahead::wait_for_overlapping(addr, addr.saturating_add(len));
+        }
+    }
+    w
 }
 
 /// Before the system call. Returns whether the listeners ran (then `done` may follow).
@@ -155,16 +165,12 @@ fn fail_einval() {
 
 unsafe extern "C" fn munmap_body<const BY_LIBC: bool>(addr: *mut c_void, len: size_t) -> c_int {
     let range = page_span(addr as usize, len);
-    let _w = window(range);
+    let trim = BY_LIBC && caller::glibc_heap_block(addr as usize, len);
+    let _w = window(range, trim);
     let ran = notify(range);
     // SAFETY: the caller's own munmap request, passed through unchanged.
     let r = unsafe { libc::syscall(libc::SYS_munmap, addr as c_long, len as c_long) as c_int };
-    done(
-        range,
-        ran,
-        r == 0,
-        BY_LIBC && caller::glibc_heap_block(addr as usize, len),
-    );
+    done(range, ran, r == 0, trim);
     r
 }
 
@@ -178,7 +184,7 @@ unsafe extern "C" fn madvise_body<const BY_LIBC: bool>(
     } else {
         None
     };
-    let _w = window(range);
+    let _w = window(range, BY_LIBC);
     let ran = notify(range);
     // SAFETY: pass-through of the caller's request.
     let r = unsafe {
@@ -216,7 +222,7 @@ unsafe extern "C" fn fh_mremap(
     };
     let ranges = mremap_ranges(old as usize, old_size, new_size, flags, new_addr);
     // (Both ranges are logged until the call returns.)
-    let _w = ranges.map(window);
+    let _w = ranges.map(|r| window(r, false));
     let ran = ranges.map(notify);
     // SAFETY: pass-through of the caller's request.
     let r = unsafe {
@@ -250,7 +256,7 @@ unsafe extern "C" fn mmap_body<const BY_LIBC: bool>(
         return libc::MAP_FAILED;
     }
     let range = mmap_replaces(addr as usize, len, flags);
-    let _w = window(range);
+    let _w = window(range, BY_LIBC);
     let ran = notify(range);
     // SAFETY: pass-through of the caller's request.
     let r = unsafe {
@@ -293,7 +299,7 @@ fn shm_extent(addr: usize) -> Option<(usize, usize)> {
 unsafe extern "C" fn fh_shmdt(addr: *const c_void) -> c_int {
     // Also when nested (a signal handler's shmdt during a hook): the guard delivers it later.
     let range = shm_extent(addr as usize);
-    let _w = window(range);
+    let _w = window(range, false);
     let ran = notify(range);
     // SAFETY: pass-through of the caller's request.
     let r = unsafe { libc::syscall(libc::SYS_shmdt, addr as c_long) as c_int };
@@ -322,7 +328,7 @@ unsafe extern "C" fn fh_shmat(id: c_int, addr: *const c_void, flags: c_int) -> *
             range = page_span(at, ds.shm_segsz);
         }
     }
-    let _w = window(range);
+    let _w = window(range, false);
     let ran = notify(range);
     // SAFETY: pass-through of the caller's request.
     let r = unsafe {

@@ -28,7 +28,8 @@
 //! Files: `registry.rs` (listener slots), `guard.rs` (re-entrancy), `patch.rs` (code patching),
 //! `hooks.rs` (replacement functions), `caller.rs` (their entries: libc's own calls told apart), `ranges.rs` (what range each call invalidates),
 //! `maps.rs` (allocation-free /proc/self/maps reader), `unmap_log.rs` (patched unmaps in
-//! flight, for the helper thread's prefetch), `uffd.rs` (userfaultfd; live watches per address
+//! flight, for the helper thread's prefetch), `pins_ahead.rs` (the helper's pins in flight,
+//! which patched unmaps of the same memory wait for), `uffd.rs` (userfaultfd; live watches per address
 //! are counted with `crate::range_counts`), `prune_ring.rs` (reader -> watch path,
 //! lock-free: ranges that went away), `switches.rs` (test-only disabling of single paths).
 
@@ -37,6 +38,7 @@ mod guard;
 mod hooks;
 mod maps;
 mod patch;
+pub mod pins_ahead;
 mod prune_ring;
 pub mod ranges;
 mod registry;
