@@ -9,12 +9,14 @@
 //! | `FH_HELPER`      | `0`/`1` (`off`/`on`, `no`/`yes`)         | `0` (lazy cache, no helper)      |
 //! | `FH_HELPER_CPU`  | core number, or `auto`                   | `auto` (only with an idle core)  |
 //! | `FH_HELPER_MIN`  | bytes (suffixes as above)                | `16k` (smaller: not tracked)     |
+//! | `FH_HELPER_CLOCK`| `auto`, `tsc`, `monotonic`               | `auto` (`helper/clock.rs`)       |
 //! | `FH_FORK_MODE`   | `auto`, `keep`, `release`, `retire`      | `auto` (`pin/fork_mode.rs`)      |
 //!
 //! [1] only when the kernel enforces it: a process with CAP_IPC_LOCK (root) is not limited.
 //!
 //! An invalid value is `FH_ERR_BAD_CONFIG`, with a message naming the variable on stderr.
 
+use crate::helper::clock::ClockChoice;
 use crate::pin::fork_mode::{self, ForkSetting};
 use crate::status::{fh_status, FhResult};
 
@@ -68,6 +70,8 @@ pub struct HelperSettings {
     /// `FH_HELPER_MIN`: registrations shorter than this are left to the lazy cache (the paper's
     /// 16 KiB: below it, tracking costs more than a pin saved).
     pub min_bytes: usize,
+    /// `FH_HELPER_CLOCK`: the helper's time source (`helper/clock.rs`).
+    pub clock: ClockChoice,
 }
 
 impl Default for HelperSettings {
@@ -76,6 +80,7 @@ impl Default for HelperSettings {
             enabled: false,
             cpu: None,
             min_bytes: 16 << 10,
+            clock: ClockChoice::Auto,
         }
     }
 }
@@ -169,6 +174,9 @@ impl Config {
                     msg: format!("{v:?} is not a positive byte count (e.g. 16k)"),
                 })?;
         }
+        if let Some(v) = get("FH_HELPER_CLOCK") {
+            c.helper.clock = parse_clock(&v)?;
+        }
         if let Some(v) = get("FH_FORK_MODE") {
             c.fork = parse_fork(&v)?;
         }
@@ -181,6 +189,25 @@ fn parse_fork(v: &str) -> Result<ForkSetting, ConfigError> {
         var: "FH_FORK_MODE",
         msg: format!("{v:?} is not one of auto, keep, release, retire"),
     })
+}
+
+fn parse_clock(v: &str) -> Result<ClockChoice, ConfigError> {
+    ClockChoice::parse(v).ok_or_else(|| ConfigError {
+        var: "FH_HELPER_CLOCK",
+        msg: format!("{v:?} is not one of auto, tsc, monotonic"),
+    })
+}
+
+/// `FH_HELPER_CLOCK` alone (`fh_config` has no field for it). `FH_ERR_BAD_CONFIG`, with the
+/// reason on stderr, for a bad value.
+pub fn helper_clock_from_env() -> FhResult<ClockChoice> {
+    match std::env::var("FH_HELPER_CLOCK") {
+        Ok(v) => parse_clock(&v).map_err(|e| {
+            eprintln!("{e}");
+            fh_status::FH_ERR_BAD_CONFIG
+        }),
+        Err(_) => Ok(ClockChoice::Auto),
+    }
 }
 
 /// `FH_FORK_MODE` alone (a cache made from an explicit `fh_config` still follows it).
@@ -392,6 +419,7 @@ mod tests {
             ("FH_HELPER", "on"),
             ("FH_HELPER_CPU", "1"),
             ("FH_HELPER_MIN", "64k"),
+            ("FH_HELPER_CLOCK", "TSC"),
         ])
         .unwrap();
         assert_eq!(
@@ -399,7 +427,8 @@ mod tests {
             HelperSettings {
                 enabled: true,
                 cpu: Some(1),
-                min_bytes: 64 << 10
+                min_bytes: 64 << 10,
+                clock: ClockChoice::Tsc,
             }
         );
         let a = with(&[("FH_HELPER", "0"), ("FH_HELPER_CPU", "AUTO")]).unwrap();
@@ -428,6 +457,7 @@ mod tests {
             ("FH_HELPER_CPU", "1024"),
             ("FH_HELPER_CPU", "x"),
             ("FH_HELPER_MIN", "0"),
+            ("FH_HELPER_CLOCK", "rdtsc"),
             ("FH_FORK_MODE", "flush"),
         ] {
             let e = with(&[(var, val)]).unwrap_err();

@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use firehose::cache::{Cache, Limits};
+use firehose::helper::clock::ClockChoice;
 use firehose::helper::planner::PlannerConfig;
 use firehose::helper::{self, Helper, HelperConfig, HelperState, Placement};
 use firehose::monitor::unmap_log;
@@ -36,6 +37,9 @@ fn cfg() -> HelperConfig {
         },
         poll_ns: 200_000,
         calibrate: false,
+        // The TSC here (the other helper tests run on `auto`, which picks clock_gettime on a
+        // host with a TSC clocksource): both sources drive a real helper in the test command.
+        clock: ClockChoice::Tsc,
     }
 }
 
@@ -96,6 +100,8 @@ fn setup(delay: Duration) -> (Arc<CountingPinner>, Arc<Cache>, Helper) {
     let cache = Cache::new(helper::wrap_backend(slow), limits(), None);
     let h = Helper::start(&cache, cfg());
     assert_eq!(h.state(), &HelperState::On { cpu: None });
+    #[cfg(target_arch = "x86_64")]
+    assert_eq!(helper::clock::selected().map(|s| s.source()), Some("tsc"));
     (counting, cache, h)
 }
 

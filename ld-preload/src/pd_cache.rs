@@ -96,6 +96,7 @@ fn start_helper(cfg: &Config, cache: &Arc<Cache>) -> Helper {
         HelperConfig {
             placement: cfg.helper.cpu.map_or(Placement::Auto, Placement::Cpu),
             min_bytes: cfg.helper.min_bytes,
+            clock: cfg.helper.clock,
             ..HelperConfig::default()
         },
     )

@@ -155,7 +155,14 @@ fn render_helper(o: &mut String, c: &fh_cache) {
         HelperState::On { cpu } => {
             let running = if h.is_on() { "on" } else { "stopped" };
             let cpu = cpu.map_or("any core".to_string(), |n| format!("core {n}"));
-            let _ = writeln!(o, "#   helper:        {running} ({cpu})");
+            let clock = crate::helper::clock::selected().map_or(String::new(), |s| {
+                format!(
+                    ", clock {} (FH_HELPER_CLOCK; clock_gettime {} ns here)",
+                    s.source(),
+                    s.monotonic_cost_ns
+                )
+            });
+            let _ = writeln!(o, "#   helper:        {running} ({cpu}){clock}");
         }
     }
     let st = h.stats();

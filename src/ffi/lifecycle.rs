@@ -20,6 +20,7 @@ use super::{backend, config};
 /// `cfg.ibv_pd` is NULL or a live `struct ibv_pd *` that outlives the cache.
 pub(crate) unsafe fn build(cfg: fh_config) -> FhResult<Arc<fh_cache>> {
     let fork = crate::config::fork_setting_from_env()?;
+    let clock = crate::config::helper_clock_from_env()?;
     // SAFETY: forwarded contract on `cfg.ibv_pd`.
     let backend = unsafe { backend::build(cfg.backend, cfg.ibv_pd) }?;
     let fork = fork_mode::resolve(fork, backend.verbs);
@@ -66,6 +67,7 @@ pub(crate) unsafe fn build(cfg: fh_config) -> FhResult<Arc<fh_cache>> {
                     Placement::Cpu(cfg.helper_cpu as usize)
                 },
                 min_bytes: cfg.helper_min_bytes,
+                clock,
                 ..HelperConfig::default()
             },
         )

@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
-use super::clock::now_ns;
+use super::clock::{self, now_ns, ClockChoice};
 use super::cost::{self, CostModel};
 use super::events::{Event, EventQueue, Key, Use, EVENT_CAPACITY};
 use super::pin_flag;
@@ -44,6 +44,8 @@ pub struct HelperConfig {
     /// Fit the cost model on the backend at start (else the default model, refined by the
     /// helper's own pins and unpins).
     pub calibrate: bool,
+    /// The clock (`clock.rs`; the process's first helper decides for all).
+    pub clock: ClockChoice,
 }
 
 /// Longest interval between two looks at a handle still held (ns): a region held for long is
@@ -61,6 +63,7 @@ impl Default for HelperConfig {
             planner: PlannerConfig::default(),
             poll_ns: 500_000,
             calibrate: true,
+            clock: ClockChoice::Auto,
         }
     }
 }
@@ -205,6 +208,8 @@ impl Helper {
             Ok(cpu) => cpu,
             Err(reason) => return Helper::off(reason),
         };
+        // Before the first time is taken (the callers' events, the calibration below).
+        clock::select(cfg.clock);
         let unmaps = Arc::new(Unmaps {
             ring: ArrayQueue::new(1024),
             overflow: AtomicBool::new(false),
@@ -304,7 +309,7 @@ impl Helper {
                 },
                 handle: r.handle,
                 t: t0,
-                wait_ns: t1 - t0,
+                wait_ns: t1.saturating_sub(t0),
                 pinned_here,
             }));
         }

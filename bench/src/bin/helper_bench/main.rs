@@ -76,6 +76,8 @@ usage: helper_bench [--quick] [--json] [--reps 3] [--backend mlock|verbs] [--ser
   --compute-scale F|auto: every computation times F (default 1). auto: F is how much slower
   than the reference machine this one copies 512 KiB, when that is 2x or more (an emulated
   guest, where a wall-clock spin keeps its length but every copy is 10-30x slower); else 1.
+  FH_HELPER_CLOCK=auto|tsc|monotonic: the helper's clock, as in the library (the header
+  says which one ran).
 ";
 
 /// `--compute-scale`: a positive finite factor, or `auto` (`None`).
@@ -261,6 +263,11 @@ fn spin(us: u64) {
 const ACCESS: Access = Access(1 | 4); // local write, remote read: a send buffer
 
 /// `cores`: (the program's core, the helper's core), from `--cores`; `None`: both unbound.
+/// `FH_HELPER_CLOCK` (a bad value exits with the reason, as the library's settings do).
+fn helper_clock() -> firehose::helper::clock::ClockChoice {
+    firehose::config::helper_clock_from_env().unwrap_or_else(|_| std::process::exit(2))
+}
+
 fn run(p: &Program, mode: Mode, backend: &Arc<dyn Pinner>, cores: Option<(usize, usize)>) -> Run {
     let rec = Recorder::new(backend.clone());
     let limits = Limits {
@@ -282,6 +289,7 @@ fn run(p: &Program, mode: Mode, backend: &Arc<dyn Pinner>, cores: Option<(usize,
                     None => Placement::Anywhere,
                 },
                 planner: mode.planner(),
+                clock: helper_clock(),
                 ..HelperConfig::default()
             },
         );

@@ -286,6 +286,7 @@ pub fn table(
         "# helper forced on ({}); the placement policy (FH_HELPER_CPU=auto) says: {}",
         h.binding, h.placement
     );
+    let _ = writeln!(o, "# helper clock: {}", clock_line());
     let _ = writeln!(
         o,
         "# computation x{:.2} ({})",
@@ -316,6 +317,19 @@ pub fn table(
     let _ = writeln!(o, "## Targets, modelled");
     targets_table(&mut o, programs, modelled);
     o
+}
+
+/// The helper's time source (`firehose::helper::clock`), as the first helper chose it.
+fn clock_line() -> String {
+    match firehose::helper::clock::selected() {
+        Some(s) => format!(
+            "{} (FH_HELPER_CLOCK={:?}; one clock_gettime costs {} ns here)",
+            s.source(),
+            s.choice,
+            s.monotonic_cost_ns
+        ),
+        None => "none selected (no helper ran)".to_string(),
+    }
 }
 
 fn json_rows(programs: &[Program], results: &[Summary]) -> Vec<serde_json::Value> {
@@ -373,6 +387,7 @@ pub fn json(h: &Header, programs: &[Program], results: &[Summary], modelled: &[S
         "quick": h.quick,
         "compute_scale": h.compute_scale,
         "compute_scale_why": h.compute_scale_why,
+        "helper_clock": clock_line(),
         "model_costs": h.costs,
         "measured": {"programs": json_rows(programs, results),
                      "targets": json_targets(programs, results)},
