@@ -198,28 +198,30 @@ fn parse_clock(v: &str) -> Result<ClockChoice, ConfigError> {
     })
 }
 
-/// `FH_HELPER_CLOCK` alone (`fh_config` has no field for it). `FH_ERR_BAD_CONFIG`, with the
-/// reason on stderr, for a bad value.
-pub fn helper_clock_from_env() -> FhResult<ClockChoice> {
-    match std::env::var("FH_HELPER_CLOCK") {
-        Ok(v) => parse_clock(&v).map_err(|e| {
+/// One environment variable read alone (settings `fh_config` has no field for): its parsed
+/// value, `default` when unset, `FH_ERR_BAD_CONFIG` with the reason on stderr when invalid.
+fn one_from_env<T>(
+    var: &str,
+    parse: impl Fn(&str) -> Result<T, ConfigError>,
+    default: T,
+) -> FhResult<T> {
+    match std::env::var(var) {
+        Ok(v) => parse(&v).map_err(|e| {
             eprintln!("{e}");
             fh_status::FH_ERR_BAD_CONFIG
         }),
-        Err(_) => Ok(ClockChoice::Auto),
+        Err(_) => Ok(default),
     }
 }
 
+/// `FH_HELPER_CLOCK` alone (`fh_config` has no field for it).
+pub fn helper_clock_from_env() -> FhResult<ClockChoice> {
+    one_from_env("FH_HELPER_CLOCK", parse_clock, ClockChoice::Auto)
+}
+
 /// `FH_FORK_MODE` alone (a cache made from an explicit `fh_config` still follows it).
-/// `FH_ERR_BAD_CONFIG`, with the reason on stderr, for a bad value.
 pub fn fork_setting_from_env() -> FhResult<ForkSetting> {
-    match std::env::var("FH_FORK_MODE") {
-        Ok(v) => parse_fork(&v).map_err(|e| {
-            eprintln!("{e}");
-            fh_status::FH_ERR_BAD_CONFIG
-        }),
-        Err(_) => Ok(ForkSetting::Auto),
-    }
+    one_from_env("FH_FORK_MODE", parse_fork, ForkSetting::Auto)
 }
 
 fn parse_backend(v: &str) -> Option<Backend> {
