@@ -132,7 +132,8 @@ impl Drop for Window {
 fn window(range: Option<(usize, usize)>, trim: bool) -> Window {
     let w = Window(range.map(|(addr, len)| unmap_log::begin(addr, addr.saturating_add(len))));
     if let Some((addr, len)) = range {
-        if !trim && !crate::inside::is_inside() {
+        // `any` first: one load when no helper pins ahead (every hooked call pays it).
+        if !trim && pins_ahead::any() && !crate::inside::is_inside() {
             pins_ahead::wait_for_overlapping(addr, addr.saturating_add(len));
         }
     }

@@ -170,6 +170,13 @@ fn pause(round: u32) {
     }
 }
 
+/// Whether any pin ahead is announced (or being announced) now. Read after `unmap_log::begin`,
+/// it is the cheap half of the protocol: `false` means every pin announced later sees the unmap.
+#[inline]
+pub fn any() -> bool {
+    ACTIVE.load(SeqCst) != 0
+}
+
 /// Called by a patched unmap of `[start, end)` after `unmap_log::begin` and before its
 /// listeners and its system call: returns once no pin ahead by another thread overlaps the range,
 /// or after `MAX_WAIT_NS`. Returns whether it waited.
