@@ -228,6 +228,9 @@ impl Helper {
         // A plain pthread: see `raw_thread.rs` (a std thread could not start in a child forked
         // while another thread started or ended one).
         let spawned = crate::raw_thread::spawn(c"fh-helper", move || {
+            // The library's own thread: its unmaps never wait for another helper's pin ahead
+            // (two helpers could each wait for the other's), nor for the revoke worker.
+            crate::inside::mark_thread();
             let res =
                 std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(&c, &s, cfg, cpu)));
             s.running.store(false, Ordering::Release);

@@ -20,9 +20,12 @@
 //! hook's listeners, which run after the wait).
 //!
 //! Not waited for: a libc heap trim (glibc holds an arena mutex there, which the helper's next
-//! `malloc` may need: `caller.rs`), the thread that announced the pin (a signal handler or an
-//! allocation of its own), and anything after [`MAX_WAIT_NS`] (a lock we do not know of, e.g. in
-//! another allocator: the wait ends, and the unmap goes ahead as it did before this existed).
+//! `malloc` may need: `caller.rs`); a thread inside the library (`crate::inside`: a C API call
+//! may hold a cache's mutex, the mlock backend its count lock, and the helper threads are marked
+//! for good, so two helpers never wait for each other); the thread that announced the pin (a
+//! signal handler or an allocation of its own); and anything after [`MAX_WAIT_NS`] (a lock we do
+//! not know of, e.g. in another allocator, or a cache's mutex held by a Rust-API caller: the
+//! wait ends, and the unmap goes ahead as it did before this existed).
 //! Unmaps by raw system calls are seen only after the fact (userfaultfd) and cannot wait.
 //!
 //! Hook-safe: fixed slots, atomics, `sched_yield`/`nanosleep`/the vDSO clock; no allocation, no

@@ -50,6 +50,10 @@ fn errno() -> i32 {
 
 impl Pinner for MlockPinner {
     fn pin(&self, addr: usize, len: usize, _access: Access) -> Result<Pinned, PinError> {
+        // Inside the library while `LOCKED` is held: if the count table's growth frees memory
+        // that a helper is pinning ahead of, this thread's unmap must not wait for that pin,
+        // which needs `LOCKED` (`monitor/pins_ahead.rs`).
+        let _in = crate::inside::enter();
         let mut counts = locked();
         // Always locked, counted or not: a count left by a stale pin says nothing of the memory
         // mapped there now.
@@ -82,6 +86,7 @@ impl Pinner for MlockPinner {
     }
 
     fn unpin(&self, _pinned: Pinned, addr: usize, len: usize) {
+        let _in = crate::inside::enter(); // as in `pin`
         locked().sub_each(addr, addr + len, 1, |s, e| {
             // SAFETY: munlock of an unmapped (already invalidated) range just fails with ENOMEM.
             let _ = unsafe { libc::munlock(s as *const libc::c_void, e - s) };
