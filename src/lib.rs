@@ -13,6 +13,7 @@ mod fork;
 pub mod helper;
 pub mod inside;
 pub mod monitor;
+mod monotonic;
 pub mod net;
 pub mod pin;
 /// A first-use initialiser that never makes a thread wait (fork-safe); shared with the shim.

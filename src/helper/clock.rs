@@ -18,6 +18,8 @@
 
 use std::sync::OnceLock;
 
+use crate::monotonic::monotonic_ns;
+
 /// `auto` picks the TSC when a `clock_gettime` costs more than this (ns).
 pub const SLOW_CLOCK_NS: u64 = 150;
 
@@ -79,16 +81,6 @@ impl Selected {
 }
 
 static SELECTED: OnceLock<Selected> = OnceLock::new();
-
-fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid out-pointer; CLOCK_MONOTONIC always exists on Linux.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    (ts.tv_sec as u64) * 1_000_000_000 + ts.tv_nsec as u64
-}
 
 #[cfg(target_arch = "x86_64")]
 #[inline]

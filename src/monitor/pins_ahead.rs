@@ -33,6 +33,8 @@
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::SeqCst};
 
+use crate::monotonic::monotonic_ns;
+
 const SLOTS: usize = 64;
 
 /// Longest wait of one unmap for the pins ahead it overlaps (ns).
@@ -147,18 +149,6 @@ fn look(s: &Slot, start: usize, end: usize, me: usize) -> Seen {
     }
 }
 
-fn now_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: a valid timespec to fill (the vDSO: no allocation, signal-safe).
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    (ts.tv_sec as u64)
-        .saturating_mul(1_000_000_000)
-        .saturating_add(ts.tv_nsec as u64)
-}
-
 fn pause(round: u32) {
     if round < 64 {
         // SAFETY: no preconditions.
@@ -199,15 +189,15 @@ fn wait_slow(start: usize, end: usize, max_ns: u64) -> bool {
     for s in &TABLE {
         while let Seen::Wait(g) = look(s, start, end, me) {
             if t0 == 0 {
-                t0 = now_ns().max(1);
+                t0 = monotonic_ns().max(1);
                 WAITS.fetch_add(1, SeqCst);
             }
-            if now_ns().saturating_sub(t0) >= max_ns {
+            if monotonic_ns().saturating_sub(t0) >= max_ns {
                 WAITS_TIMED_OUT.fetch_add(1, SeqCst);
                 return true;
             }
             // Until that pin is over (its slot's generation moves on).
-            while s.gen.load(SeqCst) == g && now_ns().saturating_sub(t0) < max_ns {
+            while s.gen.load(SeqCst) == g && monotonic_ns().saturating_sub(t0) < max_ns {
                 pause(round);
                 round = round.saturating_add(1);
             }
