@@ -17,8 +17,9 @@
 //!
 //! What it may call: the cache's public API (`register`/`deregister` for the callers,
 //! `prefetch`/`evict_range`/`unpin_deferred`/`process_invalidations`/`is_live` on the thread),
-//! `crate::pin::Pinner` (calibration and the flagging wrapper), and libc (clock, affinity,
-//! /proc). Correctness never depends on anything here: a wrong prediction only means a caller
+//! `crate::pin::Pinner` (calibration and the flagging wrapper), the monitor's unmap log and
+//! pins-ahead table (`monitor::unmap_log`, `monitor::pins_ahead`: what keeps a pin ahead off
+//! memory being unmapped), and libc (clock, affinity, /proc). Correctness never depends on anything here: a wrong prediction only means a caller
 //! pins synchronously, as without a helper; a region the helper pins goes through the cache's
 //! miss path, so the invalidation guarantee covers it.
 
