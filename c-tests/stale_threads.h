@@ -58,7 +58,11 @@
 #include <stdatomic.h>
 #include <sys/ipc.h>
 #include <sys/shm.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <time.h>
 
 #ifdef STALE_VERBS
@@ -82,8 +86,10 @@ enum {
     P_MMAP_FIXED,
     P_RAW_MMAP_FIXED,
     P_FREE,
+    P_FREE_TRIM,
     P_SHMDT,
-    NPATHS
+    NPATHS,
+    P_MIX = NPATHS /* a phase, not a path: each round takes the next selected path (see st_main) */
 };
 
 static const struct {
@@ -94,7 +100,7 @@ static const struct {
     {"munmap", 0, 1},      {"raw_munmap", 1, 1},     {"madvise_dontneed", 0, 1},
     {"raw_madvise", 1, 1}, {"mremap_move", 0, 1},    {"raw_mremap", 1, 1},
     {"mmap_fixed", 0, 1},  {"raw_mmap_fixed", 1, 1}, {"free", 0, 0},
-    {"shmdt", 0, 0},
+    {"free_trim", 0, 0},   {"shmdt", 0, 0},
 };
 
 struct st_count {
@@ -110,7 +116,9 @@ struct st_count {
     atomic_ulong not_primed;  /* second registration was not a hit (nothing to go stale) */
     atomic_ulong skipped;     /* free: malloc never returned the same address */
     atomic_ulong taken;       /* kernel layout: another thread mapped the hole first */
-    atomic_ulong not_mmapped; /* free: the chunk came from an arena (its pages stay on free) */
+    atomic_ulong not_mmapped; /* free: an arena chunk, and no page frames to judge it by */
+    atomic_ulong kept;        /* free: an arena chunk whose pages outlived the free (a hit is right) */
+    atomic_ulong changed;     /* free: the pages under the address were new after the re-malloc */
     atomic_int cut_short;     /* the phase hit FH_STALE_PATH_SECONDS */
     double secs;
 };
@@ -147,11 +155,17 @@ struct st_thread {
 #define ST_WIN_BASE 0x2a0000000000ul /* far below mmap_base, above ASan's shadow (ends 0x10007fff7fff) */
 #define ST_MAX_THREADS 64
 
-#define ST_MAX_PHASES (2 * NPATHS)
+#define ST_MAX_PHASES (2 * NPATHS + 1)
 static struct st_count st_cnt[ST_MAX_PHASES];
 static struct st_count *st_cur; /* this phase's counters (set between barriers) */
 static int st_nphases, st_ph_path[ST_MAX_PHASES], st_ph_kernel[ST_MAX_PHASES];
 static int st_selected[NPATHS];
+static int st_mix;             /* the mixed phase runs (after the others, kernel layout) */
+static int st_mix_paths[NPATHS], st_nmix;
+/* FH_STALE_CACHE: per_thread (thread i: the bounded config below if i is even, the user's defaults
+ * -- fh_cache_new(NULL) -- if odd) or shared (one cache with the defaults for every thread). */
+static int st_shared;
+static fh_cache *st_shared_cache;
 static int st_nthreads, st_rounds, st_expect_stale, st_verbs_backend, st_asan;
 static double st_path_secs;
 static int st_advice = MADV_DONTNEED;
@@ -291,6 +305,46 @@ static void st_flush_deferred(struct st_thread *t, int path) {
     t->npend = 0;
 }
 
+/* ---- page frames (free paths) ------------------------------------------------------------ */
+
+/* /proc/self/pagemap, when it shows page frame numbers (root, CAP_SYS_ADMIN); else -1. A chunk
+ * carved from a malloc arena may keep its pages across free -> malloc (then a cache hit is right:
+ * the registration still pins exactly the pages mapped there) or lose them (the arena was trimmed:
+ * brk shrank, or libc dropped them with madvise; then a hit is stale). The frames tell which. */
+static int st_pagemap = -1;
+#define ST_MAX_PAGES 32 /* 112 KiB + a partial page on each side */
+
+static uint64_t st_frame(const void *a) {
+    uint64_t e = 0;
+    off_t at = (off_t)((uintptr_t)a / st_pg * sizeof e);
+    if (pread(st_pagemap, &e, sizeof e, at) != (ssize_t)sizeof e) return 0;
+    return e >> 63 ? e & ((1ull << 55) - 1) : 0; /* 0: not present (gone, or never touched) */
+}
+
+/* The frames of every page of [p, p+len) into f; returns how many. */
+static size_t st_frames(const char *p, size_t len, uint64_t *f) {
+    uintptr_t lo = (uintptr_t)p & ~(st_pg - 1), hi = ((uintptr_t)p + len + st_pg - 1) & ~(st_pg - 1);
+    size_t n = 0;
+    for (uintptr_t a = lo; a < hi && n < ST_MAX_PAGES; a += st_pg) f[n++] = st_frame((void *)a);
+    return n;
+}
+
+/* Arena chunks are judged only with frames to judge them by, and with userfaultfd on: when libc
+ * trims an arena with brk, only userfaultfd sees the pages go (README: the libc patch alone
+ * misses brk), so without it a trimmed chunk would be a known, documented miss. */
+static int st_judge_arena;
+
+static void st_open_pagemap(void) {
+    int fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return;
+    static volatile char touched = 1;
+    st_pagemap = fd;
+    if (st_frame((const void *)&touched) == 0) { /* frames hidden from this process */
+        close(fd);
+        st_pagemap = -1;
+    }
+}
+
 /* ---- registration checks ----------------------------------------------------------------- */
 
 /* FH_HELPER=1 (mlock backend only): each cache has a helper thread, which may pin a range ahead
@@ -305,6 +359,18 @@ static int st_helper_mode;
 
 static uint32_t st_probe_key(struct st_thread *t) {
     size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    if (st_shared) {
+        /* A shared cache: the ring's pages come back and would hit; a fresh page each time (the
+         * libc munmap invalidates it at once, so no later round can find it). */
+        char *pg = mmap(NULL, page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        CHECK(pg != MAP_FAILED);
+        pg[0] = 1;
+        fh_mr mr;
+        CHECK_OK(fh_register(t->c, pg, page, FH_ACCESS_LOCAL_WRITE, &mr));
+        CHECK_OK(fh_deregister(t->c, mr.handle));
+        CHECK(munmap(pg, page) == 0);
+        return mr.lkey;
+    }
     if (!t->probe) {
         t->probe = mmap(NULL, ST_PROBE_PAGES * page, PROT_READ | PROT_WRITE,
                         MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -384,8 +450,14 @@ static void st_round(struct st_thread *t, int path) {
     long rc;
     int err, primed;
 
+    /* free paths: whether this round's chunk came from an arena (see st_pagemap), and the frames
+     * of its pages when registered. */
+    int arena = 0;
+    uint64_t frames[ST_MAX_PAGES];
+    size_t nframes = 0;
+
     /* Memory with pattern A. */
-    if (path == P_FREE) {
+    if (path == P_FREE || path == P_FREE_TRIM) {
         len -= 64; /* malloc's own header stays inside the chunk's pages */
         chunk = malloc(len);
         if (!chunk) {
@@ -393,9 +465,12 @@ static void st_round(struct st_thread *t, int path) {
             return;
         }
         /* glibc's chunk header: the size word before the user pointer, bit 1 = IS_MMAPPED. A
-         * chunk carved from an arena keeps its pages on free: nothing to go stale. */
+         * chunk carved from an arena may keep its pages on free: judged by its frames, or not at
+         * all where frames are hidden. (M_MMAP_THRESHOLD is only asked for when the arena's top
+         * cannot serve a request: a thread sharing an arena with a large top gets arena chunks.) */
         const volatile size_t *hdr = (const volatile size_t *)((uintptr_t)chunk - sizeof(size_t));
-        if (!(*hdr & 2)) {
+        arena = !(*hdr & 2);
+        if (arena && !st_judge_arena) {
             atomic_fetch_add(&k->not_mmapped, 1);
             free(chunk);
             return;
@@ -430,23 +505,35 @@ static void st_round(struct st_thread *t, int path) {
     a = p + off;
     st_fill(p, len, seed_a);
 
-    /* Register (a miss: fresh memory), release; register again (a hit), release. */
+    /* Register (a miss: fresh memory), release; register again (a hit), release. A shared cache's
+     * counters move with every thread's calls: there the keys tell (mlock keys grow with each pin
+     * of a cache, so a region pinned before this round's memory existed has a key <= `fresh`). */
+    uint32_t fresh = st_shared && !st_verbs_backend ? st_probe_key(t) : 0;
     s0 = fh_test_stats(t->c);
     if (st_reg(t, path, p, len, &m1)) goto cleanup;
     s1 = fh_test_stats(t->c);
     /* (With helpers, a hit here can be a correct prefetch of the new memory: see st_helper_mode.) */
-    if (s1.hits != s0.hits && !st_helper_mode)
+    if (arena) {
+        /* An arena chunk's pages may be pinned by a region of an earlier chunk that still holds
+         * them (the same frames): a hit is right. */
+    } else if (st_shared ? !st_verbs_backend && m1.lkey <= fresh
+                         : s1.hits != s0.hits && !st_helper_mode)
         st_stale(path, tid, "first registration of fresh memory was a hit", p, len, &k->stale_first);
     CHECK_OK(fh_deregister(t->c, m1.handle));
     s0 = fh_test_stats(t->c);
     if (st_reg(t, path, p, len, &m2)) goto cleanup;
     s1 = fh_test_stats(t->c);
-    primed = s1.hits == s0.hits + 1 && (st_verbs_backend || m2.lkey == m1.lkey);
+    if (st_shared)
+        primed = st_verbs_backend || m2.lkey == m1.lkey; /* verbs: the RDMA READ checks */
+    else
+        primed = s1.hits == s0.hits + 1 && (st_verbs_backend || m2.lkey == m1.lkey);
     if (!primed) atomic_fetch_add(&k->not_primed, 1);
     CHECK_OK(fh_deregister(t->c, m2.handle));
 
+    if (chunk) nframes = st_frames(p, len, frames);
+
     /* The pages go away; fresh ones come at the same addresses. */
-    uint32_t before_unmap = st_helper_mode ? st_probe_key(t) : 0;
+    uint32_t before_unmap = st_helper_mode || st_shared ? st_probe_key(t) : 0;
     switch (path) {
     case P_MUNMAP:
     case P_RAW_MUNMAP:
@@ -514,10 +601,14 @@ static void st_round(struct st_thread *t, int path) {
         if (!st_zero_pages(a, cut)) st_behaviour(path, tid, "new mapping not zero-filled", a);
         break;
     }
-    case P_FREE: {
+    case P_FREE:
+    case P_FREE_TRIM: {
         uintptr_t was = (uintptr_t)chunk;
         free(chunk);
         chunk = NULL;
+        /* free_trim: libc gives back what its arenas hold free (brk shrinks, free pages are
+         * dropped with madvise, whole secondary heaps unmapped): a heap chunk's pages may go. */
+        if (path == P_FREE_TRIM) malloc_trim(0);
         void *extra[64]; /* each one fills a gap above the freed one, if there are such */
         int n = 0;
         while (n < 64) {
@@ -553,15 +644,31 @@ static void st_round(struct st_thread *t, int path) {
         break;
     }
 
+    /* free paths: were the pages under the address replaced? A freed mmapped chunk always is
+     * (munmap, then a new mmap); an arena chunk only if libc trimmed its pages. Where they were
+     * kept, the registration still pins exactly them: a hit is right, and the round is counted
+     * as `kept` rather than checked. */
+    int kept = 0;
+    if (chunk && nframes) {
+        uint64_t now[ST_MAX_PAGES];
+        size_t n = st_frames(p, len, now);
+        kept = arena && n == nframes && memcmp(now, frames, n * sizeof now[0]) == 0;
+        atomic_fetch_add(kept ? &k->kept : &k->changed, 1);
+    } else if (chunk) {
+        atomic_fetch_add(&k->changed, 1); /* mmapped, frames hidden: munmap + mmap, new pages */
+    }
+
     /* Pattern B on the new pages, then the same thread registers again: must be a miss. */
     st_fill(p, len, seed_b);
     s0 = fh_test_stats(t->c);
     if (st_reg(t, path, p, len, &m3)) goto cleanup;
     s1 = fh_test_stats(t->c);
-    if (primed) {
+    if (primed && !kept) {
         atomic_fetch_add(&k->rounds, 1);
         if (partial) atomic_fetch_add(&k->partial, 1);
-        if (s1.hits != s0.hits && (!st_helper_mode || m3.lkey <= before_unmap))
+        int hit = st_shared ? !st_verbs_backend && m3.lkey <= before_unmap
+                            : s1.hits != s0.hits && (!st_helper_mode || m3.lkey <= before_unmap);
+        if (hit)
             st_stale(path, tid, "re-registration after the pages went away was a cache hit", p, len,
                      &k->stale_hit);
         else if (!st_verbs_backend && m3.lkey == m2.lkey)
@@ -573,7 +680,7 @@ static void st_round(struct st_thread *t, int path) {
     CHECK_OK(fh_deregister(t->c, m3.handle));
 
 cleanup:
-    if (path == P_FREE) {
+    if (path == P_FREE || path == P_FREE_TRIM) {
         free(chunk);
     } else if (shmid >= 0) {
         if (shmdt(p) != 0) st_sysfail(path, tid, "shmdt (cleanup)", -1, errno);
@@ -588,19 +695,41 @@ cleanup:
 
 /* ---- threads ----------------------------------------------------------------------------- */
 
+/* The cache configuration of thread `id` (or of the shared cache: id -1). Bounded (64 MiB, 256
+ * regions: evictions all along) for even threads; the user's defaults, as fh_cache_new(NULL)
+ * takes them, for odd threads and the shared cache. Only the backend (and on verbs the PD) is
+ * set for those. */
+static void st_config(fh_config *cfg, int id, struct st_thread *t) {
+    CHECK_OK(fh_config_init(cfg));
+#ifdef STALE_VERBS
+    cfg->backend = FH_BACKEND_VERBS;
+    cfg->ibv_pd = t->vl.pd;
+#else
+    (void)t;
+    cfg->backend = st_verbs_backend ? FH_BACKEND_VERBS : FH_BACKEND_MLOCK;
+#endif
+    if (id >= 0 && id % 2 == 0) {
+        cfg->max_pinned = (size_t)64 << 20;
+        cfg->max_regions = 256;
+    }
+}
+
+/* Path of round `r` of a thread in phase path `path`: itself, or for the mixed phase the next of
+ * the selected paths, each thread starting elsewhere, so at any moment the threads run different
+ * paths against each other (libc's free next to raw unmaps next to madvise...). */
+static int st_round_path(const struct st_thread *t, int path, int r) {
+    return path == P_MIX ? st_mix_paths[(t->id + r) % st_nmix] : path;
+}
+
 static void *st_worker(void *arg) {
     struct st_thread *t = arg;
-    fh_config cfg;
-    CHECK_OK(fh_config_init(&cfg));
-#ifdef STALE_VERBS
-    cfg.backend = FH_BACKEND_VERBS;
-    cfg.ibv_pd = t->vl.pd;
-#else
-    cfg.backend = st_verbs_backend ? FH_BACKEND_VERBS : FH_BACKEND_MLOCK;
-#endif
-    cfg.max_pinned = (size_t)64 << 20;
-    cfg.max_regions = 256;
-    CHECK_OK(fh_cache_new(&cfg, &t->c)); /* on this thread, concurrently with the others */
+    if (st_shared) {
+        t->c = st_shared_cache;
+    } else {
+        fh_config cfg;
+        st_config(&cfg, t->id, t);
+        CHECK_OK(fh_cache_new(&cfg, &t->c)); /* on this thread, concurrently with the others */
+    }
     pthread_barrier_wait(&st_bar);
     for (int ph = 0; ph < st_nphases; ph++) {
         int path = st_ph_path[ph];
@@ -618,17 +747,51 @@ static void *st_worker(void *arg) {
 #endif
             )
                 break;
-            st_round(t, path);
+            st_round(t, st_round_path(t, path, r));
         }
-        st_flush_deferred(t, path);
+        st_flush_deferred(t, path == P_MIX ? P_MUNMAP : path);
         pthread_barrier_wait(&st_bar); /* phase end */
     }
     pthread_barrier_wait(&st_bar); /* main prints thread 0's summary */
     pthread_barrier_wait(&st_bar);
-    fh_stats s = fh_test_stats(t->c);
-    CHECK_EQ_U64(s.in_use, 0);
-    CHECK_OK(fh_cache_finalize(t->c));
+    if (!st_shared) { /* the shared cache: main, once every thread is done */
+        fh_stats s = fh_test_stats(t->c);
+        CHECK_EQ_U64(s.in_use, 0);
+        CHECK_OK(fh_cache_finalize(t->c));
+    }
     return NULL;
+}
+
+static const char *st_phase_name(int path) {
+    return path == P_MIX ? "mix" : st_paths[path].name;
+}
+
+/* FH_STALE_LOAD=N: N busy processes (a loop each, like `stress --cpu N`) for the whole run, so
+ * the threads are preempted at any instruction, as on a loaded node. They die with the test
+ * (PR_SET_PDEATHSIG) or at its end. */
+#define ST_MAX_LOAD 64
+static pid_t st_load_pids[ST_MAX_LOAD];
+static int st_nload;
+
+static void st_start_load(int n) {
+    for (int i = 0; i < n && i < ST_MAX_LOAD; i++) {
+        pid_t pid = fork();
+        CHECK(pid >= 0);
+        if (pid == 0) {
+            prctl(PR_SET_PDEATHSIG, SIGKILL);
+            for (volatile unsigned long x = 0;; x++) {
+            }
+        }
+        st_load_pids[st_nload++] = pid;
+    }
+}
+
+static void st_stop_load(void) {
+    for (int i = 0; i < st_nload; i++) {
+        kill(st_load_pids[i], SIGKILL);
+        waitpid(st_load_pids[i], NULL, 0);
+    }
+    st_nload = 0;
 }
 
 static int st_env_int(const char *name, int dflt, int lo, int hi) {
@@ -648,13 +811,14 @@ static void st_select(const char *list) {
     snprintf(buf, sizeof buf, "%s", list);
     for (char *save = NULL, *w = strtok_r(buf, ",", &save); w; w = strtok_r(NULL, ",", &save)) {
         int found = 0;
+        if (strcmp(w, "all") == 0 || strcmp(w, "mix") == 0) st_mix = found = 1;
         for (int i = 0; i < NPATHS; i++)
             if (strcmp(w, "all") == 0 || strcmp(w, st_paths[i].name) == 0) {
                 st_selected[i] = 1;
                 found = 1;
             }
         if (!found) {
-            fprintf(stderr, "unknown path '%s'; paths: all", w);
+            fprintf(stderr, "unknown path '%s'; paths: all, mix", w);
             for (int i = 0; i < NPATHS; i++) fprintf(stderr, ", %s", st_paths[i].name);
             fprintf(stderr, "\n");
             exit(1);
@@ -687,6 +851,24 @@ static int st_main(int argc, char **argv, const char *name, int d_threads, int d
         }
     }
     CHECK(st_pg == 4096); /* sizes and partial ranges are in 4 KiB pages */
+    st_open_pagemap();
+    const char *mon = getenv("FH_MONITOR");
+    const char *dis_hooks = getenv("FH_TEST_DISABLE_HOOKS");
+    int uffd_on = (!mon || !*mon || strstr(mon, "uffd")) && !(dis_hooks && strstr(dis_hooks, "uffd"));
+    st_judge_arena = st_pagemap >= 0 && (uffd_on || st_expect_stale);
+    const char *cache_mode = getenv("FH_STALE_CACHE");
+    if (cache_mode && *cache_mode && strcmp(cache_mode, "per_thread") != 0) {
+        if (strcmp(cache_mode, "shared") != 0) {
+            fprintf(stderr, "FH_STALE_CACHE=%s: expected per_thread or shared\n", cache_mode);
+            return 1;
+        }
+        st_shared = 1;
+#ifdef STALE_VERBS
+        /* Each thread reads through its own loopback QP and PD; one cache has one PD. */
+        printf("SKIP: FH_STALE_CACHE=shared: the RDMA build has a protection domain per thread\n");
+        return FH_SKIP;
+#endif
+    }
 
 #ifndef STALE_VERBS
     const char *want = getenv("FH_CASE_BACKEND"); /* see case_util.h: the VM re-runs case* on verbs */
@@ -713,6 +895,10 @@ static int st_main(int argc, char **argv, const char *name, int d_threads, int d
     st_nthreads = st_env_int("FH_STALE_THREADS", d_threads, 1, ST_MAX_THREADS);
     st_rounds = st_env_int("FH_STALE_ROUNDS", d_rounds, 1, 100000);
     st_path_secs = st_env_int("FH_STALE_PATH_SECONDS", d_secs, 1, 3600);
+    const char *load_env = getenv("FH_STALE_LOAD");
+    int load = load_env && strcmp(load_env, "cores") == 0
+                   ? (int)sysconf(_SC_NPROCESSORS_ONLN)
+                   : st_env_int("FH_STALE_LOAD", 0, 0, ST_MAX_LOAD);
     /* Pages the mlock backend locked cannot be dropped by MADV_DONTNEED (EINVAL); ibv_reg_mr's
      * pins do not lock the mapping, so plain DONTNEED drops them (the MR keeps the old pages). */
     st_advice = st_verbs_backend ? MADV_DONTNEED : MADV_DONTNEED_LOCKED;
@@ -727,18 +913,19 @@ static int st_main(int argc, char **argv, const char *name, int d_threads, int d
      * is skipped for README window (4); ASan's own allocator unmaps with raw calls, but that is
      * not memory this test registers. free cannot be checked: ASan's allocator keeps freed chunks
      * in quarantine and never unmaps them. */
-    if (st_asan && st_selected[P_FREE]) {
-        st_selected[P_FREE] = 0;
+    if (st_asan && (st_selected[P_FREE] || st_selected[P_FREE_TRIM])) {
+        st_selected[P_FREE] = st_selected[P_FREE_TRIM] = 0;
         printf("  free: skipped in the AddressSanitizer build: ASan's allocator keeps freed "
                "chunks in quarantine and never unmaps them (checked in the plain build)\n");
-        int any = 0;
+        int any = st_mix;
         for (int i = 0; i < NPATHS; i++) any |= st_selected[i];
         if (!any) {
             printf("SKIP: AddressSanitizer build: only the free path was asked for\n");
             return FH_SKIP;
         }
     }
-    if (st_selected[P_FREE] && !st_asan) {
+    if ((st_selected[P_FREE] || st_selected[P_FREE_TRIM] || st_mix) && !st_asan &&
+        !getenv("MALLOC_MMAP_THRESHOLD_")) { /* (the heap entry sets its own, see CMakeLists.txt) */
         /* Chunks of 64-112 KiB from mmap, and no dynamic threshold raise after a free; no top
          * padding, so an arena's top chunk is rarely big enough to serve them instead. */
         CHECK(mallopt(M_MMAP_THRESHOLD, 32 << 10) == 1);
@@ -750,9 +937,21 @@ static int st_main(int argc, char **argv, const char *name, int d_threads, int d
     for (int kern = 0; kern < 2; kern++) {
         if (!(kern ? lay_kernel : lay_window)) continue;
         for (int i = 0; i < NPATHS; i++) {
-            if (!st_selected[i] || (i == P_FREE && !kern && lay_kernel)) continue;
+            int is_free = i == P_FREE || i == P_FREE_TRIM;
+            if (!st_selected[i] || (is_free && !kern && lay_kernel)) continue;
             st_ph_path[st_nphases] = i;
             st_ph_kernel[st_nphases++] = kern;
+        }
+    }
+    /* The mixed phase last, in the kernel layout (where free runs, and threads take each other's
+     * holes): every path, whatever else was selected. */
+    if (st_mix && lay_kernel) {
+        for (int i = 0; i < NPATHS; i++)
+            if (!((i == P_FREE || i == P_FREE_TRIM) && st_asan))
+                st_mix_paths[st_nmix++] = i;
+        if (st_nmix) {
+            st_ph_path[st_nphases] = P_MIX;
+            st_ph_kernel[st_nphases++] = 1;
         }
     }
     case_watchdog((unsigned)(st_nphases * (st_path_secs + 5) + 30));
@@ -804,14 +1003,24 @@ static int st_main(int argc, char **argv, const char *name, int d_threads, int d
     }
 #endif
 
-    printf("%s: %d threads (a cache each), %d rounds per thread per phase (at most %.0f s a phase), "
+    printf("%s: %d threads (%s), %d busy processes, %d rounds per thread per phase (at most %.0f s a phase), "
            "backend %s, FH_MONITOR=%s, FH_TEST_DISABLE_HOOKS=%s, madvise advice %s%s\n",
-           name, st_nthreads, st_rounds, st_path_secs, st_verbs_backend ? "verbs" : "mlock",
+           name, st_nthreads,
+           st_shared ? "one shared cache, default settings"
+                     : "a cache each: even threads 64 MiB / 256 regions, odd ones the defaults",
+           load,
+           st_rounds, st_path_secs, st_verbs_backend ? "verbs" : "mlock",
            getenv("FH_MONITOR") ? getenv("FH_MONITOR") : "(default: patch,uffd)", dis ? dis : "",
            st_advice == MADV_DONTNEED ? "MADV_DONTNEED" : "MADV_DONTNEED_LOCKED",
            st_expect_stale ? "; --expect-stale: every path MUST show stale rounds" : "");
     fflush(stdout);
 
+    st_start_load(load); /* before any cache or thread: the children only spin */
+    if (st_shared) {
+        fh_config cfg;
+        st_config(&cfg, -1, NULL);
+        CHECK_OK(fh_cache_new(&cfg, &st_shared_cache));
+    }
     CHECK(pthread_barrier_init(&st_bar, NULL, (unsigned)st_nthreads + 1) == 0);
     for (int i = 0; i < st_nthreads; i++)
         CHECK(pthread_create(&st_thr[i].t, NULL, st_worker, &st_thr[i]) == 0);
@@ -829,21 +1038,20 @@ static int st_main(int argc, char **argv, const char *name, int d_threads, int d
         k->secs = st_now() - t0;
         unsigned long stale = k->stale_hit + k->stale_key + k->stale_first + k->stale_data;
         char extra[128] = "";
-        if (path == P_FREE)
-            snprintf(extra, sizeof extra, " (malloc gave another address)%s",
-                     k->not_mmapped ? " + chunks not from mmap" : "");
-        if (st_layout_kernel && path != P_FREE)
-            snprintf(extra, sizeof extra, " (hole taken by another thread's mmap)");
+        if (k->kept + k->changed + k->not_mmapped)
+            snprintf(extra, sizeof extra, "; free: pages replaced %lu, kept %lu%s",
+                     (unsigned long)k->changed, (unsigned long)k->kept,
+                     k->not_mmapped ? ", arena chunks unjudged (no page frames)" : "");
         printf("  %-6s %-17s rounds %5lu of %5lu (partial %4lu)  stale %4lu (hit %lu, old key %lu, "
                "first reg %lu, rdma data %lu)  syscall failures %lu  register failures %lu  not "
-               "primed %lu  skipped %lu%s  %.1f s%s\n",
-               st_layout_kernel ? "kernel" : "window", st_paths[path].name,
+               "primed %lu  skipped %lu  %.1f s%s%s\n",
+               st_layout_kernel ? "kernel" : "window", st_phase_name(path),
                (unsigned long)k->rounds, (unsigned long)k->attempted, (unsigned long)k->partial,
                stale, (unsigned long)k->stale_hit, (unsigned long)k->stale_key,
                (unsigned long)k->stale_first, (unsigned long)k->stale_data,
                (unsigned long)k->sysfail, (unsigned long)k->regfail, (unsigned long)k->not_primed,
-               (unsigned long)(k->skipped + k->taken + k->not_mmapped), extra, k->secs,
-               k->cut_short ? " (cut short by the time limit)" : "");
+               (unsigned long)(k->skipped + k->taken + k->not_mmapped), k->secs,
+               k->cut_short ? " (cut short by the time limit)" : "", extra);
         fflush(stdout);
     }
     pthread_barrier_wait(&st_bar);
@@ -851,6 +1059,12 @@ static int st_main(int argc, char **argv, const char *name, int d_threads, int d
     fflush(stdout);
     pthread_barrier_wait(&st_bar);
     for (int i = 0; i < st_nthreads; i++) CHECK(pthread_join(st_thr[i].t, NULL) == 0);
+    st_stop_load();
+    if (st_shared) {
+        fh_stats s = fh_test_stats(st_shared_cache);
+        CHECK_EQ_U64(s.in_use, 0);
+        CHECK_OK(fh_cache_finalize(st_shared_cache));
+    }
     double secs = st_now() - t_all;
 #ifdef STALE_VERBS
     for (int i = 0; i < st_nthreads; i++) {
@@ -865,10 +1079,10 @@ static int st_main(int argc, char **argv, const char *name, int d_threads, int d
     for (int ph = 0; ph < st_nphases; ph++) {
         struct st_count *k = &st_cnt[ph];
         char nm[48];
-        snprintf(nm, sizeof nm, "%s (%s layout)", st_paths[st_ph_path[ph]].name,
+        snprintf(nm, sizeof nm, "%s (%s layout)", st_phase_name(st_ph_path[ph]),
                  st_ph_kernel[ph] ? "kernel" : "window");
         unsigned long stale = k->stale_hit + k->stale_key + k->stale_first + k->stale_data;
-        unsigned long tried = k->rounds + k->not_primed;
+        unsigned long tried = k->rounds + k->kept + k->not_primed; /* kept: checked, and a hit was right */
         if (st_expect_stale) {
 #ifdef STALE_VERBS
             if (k->stale_data == 0) { /* the RDMA check itself must see the old pages */
@@ -907,13 +1121,15 @@ static int st_main(int argc, char **argv, const char *name, int d_threads, int d
          * (a conservative drop, never a stale hit). Two such rounds are tolerated whatever the
          * count: in a slow VM on a busy host a path gets only ~10 rounds, and one CI run saw 2
          * of 9 and 2 of 19 (raw_mremap, raw_munmap on verbs). */
-        if (k->rounds == 0 || (k->not_primed > 2 && k->not_primed * 10 > tried))
+        if (k->rounds + k->kept == 0 || (k->not_primed > 2 && k->not_primed * 10 > tried))
             printf("FAIL %s: only %lu of %lu rounds had a cached region to go stale (the second "
                    "registration must be a hit)\n", nm, (unsigned long)k->rounds, tried), bad = 1;
         /* Skipped rounds are honest (the hole went to another thread, malloc chose another
          * address), but too many would leave the path untested. free depends on where the kernel
          * puts malloc's next mmap, which other threads' holes decide: a lower bar. */
-        if (k->rounds * (st_ph_path[ph] == P_FREE ? 10 : 4) < k->attempted)
+        int ph_path = st_ph_path[ph];
+        int free_like = ph_path == P_FREE || ph_path == P_FREE_TRIM || ph_path == P_MIX;
+        if ((k->rounds + k->kept) * (free_like ? 10 : 4) < k->attempted)
             printf("FAIL %s: only %lu of %lu rounds could be checked (see skipped)\n", nm,
                    (unsigned long)k->rounds, (unsigned long)k->attempted), bad = 1;
     }
