@@ -16,6 +16,7 @@ pub struct Stats {
     excess_credits: AtomicU64,
     progress_wakeups: AtomicU64,
     peers_lost: AtomicU64,
+    peers_given_up: AtomicU64,
     probes: AtomicU64,
     rdma_ok: AtomicU64,
     rdma_failed: AtomicU64,
@@ -38,6 +39,9 @@ pub struct StatsSnapshot {
     /// Times the progress thread woke from `Link::wait`.
     pub progress_wakeups: u64,
     pub peers_lost: u64,
+    /// Of those, live peers this rank declared lost (`Am::give_up`): silent past a wait's bound,
+    /// or over `FH_AM_MAX_QUEUED`.
+    pub peers_given_up: u64,
     /// `Link::probe` calls made by waits that lasted longer than the probe interval.
     pub probes: u64,
     /// RDMA completions passed up (`Am::set_rdma_handler`): succeeded, failed.
@@ -92,6 +96,9 @@ impl Stats {
     pub fn peer_lost(&self) {
         self.peers_lost.fetch_add(1, Relaxed);
     }
+    pub fn peer_given_up(&self) {
+        self.peers_given_up.fetch_add(1, Relaxed);
+    }
     pub fn probe(&self) {
         self.probes.fetch_add(1, Relaxed);
     }
@@ -110,6 +117,7 @@ impl Stats {
             excess_credits: self.excess_credits.load(Relaxed),
             progress_wakeups: self.progress_wakeups.load(Relaxed),
             peers_lost: self.peers_lost.load(Relaxed),
+            peers_given_up: self.peers_given_up.load(Relaxed),
             probes: self.probes.load(Relaxed),
             rdma_ok: self.rdma_ok.load(Relaxed),
             rdma_failed: self.rdma_failed.load(Relaxed),

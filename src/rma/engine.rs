@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
 use super::ops::{Chunk, Finished, Ops, Request};
-use super::probe::IdleProbe;
+use super::probe::{Due, WaitClock};
 use super::revoke::{self, Revocation, RevokeSettings, RevokeStats};
 use super::self_copy::{self, Dir};
 use super::target_pins::TargetPins;
@@ -526,36 +526,31 @@ impl Rma {
     }
 
     /// Progresses until the request is done; returns its result (the handle is then spent).
+    /// Bounded (`FH_AM_TIMEOUT_MS`): see `Bounded`.
     pub fn wait(&self, req: u64) -> FhResult<()> {
         let _inside = crate::inside::enter();
-        let mut probe = Probe::new(self.peers.settings().probe);
+        let mut b = Bounded::new(self);
         loop {
             if let Some(r) = lock(&self.ops).take_if_done(req)? {
-                return r;
+                return b.result(r);
             }
-            if self.progress()? == 0 {
-                probe.tick(self);
-                std::thread::yield_now();
-            }
+            b.poll(self, Some(req))?;
         }
     }
 
     /// Progresses until every request of this context is done; returns the first error of an
-    /// implicit (handle-less) request since the last `quiet`.
+    /// implicit (handle-less) request since the last `quiet`. Bounded as `wait`.
     pub fn quiet(&self) -> FhResult<()> {
         let _inside = crate::inside::enter();
-        let mut probe = Probe::new(self.peers.settings().probe);
+        let mut b = Bounded::new(self);
         loop {
             {
                 let mut ops = lock(&self.ops);
                 if ops.running() == 0 {
-                    return ops.implicit_error.take().map_or(Ok(()), Err);
+                    return b.result(ops.implicit_error.take().map_or(Ok(()), Err));
                 }
             }
-            if self.progress()? == 0 {
-                probe.tick(self);
-                std::thread::yield_now();
-            }
+            b.poll(self, None)?;
         }
     }
 
@@ -575,6 +570,22 @@ impl Rma {
     fn waited_peers(&self) -> Vec<Rank> {
         let ops = lock(&self.ops);
         let mut v: Vec<Rank> = ops.chunks.values().map(|c| c.peer).collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
+
+    /// Peers whose answer chunks of request `req` (of every request: `None`) still wait for: the
+    /// chunks with no RDMA posted (a move unanswered, or blocked behind one). A chunk with RDMA
+    /// posted waits for the link, not for the peer's CPU: its completion comes by itself.
+    fn silent_peers(&self, req: Option<u64>) -> Vec<Rank> {
+        let ops = lock(&self.ops);
+        let mut v: Vec<Rank> = ops
+            .chunks
+            .values()
+            .filter(|c| c.segs_left == 0 && req.map_or(true, |r| c.req == r))
+            .map(|c| c.peer)
+            .collect();
         v.sort_unstable();
         v.dedup();
         v
@@ -673,21 +684,59 @@ impl revoke::Driver for RmaDriver {
     }
 }
 
-/// While waiting: probe the peers we wait on every probe interval, so a dead one turns into
-/// `PeerLost` (and failed ops) instead of a wait forever.
-struct Probe(IdleProbe);
+/// What bounds a blocking wait (`wait`, `quiet`): every probe interval (`FH_AM_PROBE_MS`) it
+/// probes the peers it waits on, so a dead one turns into `FH_ERR_PEER_LOST`; once
+/// `FH_AM_TIMEOUT_MS` has passed it gives up on the peers that still owe an answer (a live peer
+/// that never progresses: computing, inside another library, hung). Those are declared lost
+/// (`Am::give_up`: told with a goodbye, counted): the algorithm fails their ops at once, which
+/// releases the ops' pins, reservations and queued messages, and the wait ends with
+/// `FH_ERR_TIMEOUT`. Only a peer given up on is affected; the context goes on with the others.
+/// Why not leave the op running and just return: its reply or RDMA could still come and write
+/// the caller's buffer after the caller took it back.
+struct Bounded {
+    clock: WaitClock,
+    gave_up: bool,
+}
 
-impl Probe {
-    fn new(every: Duration) -> Self {
-        Probe(IdleProbe::new(every))
+impl Bounded {
+    fn new(rma: &Rma) -> Self {
+        let s = rma.peers.settings();
+        Bounded {
+            clock: WaitClock::new(s.probe, s.timeout),
+            gave_up: false,
+        }
     }
 
-    fn tick(&mut self, rma: &Rma) {
-        if !self.0.idle_tick(Instant::now) {
-            return;
+    /// One round of a wait for request `req` (every request: `None`) that is not done yet.
+    fn poll(&mut self, rma: &Rma, req: Option<u64>) -> FhResult<()> {
+        let n = rma.progress()?;
+        if !self.gave_up {
+            match self.clock.tick(Instant::now) {
+                Due::Nothing => {}
+                Due::Probe => {
+                    for p in rma.waited_peers() {
+                        let _ = rma.peers.link().probe(p);
+                    }
+                }
+                Due::Expired => {
+                    self.gave_up = true;
+                    for p in rma.silent_peers(req) {
+                        rma.peers.am().give_up(p);
+                    }
+                }
+            }
         }
-        for p in rma.waited_peers() {
-            let _ = rma.peers.link().probe(p);
+        if n == 0 {
+            std::thread::yield_now();
+        }
+        Ok(())
+    }
+
+    /// The wait's result: after giving up, what failed for the loss is a timeout.
+    fn result(&self, r: FhResult<()>) -> FhResult<()> {
+        match r {
+            Err(fh_status::FH_ERR_PEER_LOST) if self.gave_up => Err(fh_status::FH_ERR_TIMEOUT),
+            r => r,
         }
     }
 }

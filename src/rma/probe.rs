@@ -1,55 +1,72 @@
-//! `IdleProbe`: when a waiter has waited long enough to probe the peers it waits on (so a dead
-//! peer turns into failed ops instead of a wait forever), without reading the clock on every
-//! idle poll. A clock read is cheap natively (vDSO) but a system call that reads an emulated
-//! HPET under TCG (microseconds): read on every idle poll, it sat on the path of every blocking
-//! put and added its cost to the put's latency. The clock is now read once per `CHECK_EVERY`
-//! idle polls, and not at all by a wait that ends before that (the common case: a hit).
+//! `WaitClock`: what a blocking RMA wait (`Rma::wait`, `Rma::quiet`) must do now and then:
+//! probe the peers it waits on (a dead peer turns into failed ops), and give up once its bound
+//! (`FH_AM_TIMEOUT_MS`) has passed (a live peer that never answers turns into
+//! `FH_ERR_TIMEOUT`, never a wait forever). The clock is read once per `CHECK_EVERY` polls, not
+//! on every one: a clock read is cheap natively (vDSO) but a system call that reads an emulated
+//! HPET under TCG (microseconds), and read on every poll it sat on the path of every blocking
+//! put. A wait that ends before that (the common case: a hit) never reads it.
+//!
+//! Busy polls count too (not only idle ones): a waiter whose polls keep handling other peers'
+//! traffic must still see its own peer's silence.
 
 use std::time::{Duration, Instant};
 
-/// Idle polls between two clock reads. An idle poll costs at least a CQ poll and a
-/// `sched_yield` (hundreds of ns natively), so the probe interval (1 s by default) is still
-/// kept to well under a millisecond.
+/// Polls between two clock reads. A poll costs at least a CQ poll (and an idle one a
+/// `sched_yield`: hundreds of ns natively), so the probe interval (1 s by default) and the
+/// bound are still kept to well under a millisecond.
 pub const CHECK_EVERY: u32 = 64;
 
-pub struct IdleProbe {
-    every: Duration,
-    idle: u32,
-    /// When the interval started: the first clock read (`None` until then).
-    since: Option<Instant>,
+/// What a wait has to do after a poll.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Due {
+    Nothing,
+    /// Probe the peers waited on (one probe interval passed).
+    Probe,
+    /// The bound passed: give up.
+    Expired,
 }
 
-impl IdleProbe {
-    pub fn new(every: Duration) -> Self {
-        IdleProbe {
+pub struct WaitClock {
+    every: Duration,
+    timeout: Option<Duration>,
+    polls: u32,
+    /// The first clock read (the wait's bound counts from there) and the last probe.
+    since: Option<(Instant, Instant)>,
+}
+
+impl WaitClock {
+    /// Probe every `every`; give up `timeout` after the first clock read (`None`: never).
+    pub fn new(every: Duration, timeout: Option<Duration>) -> Self {
+        WaitClock {
             every,
-            idle: 0,
+            timeout,
+            polls: 0,
             since: None,
         }
     }
 
-    /// Called on every idle poll; `now` reads the clock (called at most once per
-    /// `CHECK_EVERY` calls). True when the peers should be probed now (then a new interval
-    /// starts).
-    pub fn idle_tick(&mut self, now: impl FnOnce() -> Instant) -> bool {
-        self.idle += 1;
-        if self.idle < CHECK_EVERY {
-            return false;
+    /// Called after every poll of a wait that is not done; `now` reads the clock (called at most
+    /// once per `CHECK_EVERY` calls).
+    pub fn tick(&mut self, now: impl FnOnce() -> Instant) -> Due {
+        self.polls += 1;
+        if self.polls < CHECK_EVERY {
+            return Due::Nothing;
         }
-        self.idle = 0;
+        self.polls = 0;
         let t = now();
-        match self.since {
-            None => {
-                // The wait has been idle for CHECK_EVERY polls: the interval starts here.
-                self.since = Some(t);
-                false
-            }
-            Some(s) if t.duration_since(s) >= self.every => {
-                self.since = Some(t);
-                true
-            }
-            Some(_) => false,
+        let Some((start, probed)) = &mut self.since else {
+            // The wait has lasted CHECK_EVERY polls: its clock starts here.
+            self.since = Some((t, t));
+            return Due::Nothing;
+        };
+        if self.timeout.is_some_and(|d| t.duration_since(*start) >= d) {
+            return Due::Expired;
         }
+        if t.duration_since(*probed) >= self.every {
+            *probed = t;
+            return Due::Probe;
+        }
+        Due::Nothing
     }
 }
 
@@ -59,8 +76,8 @@ mod tests {
     use std::cell::Cell;
 
     #[test]
-    fn reads_the_clock_once_per_check_every_idle_polls() {
-        let mut p = IdleProbe::new(Duration::from_millis(10));
+    fn reads_the_clock_once_per_check_every_polls() {
+        let mut p = WaitClock::new(Duration::from_millis(10), None);
         let reads = Cell::new(0);
         let t0 = Instant::now();
         let clock = |at: Duration| {
@@ -68,30 +85,41 @@ mod tests {
             t0 + at
         };
         for _ in 0..CHECK_EVERY - 1 {
-            assert!(!p.idle_tick(|| clock(Duration::ZERO)));
+            assert_eq!(p.tick(|| clock(Duration::ZERO)), Due::Nothing);
         }
         assert_eq!(reads.get(), 0, "a short wait never reads the clock");
-        // The CHECK_EVERY-th idle poll starts the interval.
-        assert!(!p.idle_tick(|| clock(Duration::ZERO)));
+        // The CHECK_EVERY-th poll starts the clock.
+        assert_eq!(p.tick(|| clock(Duration::ZERO)), Due::Nothing);
         assert_eq!(reads.get(), 1);
         // Before the interval has passed: no probe, one read per CHECK_EVERY polls.
         for _ in 0..CHECK_EVERY {
-            assert!(!p.idle_tick(|| clock(Duration::from_millis(5))));
+            assert_eq!(p.tick(|| clock(Duration::from_millis(5))), Due::Nothing);
         }
         assert_eq!(reads.get(), 2);
         // Once it has: probe, and a new interval starts there.
-        let mut probed = 0;
-        for _ in 0..CHECK_EVERY {
-            probed += p.idle_tick(|| clock(Duration::from_millis(11))) as u32;
-        }
-        assert_eq!(probed, 1);
-        for _ in 0..CHECK_EVERY {
-            assert!(!p.idle_tick(|| clock(Duration::from_millis(12))));
-        }
-        let mut probed = 0;
-        for _ in 0..CHECK_EVERY {
-            probed += p.idle_tick(|| clock(Duration::from_millis(22))) as u32;
-        }
-        assert_eq!(probed, 1, "probed again one interval later");
+        let probes = |p: &mut WaitClock, at| {
+            (0..CHECK_EVERY)
+                .filter(|_| p.tick(|| clock(Duration::from_millis(at))) == Due::Probe)
+                .count()
+        };
+        assert_eq!(probes(&mut p, 11), 1);
+        assert_eq!(probes(&mut p, 12), 0);
+        assert_eq!(probes(&mut p, 22), 1, "probed again one interval later");
+    }
+
+    #[test]
+    fn expires_once_the_bound_has_passed() {
+        let mut p = WaitClock::new(Duration::from_millis(10), Some(Duration::from_millis(30)));
+        let t0 = Instant::now();
+        let mut run = |at: u64| {
+            (0..CHECK_EVERY)
+                .map(|_| p.tick(|| t0 + Duration::from_millis(at)))
+                .find(|&d| d != Due::Nothing)
+                .unwrap_or(Due::Nothing)
+        };
+        assert_eq!(run(0), Due::Nothing, "the clock starts");
+        assert_eq!(run(29), Due::Probe);
+        assert_eq!(run(30), Due::Expired);
+        assert_eq!(run(31), Due::Expired, "and stays expired");
     }
 }

@@ -169,7 +169,9 @@ impl Inner {
         }
     }
 
-    /// The peer finalized: nothing more to or from it; its outstanding requests fail.
+    /// The peer finalized: nothing more to or from it; its outstanding requests fail, and so,
+    /// through the peer-loss handler, does what the layer above waits on it for (Firehose's
+    /// moves would otherwise wait for a probe, which a live peer that left never fails).
     fn on_bye(&self, from: Rank) {
         let mut p = self.peer(from);
         p.got_bye = true;
@@ -177,6 +179,7 @@ impl Inner {
         drop(p);
         self.tickets
             .fail_peer(Some(from), fh_status::FH_ERR_PEER_LOST);
+        self.tell_lost(from);
     }
 
     pub fn finalize(&self) -> FhResult<()> {

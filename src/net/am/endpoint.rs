@@ -186,11 +186,40 @@ impl Inner {
         }
         self.tickets
             .fail_peer(Some(peer), fh_status::FH_ERR_PEER_LOST);
+        self.tell_lost(peer);
+    }
+
+    /// Tells the peer-loss handler about `peer`, once whatever the cause (a loss, a goodbye,
+    /// giving up on it).
+    pub fn tell_lost(&self, peer: Rank) {
+        let first = !std::mem::replace(&mut self.peer(peer).told_lost, true);
         if first {
             if let Some(f) = self.handlers.lost() {
                 f(peer);
             }
         }
+    }
+
+    /// Declares a live `peer` lost (see `Am::give_up`).
+    pub fn give_up(&self, peer: Rank) {
+        if peer >= self.size || peer == self.rank {
+            return;
+        }
+        {
+            let mut p = self.peer(peer);
+            if p.lost {
+                return;
+            }
+            p.flow.drain_pending().for_each(drop);
+            if !p.closed() {
+                // Best effort, on the slot reserved for it: the peer then fails what it waits
+                // on us for at once instead of after its own bound.
+                let _ = p.send_control(&self.out(peer), Kind::Bye);
+            }
+            p.said_bye = true;
+        }
+        self.stats.peer_given_up();
+        self.lose(peer);
     }
 
     fn wait(&self, t: &Ticket, timeout: Option<Duration>) -> FhResult<Vec<u8>> {
@@ -378,7 +407,8 @@ impl Am {
         self.inner.handlers.rdma()
     }
 
-    /// Sets the handler told (once per peer) that a peer is lost, or removes it with `None`. It
+    /// Sets the handler told (once per peer) that a peer is lost (its connection broke, it said
+    /// goodbye, or this rank gave up on it), or removes it with `None`. It
     /// may run on any thread, possibly inside a `send` that found the peer gone, so it must only
     /// record the fact (it must not send or take locks its caller may hold).
     pub fn set_peer_lost_handler(&self, f: Option<Box<LostFn>>) {
@@ -451,6 +481,15 @@ impl Am {
             t.stop();
         }
         self.inner.finalize()
+    }
+
+    /// Declares a live `peer` lost: it stayed silent past a bound (`rma`'s waits), or
+    /// misbehaved (see `FH_AM_MAX_QUEUED`). It is told with a goodbye (best effort), everything
+    /// queued for it is dropped, its requests fail with `FH_ERR_PEER_LOST`, the peer-loss handler
+    /// is told, and nothing more goes to it or is accepted from it. Counted in
+    /// `StatsSnapshot::peers_given_up` (and `peers_lost`). Idempotent.
+    pub fn give_up(&self, peer: Rank) {
+        self.inner.give_up(peer)
     }
 
     /// Whether a progress thread runs.

