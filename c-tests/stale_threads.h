@@ -28,7 +28,17 @@
  *                                 M_TOP_PAD 0) is freed (glibc's internal munmap), then malloc of
  *                                 the same size until it returns the same address (up to 64 tries,
  *                                 else the round is SKIPPED and counted as such)
+ *   free_trim                     the same, with malloc_trim(0) after the free
  *   shmdt                         shmget/shmat, shmdt, then mmap at the same address
+ *   mix (a phase, in `all`)       every path at once: round r of thread i takes path (i + r) mod N,
+ *                                 so libc's free runs next to raw unmaps, madvise, mremap...
+ * Chunks glibc carves from an arena: the mmap threshold only counts when the arena's top cannot
+ * serve a request, so a thread that shares an arena with a large top (16 threads on 2 cores share
+ * arenas) gets arena chunks. Their pages may outlive the free (a hit is then RIGHT: the registration
+ * still pins exactly the pages mapped there) or go when libc trims the arena (brk shrinks, pages
+ * dropped by madvise). The test tells the two apart by the pages' frames (/proc/self/pagemap, when
+ * it shows them: root): a hit is stale only if a frame changed; kept rounds are counted as `kept`.
+ * Without frames, or without userfaultfd (only it sees brk shrink), arena chunks are skipped.
  * The `raw_*` paths bypass libc, so only userfaultfd can see them. The fresh mapping after a path
  * is made with a raw mmap(MAP_FIXED_NOREPLACE), which no hook treats as an unmap: only the path
  * under test can invalidate.
@@ -44,7 +54,11 @@
  *           layout real programs have, and the one that found the stale hits.
  *
  * Settings: FH_STALE_THREADS, FH_STALE_ROUNDS (per thread per phase), FH_STALE_PATH_SECONDS (a
- * phase stops early after this, saying so), FH_STALE_LAYOUT. `--expect-stale` inverts the verdict
+ * phase stops early after this, saying so), FH_STALE_LAYOUT; FH_STALE_CACHE=per_thread (default:
+ * even threads a bounded cache, 64 MiB / 256 regions; odd threads the defaults, as
+ * fh_cache_new(NULL) makes them) or shared (one cache, the defaults, for every thread: stale is
+ * then told by mlock keys, which grow with every pin); FH_STALE_LOAD=N|cores (N busy processes
+ * for the whole run, preempting the threads anywhere). `--expect-stale` inverts the verdict
  * for the must-fail runs (a protection turned off): exit 0 only if EVERY phase had a stale round
  * (in the verbs build: an RDMA READ that saw the old pages), which proves the check sees that
  * protection missing. Exit: 0 pass, 1 fail, 77 skip. */

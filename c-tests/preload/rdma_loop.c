@@ -14,6 +14,8 @@ static int env_int(const char *name, int dflt)
     return v && *v ? atoi(v) : dflt;
 }
 
+static int loop_connect(struct loop *l);
+
 int loop_open(struct loop *l)
 {
     memset(l, 0, sizeof(*l));
@@ -36,6 +38,26 @@ int loop_open(struct loop *l)
         perror("ibv_open_device");
         return 1;
     }
+    l->pd = ibv_alloc_pd(l->ctx);
+    if (!l->pd) {
+        perror("ibv_alloc_pd");
+        return 1;
+    }
+    return loop_connect(l);
+}
+
+int loop_open_in(struct loop *l, const struct loop *parent)
+{
+    memset(l, 0, sizeof(*l));
+    l->ctx = parent->ctx;
+    l->pd = parent->pd;
+    l->borrowed = 1;
+    return loop_connect(l);
+}
+
+/* A CQ and a QP in l's domain, the QP connected to itself. */
+static int loop_connect(struct loop *l)
+{
     uint8_t port = (uint8_t)env_int("FH_IB_PORT", 1);
     int gid_index = env_int("FH_GID_INDEX", 0);
     struct ibv_port_attr pattr;
@@ -44,10 +66,9 @@ int loop_open(struct loop *l)
         perror("ibv_query_port/gid");
         return 1;
     }
-    l->pd = ibv_alloc_pd(l->ctx);
-    l->cq = l->pd ? ibv_create_cq(l->ctx, 16, NULL, NULL, 0) : NULL;
+    l->cq = ibv_create_cq(l->ctx, 16, NULL, NULL, 0);
     if (!l->cq) {
-        perror("ibv_alloc_pd/create_cq");
+        perror("ibv_create_cq");
         return 1;
     }
     struct ibv_qp_init_attr qia = {
@@ -113,6 +134,8 @@ void loop_close(struct loop *l)
         ibv_destroy_qp(l->qp);
     if (l->cq)
         ibv_destroy_cq(l->cq);
+    if (l->borrowed)
+        return;
     if (l->pd && ibv_dealloc_pd(l->pd))
         fprintf(stderr, "warning: ibv_dealloc_pd failed\n");
     if (l->ctx)

@@ -13,11 +13,15 @@ struct loop {
     struct ibv_pd *pd;
     struct ibv_cq *cq;
     struct ibv_qp *qp;
+    int borrowed; /* ctx and pd are another loop's (loop_open_in) */
 };
 
 /* Open $FH_RDMA_DEV (or the first device), port $FH_IB_PORT (1), GID $FH_GID_INDEX (0).
  * Returns 0, or 77 when there is no device (the suite's "skip"), or 1 on any other failure. */
 int loop_open(struct loop *l);
+/* Another loop (its own CQ and QP) in `parent`'s device context and protection domain, as the
+ * threads of one program share a PD. Close it before the parent. Returns 0 or 1. */
+int loop_open_in(struct loop *l, const struct loop *parent);
 void loop_close(struct loop *l);
 
 /* One signalled RDMA READ (opcode IBV_WR_RDMA_READ) or WRITE of len bytes between the local
