@@ -440,11 +440,13 @@ fn adaptive_vs_fixed_split() {
     );
 }
 
-/// A peer that asks for more than its share F is refused whole, and nothing changes: the
-/// per-peer bound is enforced by the target, not trusted to the initiator.
+/// A peer that asks for more than its share F is refused, and nothing is pinned for it: the
+/// per-peer bound is enforced by the target, not trusted to the initiator. The refusal is an
+/// answer (every pin `Refused`: the move's ops fail instead of waiting for ever), and the next
+/// move in sequence is served (a refused move does not desynchronise the request ids).
 #[test]
 fn over_quota_move_is_refused() {
-    use firehose::firehose::wire::{encode, Msg, PinReq};
+    use firehose::firehose::wire::{decode, encode, Msg, PinReq, RemoteError};
     let mut w = busy_world(11);
     let pin = |i: u64| PinReq {
         start: (BASE >> 12) + 4 * i,
@@ -452,8 +454,19 @@ fn over_quota_move_is_refused() {
         need_off: 0,
         need_n: 1,
     };
+    // Rank 1's replies to rank 2 queued so far (the world sends them at its next step).
+    let replies = |w: &mut World| -> Vec<Vec<u8>> {
+        let mut v = Vec::new();
+        while let Some((to, m)) = w.fh[1].poll_transmit() {
+            if to == 2 {
+                v.push(m);
+            }
+        }
+        v
+    };
+    replies(&mut w);
     // The request id must be the next one rank 2 would use: try them in turn (the wrong ones
-    // are refused as UnknownRequest, also without change).
+    // are dropped as UnknownRequest, without change or answer).
     for req in 1..400u32 {
         let m = Msg::Move {
             req,
@@ -462,18 +475,39 @@ fn over_quota_move_is_refused() {
             put: None,
         };
         let before = snapshot(&w, 1);
+        let (pins, refused) = (w.fh[1].stats().pins, w.fh[1].stats().moves_refused);
         let e = w.inject(2, 1, &encode(&m));
-        assert!(
-            matches!(
-                e,
-                Some(WireError::OverQuota) | Some(WireError::UnknownRequest)
-            ),
-            "{e:?}"
-        );
-        assert_eq!(before, snapshot(&w, 1));
-        if e == Some(WireError::OverQuota) {
-            return;
+        if e == Some(WireError::UnknownRequest) {
+            assert_eq!(before, snapshot(&w, 1));
+            continue;
         }
+        assert_eq!(e, None, "an over-quota move in sequence is answered");
+        assert_eq!(w.fh[1].stats().pins, pins, "nothing pinned for it");
+        assert_eq!(w.fh[1].stats().moves_refused, refused + 1);
+        w.fh[1].check_invariants().unwrap();
+        let out = replies(&mut w);
+        let last = decode(out.last().expect("a reply")).unwrap();
+        assert_eq!(
+            last,
+            Msg::Reply {
+                req,
+                grants: vec![Err(RemoteError::Refused); 5],
+                put: None
+            }
+        );
+        // The next move in sequence is served.
+        let next = Msg::Move {
+            req: req + 1,
+            releases: vec![],
+            pins: vec![],
+            put: Some((BASE, b"after")),
+        };
+        assert_eq!(w.inject(2, 1, &encode(&next)), None);
+        let out = replies(&mut w);
+        assert!(
+            matches!(decode(out.last().expect("a reply")).unwrap(), Msg::Reply { req: r, .. } if r == req + 1)
+        );
+        return;
     }
     panic!("never reached the quota check");
 }

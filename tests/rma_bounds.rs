@@ -227,3 +227,46 @@ fn goodbye_fails_rma_at_once() {
     assert!(t0.elapsed() < Duration::from_secs(1));
     job.rmas[0].check_idle().unwrap();
 }
+
+#[test]
+fn refused_move_is_answered_and_later_moves_are_served() {
+    // Rank 1 keeps half the quota rank 0 believes it has (the two disagree on FH_M, which
+    // `fh_init` would have refused): a move over rank 1's quota is refused, not dropped.
+    let ns = NetSettings {
+        timeout: Some(Duration::from_secs(3)),
+        ..NetSettings::default()
+    };
+    let job = Arc::new(job_with(2, ns, |r| {
+        let mut c = config(r, 2);
+        if r == 1 {
+            c.m_bytes = 8 * BUCKET;
+        }
+        c
+    }));
+    let (stop, server) = serve(&job.rmas[1]);
+    let j = job.clone();
+    within(
+        Duration::from_secs(20),
+        "ops to a refusing target",
+        move || {
+            let base = j.bufs[1].addr().next_multiple_of(4 * BUCKET as u64);
+            let t0 = Instant::now();
+            // Three regions of 4 buckets: 12 > 8.
+            assert_eq!(
+                op(&j.rmas[0], RdmaKind::Read, 1, base, 12 * BUCKET),
+                Err(fh_status::FH_ERR_PIN_FAILED)
+            );
+            assert!(
+                t0.elapsed() < Duration::from_secs(1),
+                "answered, not timed out"
+            );
+            // One region fits: served (the request ids are still in step).
+            op(&j.rmas[0], RdmaKind::Write, 1, base + 64, 100).unwrap();
+            op(&j.rmas[0], RdmaKind::Read, 1, base + 64, 100).unwrap();
+        },
+    );
+    stop.store(true, SeqCst);
+    server.join().unwrap();
+    assert!(job.rmas[1].stats().fh.moves_refused >= 1);
+    job.rmas[0].check_idle().unwrap();
+}

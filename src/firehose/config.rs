@@ -16,7 +16,8 @@
 //! with a non-root 8 MiB RLIMIT_MEMLOCK must lower both (the driver checks, not this core).
 //!
 //! Every rank must use the same values: a target checks moves against its own bucket size,
-//! region size and per-peer quota, and rejects what does not fit as a protocol error.
+//! region size and per-peer quota, and refuses what does not fit (`RemoteError::Refused`).
+//! `fh_init` compares them across ranks (`net::agree`) and fails on every rank if they differ.
 
 use crate::config::parse_size;
 use crate::net::Rank;

@@ -28,7 +28,9 @@
 //!
 //! Target and both:
 //! - `handle_message(from, bytes, pins)`: every Firehose message. A malformed or
-//!   out-of-protocol message is a `WireError` and changes nothing (validated before applied).
+//!   out-of-protocol message is a `WireError` and changes nothing (validated before applied);
+//!   a move in sequence that this target cannot honour (its pins do not fit its settings or
+//!   quota) is answered with `RemoteError::Refused` instead (its ops fail, later moves go on).
 //! - `poll_transmit()`: `(rank, bytes)` to send, in order. **Delivery must be FIFO per pair
 //!   of ranks** (one RC QP, all Firehose messages through it): the race reasoning relies on it.
 //! - `invalidate(addr, len, pins)` when this rank's memory is unmapped; `invalidation_done`.

@@ -27,6 +27,8 @@ pub struct FirehoseStats {
     pub victim_hits: u64,
     /// Target: pins answered from a region another peer already holds.
     pub shared_hits: u64,
+    /// Target: moves answered with a refusal (`RemoteError::Refused`: pins, put, or both).
+    pub moves_refused: u64,
     /// Target: REVOKE messages sent.
     pub revokes: u64,
     /// Target (adaptive): quota grants and cuts sent.

@@ -60,6 +60,9 @@ pub enum RemoteError {
     NoMemory = 2,
     /// Any other failure of the target's pinning backend.
     PinFailed = 3,
+    /// The target refused the move: it does not fit the target's settings (bucket or region
+    /// size, quota) or asks for what the sender does not hold. Answered, so nothing waits.
+    Refused = 4,
 }
 
 impl RemoteError {
@@ -68,6 +71,7 @@ impl RemoteError {
             1 => Some(RemoteError::Unmapped),
             2 => Some(RemoteError::NoMemory),
             3 => Some(RemoteError::PinFailed),
+            4 => Some(RemoteError::Refused),
             _ => None,
         }
     }

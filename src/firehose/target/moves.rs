@@ -1,5 +1,6 @@
 //! A move request at the target: validate everything, then release, pin (or reuse), run the
-//! small put, and reply. Nothing changes when validation fails.
+//! small put, and reply. A move that can be answered always is (what cannot be honoured is
+//! refused in the reply); one that cannot is dropped and changes nothing.
 
 use super::Target;
 use crate::firehose::error::WireError;
@@ -22,6 +23,10 @@ impl Target {
         st: &mut FirehoseStats,
     ) -> Result<(), WireError> {
         // --- validation: no state touched above the line ---
+        // A move that cannot be answered is dropped: one with no request id (nothing waits on
+        // it), one out of sequence (a replay or a forgery: the initiator numbers its moves one by
+        // one and every move in sequence gets an answer, so an honest one never is), or one with
+        // more pins than a reply can carry.
         let wants_reply = !pins.is_empty() || put.is_some();
         if wants_reply != (req != 0) {
             return Err(WireError::Malformed);
@@ -30,23 +35,32 @@ impl Target {
         if wants_reply && req != next_req {
             return Err(WireError::UnknownRequest);
         }
-        let mut freed = 0u64;
-        for (i, h) in releases.iter().enumerate() {
-            let slot = *self.by_handle.get(h).ok_or(WireError::NotHeld)?;
-            if !self.region(slot).holders.contains(&from) || releases[..i].contains(h) {
-                return Err(WireError::NotHeld);
-            }
-            freed += self.region(slot).nb as u64;
-        }
         if pins.len() > wire::pins_per_move(self.max_msg) {
             return Err(WireError::BadPin);
         }
+        // Anything else this target cannot honour is answered, never dropped: a dropped move
+        // leaves its ops waiting (for ever, before `rma`'s waits were bounded) and, since the
+        // next move must carry the next id, poisoned every later move of that initiator here.
+        // What is refused: all the pins (a pin that does not fit this target's buckets or
+        // regions, or a move over its quota: ranks that disagree on FH_BUCKET_SIZE,
+        // FH_MAXREGION or FH_M, which `fh_init` checks), the put (longer than this target
+        // takes), or everything (releases of regions the sender does not hold).
+        let releases_ok = self.releases_ok(from, releases);
+        let freed: u64 = if releases_ok {
+            releases
+                .iter()
+                .map(|h| self.region(self.by_handle[h]).nb as u64)
+                .sum()
+        } else {
+            0
+        };
         let buckets_in_space = 1u128 << (64 - self.shift);
         let r = self.r as u64;
         let mut reserve = 0u64;
+        let mut pins_ok = releases_ok;
         for p in pins {
             let nb = p.nb as u64;
-            let ok = p.nb >= 1
+            pins_ok &= p.nb >= 1
                 && nb <= r
                 && p.nb.is_power_of_two()
                 && p.start % nb == 0
@@ -54,31 +68,41 @@ impl Target {
                 && (p.start as u128 + nb as u128) <= buckets_in_space
                 && p.need_n >= 1
                 && p.need_off as u64 + p.need_n as u64 <= nb;
-            if !ok {
-                return Err(WireError::BadPin);
-            }
             reserve += nb;
         }
-        if let Some((addr, data)) = put {
-            if data.len() > self.small_put_max || addr.checked_add(data.len() as u64).is_none() {
-                return Err(WireError::BadPut);
-            }
-        }
         let peer = &self.peers[from as usize];
-        if peer.charge - freed + reserve > peer.quota {
-            return Err(WireError::OverQuota);
+        pins_ok &= peer.charge - freed + reserve <= peer.quota;
+        let put_ok = releases_ok
+            && put.map_or(true, |(addr, data)| {
+                data.len() <= self.small_put_max && addr.checked_add(data.len() as u64).is_some()
+            });
+        if !wants_reply && !releases_ok {
+            return Err(WireError::NotHeld);
         }
         // --- mutation ---
         if wants_reply {
             self.peers[from as usize].last_req = req;
         }
-        for h in releases {
-            let slot = self.by_handle[h];
-            self.drop_holder(slot, from, rp, st);
+        if !(releases_ok && (pins_ok || pins.is_empty()) && put_ok) {
+            st.moves_refused += 1;
         }
-        let grants: Vec<Result<Grant, RemoteError>> =
-            pins.iter().map(|p| self.grant(from, p, rp, st)).collect();
-        let put_res = put.map(|(addr, data)| rp.write(addr, data).map_err(RemoteError::from));
+        if releases_ok {
+            for h in releases {
+                let slot = self.by_handle[h];
+                self.drop_holder(slot, from, rp, st);
+            }
+        }
+        let grants: Vec<Result<Grant, RemoteError>> = pins
+            .iter()
+            .map(|p| match pins_ok {
+                true => self.grant(from, p, rp, st),
+                false => Err(RemoteError::Refused),
+            })
+            .collect();
+        let put_res = put.map(|(addr, data)| match put_ok {
+            true => rp.write(addr, data).map_err(RemoteError::from),
+            false => Err(RemoteError::Refused),
+        });
         if wants_reply {
             let m = Msg::Reply {
                 req,
@@ -91,6 +115,16 @@ impl Target {
             self.rebalance(out, st);
         }
         Ok(())
+    }
+
+    /// Whether `from` holds every region `releases` names, each named once.
+    fn releases_ok(&self, from: Rank, releases: &[u64]) -> bool {
+        releases.iter().enumerate().all(|(i, h)| {
+            self.by_handle
+                .get(h)
+                .is_some_and(|&slot| self.region(slot).holders.contains(&from))
+                && !releases[..i].contains(h)
+        })
     }
 
     /// One pin for `from`: an existing region inside the pin's range that covers the needed
