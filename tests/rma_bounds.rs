@@ -270,3 +270,39 @@ fn refused_move_is_answered_and_later_moves_are_served() {
     assert!(job.rmas[1].stats().fh.moves_refused >= 1);
     job.rmas[0].check_idle().unwrap();
 }
+
+#[test]
+fn mismatched_settings_fail_on_every_rank_naming_both_values() {
+    use firehose::rma::agree::{self, Agreed};
+    let run = |m_of_rank2: usize| -> Vec<Result<(), String>> {
+        let job = job(3, Duration::from_secs(10));
+        let threads: Vec<_> = (0..3u32)
+            .map(|r| {
+                let rma = job.rmas[r as usize].clone();
+                std::thread::spawn(move || {
+                    let mut c = config(r, 3);
+                    if r == 2 {
+                        c.m_bytes = m_of_rank2;
+                    }
+                    let mut list = agree::net_settings(rma.peers());
+                    list.extend(c.must_agree().iter().map(|&(v, x)| Agreed::new(v, x)));
+                    agree::exchange(rma.peers(), &list)
+                })
+            })
+            .collect();
+        threads.into_iter().map(|t| t.join().unwrap()).collect()
+    };
+    let same = config(0, 3).m_bytes;
+    assert!(run(same).iter().all(Result::is_ok));
+    let other = same / 2;
+    for (r, res) in run(other).into_iter().enumerate() {
+        let msg = res.expect_err("every rank fails");
+        let (mine, theirs) = if r == 2 { (other, same) } else { (same, other) };
+        assert!(
+            msg.contains("FH_M")
+                && msg.contains(&format!("has {mine}"))
+                && msg.contains(&format!("has {theirs}")),
+            "rank {r}: {msg}"
+        );
+    }
+}

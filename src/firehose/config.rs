@@ -239,6 +239,20 @@ impl FirehoseConfig {
         Ok(())
     }
 
+    /// The settings every rank must share, as (variable, value): a target checks moves against
+    /// its own (`rma::agree` compares them across ranks at `fh_init`).
+    pub fn must_agree(&self) -> [(&'static str, u64); 4] {
+        [
+            ("FH_BUCKET_SIZE", self.bucket_size as u64),
+            ("FH_M", self.m_bytes as u64),
+            (
+                "FH_MAXREGION",
+                u64::from(self.max_region_buckets) * self.bucket_size as u64,
+            ),
+            ("FH_ADAPTIVE", u64::from(self.adaptive)),
+        ]
+    }
+
     /// F: buckets each peer may hold pinned here at once, M / (bucket × (size − 1)).
     pub fn firehoses_per_peer(&self) -> u64 {
         if self.size <= 1 {

@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
+use super::agree::{self, Agreed};
 use super::ops::{Chunk, Finished, Ops, Request};
 use super::probe::{Due, WaitClock};
 use super::revoke::{self, Revocation, RevokeSettings, RevokeStats};
@@ -132,14 +133,27 @@ impl Rma {
     /// protection domain (required with more than one rank). Registers the Firehose message
     /// handler, the RDMA completion handler and the peer-loss handler on the endpoint.
     /// Settings from the environment (`FH_M`, ..., `FH_REMOTE_INVALIDATION`); the target's pins
-    /// are verbs memory regions on `peers.pd()`.
+    /// are verbs memory regions on `peers.pd()`. Collective: compares the settings every rank
+    /// must share (`super::agree`) and fails on every rank if they differ.
     pub fn new(peers: Arc<Peers>, local: Option<Arc<Cache>>) -> FhResult<Arc<Rma>> {
         let (rank, size) = (peers.rank(), peers.size());
         let cfg = FirehoseConfig::from_env(rank, size).map_err(|e| {
             eprintln!("firehose: {}: {}", e.var, e.msg);
             fh_status::FH_ERR_BAD_CONFIG
-        })?;
-        let rs = RevokeSettings::from_env()?;
+        });
+        let rs = RevokeSettings::from_env();
+        // Every rank takes part in the comparison, also one whose own settings are invalid (the
+        // others then fail at once instead of after FH_AM_TIMEOUT_MS).
+        let mut agreed = agree::net_settings(&peers);
+        agreed.push(Agreed::new(
+            "valid FH_* settings",
+            u64::from(cfg.is_ok() && rs.is_ok()),
+        ));
+        if let Ok(c) = &cfg {
+            agreed.extend(c.must_agree().iter().map(|&(v, x)| Agreed::new(v, x)));
+        }
+        agree::exchange_or_fail(&peers, &agreed)?;
+        let (cfg, rs) = (cfg?, rs?);
         let revocation =
             (size > 1 && rs.enabled).then(|| Revocation::new(rs, revoke::queue::DEFAULT_SLOTS));
         let pins = match peers.pd() {

@@ -9,12 +9,15 @@
 //! `cache` (local registration), `pin::verbs` (memory regions for remote pins), `monitor`
 //! (subscribe the revoke listener, userfaultfd watches of remote pins), `inside`, `status`.
 //!
+//! `agree`: the settings every rank must share, compared at `fh_init`.
+//!
 //! `revoke/`: remote invalidation wired to the memory monitor (memory this rank unmaps is
 //! revoked from every peer's firehoses before the unmap returns).
 //!
 //! `sim_pins`: for simulation and tests, the target's pins over `net::sim` (`Rma::with_pins`),
 //! so the whole driver runs natively with ranks as threads and no device.
 
+pub mod agree;
 pub mod engine;
 mod ops;
 mod probe;
