@@ -4,7 +4,10 @@
 //! - [`MemoryListener`]: monitor -> cache (and -> the remote-pinning driver, `rma::revoke`).
 //!   "This range is (about to be) gone." Called from hook context (inside a patched libc
 //!   function, or on the userfaultfd reader thread): an implementation must not allocate, must
-//!   not block on a lock an allocating path may hold, and must not call into verbs.
+//!   not block on a lock an allocating path may hold, and must not call into verbs. It may unmap
+//!   memory, though not on every call it gets: what it unmaps is reported to every listener,
+//!   itself included, once it returns, round after round until a round unmaps nothing
+//!   (`monitor/guard.rs`).
 //!   `Cache::invalidate` is one. [`UnmapEvent`] says when the call comes relative to the unmap.
 //! - [`RangeWatcher`]: cache -> monitor. "I pinned this range / I unpinned it." Called on normal
 //!   API calls (never from a hook, never with readers excluded), so it may allocate and lock.

@@ -102,21 +102,23 @@ fn defer(s: &Slot, start: usize, end: usize) {
     s.pend_end.fetch_max(end, SeqCst);
 }
 
-/// Rounds of `deliver_pending`: a listener that unmaps something on every notification would
-/// otherwise keep it going for ever (what is still pending after them is dropped, as every
-/// nested notification was before: listeners are hook-safe and do not unmap, so only such a
-/// broken listener gets there).
-const ROUNDS: usize = 4;
-
 /// Notify what nested calls left in `s`, until nothing is left (a signal may add more while
-/// this runs) or `ROUNDS` have run. A range whose start was taken by an earlier round reuses
-/// that start: wider, never narrower.
+/// this runs). A range whose start was taken by an earlier round reuses that start: wider,
+/// never narrower.
+///
+/// Why no bound on the rounds: each round is there because something was unmapped on this
+/// thread during the previous one (a signal handler's `munmap`, or a listener's own), and
+/// dropping it leaves a registration of those pages cached: a stale hit. This stopped after 4
+/// rounds and dropped the rest, so a fifth nested unmap in a row (a handler that unmaps, run
+/// once per round) was never reported (`tests::nested_notifications_are_delivered_however_deep`).
+/// The loop ends when a round adds nothing; only a listener that unmaps on every call it gets
+/// would keep it going, and `seam::MemoryListener` forbids that.
 fn deliver_pending(s: &Slot) {
     if s.pend_end.load(Relaxed) == 0 {
         return; // the usual case: nothing nested
     }
     let mut last_start = usize::MAX;
-    for _ in 0..ROUNDS {
+    loop {
         let end = s.pend_end.swap(0, SeqCst);
         if end == 0 {
             return;
@@ -130,8 +132,6 @@ fn deliver_pending(s: &Slot) {
             super::registry::notify_all(start, end - start, UnmapEvent::Before);
         }
     }
-    s.pend_end.store(0, SeqCst);
-    s.pend_start.store(usize::MAX, SeqCst);
 }
 
 /// Run the listeners for [addr, addr+len) unless this thread is already inside a notification
@@ -199,6 +199,148 @@ mod tests {
         assert!(other, "another thread does not see this thread's claim");
         s.owner.store(0, SeqCst);
         assert!(own_slot(id).is_none());
+    }
+
+    use crate::seam::MemoryListener;
+    use std::sync::atomic::AtomicBool;
+    use std::sync::Arc;
+
+    const PAGE: usize = 4096;
+    const LINKS: usize = 12;
+
+    /// A listener that, told of link `k` of its chain (made-up pages no one else reports), makes
+    /// the unmap of link `k + 1` on the same thread, as a signal handler's `munmap` (or a
+    /// listener's own) does: a nested notification. Records which links it was told of, what
+    /// each nested call returned, and how deep its calls nested.
+    struct Chain {
+        base: usize,
+        links: usize,
+        seen: [AtomicBool; LINKS],
+        ran_now: [AtomicBool; LINKS],
+        depth: AtomicUsize,
+        max_depth: AtomicUsize,
+    }
+
+    impl Chain {
+        fn new(base: usize, links: usize) -> Arc<Chain> {
+            assert!(links <= LINKS);
+            Arc::new(Chain {
+                base,
+                links,
+                seen: std::array::from_fn(|_| AtomicBool::new(false)),
+                ran_now: std::array::from_fn(|_| AtomicBool::new(false)),
+                depth: AtomicUsize::new(0),
+                max_depth: AtomicUsize::new(0),
+            })
+        }
+
+        fn link(&self, k: usize) -> usize {
+            self.base + k * PAGE
+        }
+
+        fn seen(&self) -> Vec<usize> {
+            (0..self.links)
+                .filter(|&k| self.seen[k].load(SeqCst))
+                .collect()
+        }
+    }
+
+    impl MemoryListener for Chain {
+        fn on_unmap(&self, addr: usize, len: usize) {
+            if len != PAGE || addr < self.base || addr >= self.link(self.links) {
+                return; // another test's notification
+            }
+            let k = (addr - self.base) / PAGE;
+            let d = self.depth.fetch_add(1, SeqCst) + 1;
+            self.max_depth.fetch_max(d, SeqCst);
+            self.seen[k].store(true, SeqCst);
+            if k + 1 < self.links {
+                let now = notify_guarded(self.link(k + 1), PAGE, UnmapEvent::Before);
+                self.ran_now[k + 1].store(now, SeqCst);
+            }
+            self.depth.fetch_sub(1, SeqCst);
+        }
+    }
+
+    /// Nested notifications are deferred (never run inside the listeners that caused them) and
+    /// all delivered before the outer call returns, however long the chain. The rounds were
+    /// capped at 4: links 5.. of this chain were dropped, so a fifth nested unmap in a row was
+    /// never reported to any cache.
+    #[test]
+    fn nested_notifications_are_delivered_however_deep() {
+        let chain = Chain::new(0x7ccc_1000_0000, LINKS);
+        let sub = super::super::registry::subscribe(chain.clone());
+        assert!(sub.is_active());
+        let (ran, claimed_before) = std::thread::spawn({
+            let chain = chain.clone();
+            move || {
+                let free = (0..WINDOW).any(|i| slot(base(me()), i).owner.load(SeqCst) == 0);
+                (
+                    notify_guarded(chain.link(0), PAGE, UnmapEvent::Before),
+                    free,
+                )
+            }
+        })
+        .join()
+        .unwrap();
+        drop(sub);
+        assert!(ran, "the outer call ran its listeners");
+        assert_eq!(
+            chain.seen(),
+            (0..LINKS).collect::<Vec<_>>(),
+            "every link of the chain reported before the outer call returned"
+        );
+        if claimed_before {
+            assert_eq!(
+                chain.max_depth.load(SeqCst),
+                1,
+                "nested calls were deferred"
+            );
+            assert!((1..LINKS).all(|k| !chain.ran_now[k].load(SeqCst)));
+        }
+    }
+
+    /// A thread whose whole window is taken by other threads' claims (here: made-up owner
+    /// words) cannot be guarded: its notification still reaches the listeners, at once, and so
+    /// do nested ones made while they run (unguarded, so they nest), before the outer returns.
+    #[test]
+    fn a_full_window_still_notifies() {
+        let chain = Chain::new(0x7ccc_2000_0000, 3);
+        let sub = super::super::registry::subscribe(chain.clone());
+        assert!(sub.is_active());
+        let (full, ran) = std::thread::spawn({
+            let chain = chain.clone();
+            move || {
+                let b = base(me());
+                // Never a `pthread_self` (a TCB address: aligned, far above).
+                let fakes: Vec<usize> = (0..WINDOW)
+                    .filter(|&i| {
+                        let s = slot(b, i);
+                        s.owner
+                            .compare_exchange(0, 0x11 + 2 * i, SeqCst, SeqCst)
+                            .is_ok()
+                    })
+                    .collect();
+                let full = matches!(find_or_claim(me()), Found::Full);
+                let ran = notify_guarded(chain.link(0), PAGE, UnmapEvent::Before);
+                for i in fakes {
+                    slot(b, i).owner.store(0, SeqCst);
+                }
+                (full, ran)
+            }
+        })
+        .join()
+        .unwrap();
+        drop(sub);
+        assert!(full, "the window was full");
+        assert!(ran, "told at once");
+        assert_eq!(chain.seen(), vec![0, 1, 2], "every link reported");
+        assert!(chain.ran_now[1].load(SeqCst) && chain.ran_now[2].load(SeqCst));
+        assert_eq!(
+            chain.max_depth.load(SeqCst),
+            3,
+            "unguarded: nested calls nest"
+        );
     }
 
     #[test]
