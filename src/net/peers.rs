@@ -109,7 +109,10 @@ impl Peers {
         // arrive at once, and a thread delivering it before the barrier's handler exists would
         // lose it (seen in CI: a 4-rank job with progress threads timed out in its first
         // barrier, twice).
-        let am = Am::new_paused(link.clone(), cfg.settings)?;
+        // FH_PROGRESS_THREAD=auto: a thread answers peers in any job with peers, so a put to a
+        // rank sitting in MPI_Barrier (or computing) completes without that rank calling in.
+        let settings = cfg.settings.for_job(boot.size());
+        let am = Am::new_paused(link.clone(), settings)?;
         let barrier = AmBarrier::register(&am);
         if !cfg.defer_progress {
             am.start_progress_thread()?;
@@ -119,7 +122,7 @@ impl Peers {
             barrier,
             link,
             pd,
-            settings: cfg.settings,
+            settings,
             _bootstrap: Some(std::sync::Mutex::new(boot)),
         })
     }

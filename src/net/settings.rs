@@ -7,7 +7,7 @@
 //! | `FH_AM_TIMEOUT_MS`   | ms, or `inf`                         | `60000` | a wait that long is a dead or hung peer, reported as `FH_ERR_TIMEOUT`, never a hang |
 //! | `FH_AM_PROBE_MS`     | ms (> 0)                             | `1000`  | a wait longer than this checks the peer (`Link::probe`): a peer that died silently is `FH_ERR_PEER_LOST` within about a second |
 //! | `FH_AM_SPIN_US`      | µs a `wait` busy-polls before it sleeps, 0..=1000000 | `100` | a reply on a fast link is microseconds away and on Soft-RoCE under emulation tens of microseconds: a waiter that sleeps too early pays the scheduler's wake-up (hundreds of µs) on every round trip; after this long it sleeps, so many waiting threads do not all spin on one link |
-//! | `FH_PROGRESS_THREAD` | `0`/`1` (also `no`/`yes`, `off`/`on`) | `0`     | off: the application progresses when it calls in; on: a thread answers peers while the application computes |
+//! | `FH_PROGRESS_THREAD` | `auto`, `0`/`1` (also `no`/`yes`, `off`/`on`) | `auto` | `auto`: on in a job of more than one rank, so a peer inside another library (`MPI_Barrier`), computing or asleep still answers moves and gets (the thread sleeps on the completion channel when idle); `0`: the application progresses when it calls in (runtimes that poll); `1`: on, also alone |
 //! | `FH_PROGRESS_SPIN_US` | µs the progress thread keeps polling after its last event before it sleeps on the completion channel, 0..=1000000, or `inf` (never sleeps) | `100` | a wake-up through the completion channel costs a kernel event plus a scheduler wake-up (on Soft-RoCE under emulation 0.1-2 ms, against ~30 µs for a polled round trip): a message that follows another within this time is handled at polling speed, and the re-arm system calls are saved; `inf` gives the thread a core of its own for the best attentiveness |
 //!
 //! A bad value is `FH_ERR_BAD_CONFIG` with the variable named (on stderr from `from_env`).
@@ -34,6 +34,9 @@ pub struct NetSettings {
     pub spin: Duration,
     /// Start a progress thread with the endpoint.
     pub progress_thread: bool,
+    /// `FH_PROGRESS_THREAD=auto`: `Peers::new` sets `progress_thread` from the job's size (on
+    /// with more than one rank). Ignored where no bootstrap runs (`Peers::from_link`, `Am::new`).
+    pub progress_auto: bool,
     /// How long the progress thread polls after its last event before it sleeps on the link's
     /// completion channel; `None`: it never sleeps (polls, yielding the CPU now and then).
     pub progress_spin: Option<Duration>,
@@ -55,6 +58,7 @@ impl Default for NetSettings {
             probe: Duration::from_millis(DEFAULT_PROBE_MS),
             spin: Duration::from_micros(DEFAULT_SPIN_US),
             progress_thread: false,
+            progress_auto: true,
             progress_spin: Some(Duration::from_micros(DEFAULT_PROGRESS_SPIN_US)),
         }
     }
@@ -139,13 +143,23 @@ impl NetSettings {
             };
         }
         if let Some(v) = get("FH_PROGRESS_THREAD") {
-            s.progress_thread = match v.trim().to_ascii_lowercase().as_str() {
-                "1" | "yes" | "on" | "true" => true,
-                "0" | "no" | "off" | "false" => false,
-                _ => return Err(bad("FH_PROGRESS_THREAD", &v, "0 or 1")),
+            (s.progress_auto, s.progress_thread) = match v.trim().to_ascii_lowercase().as_str() {
+                "auto" => (true, false),
+                "1" | "yes" | "on" | "true" => (false, true),
+                "0" | "no" | "off" | "false" => (false, false),
+                _ => return Err(bad("FH_PROGRESS_THREAD", &v, "auto, 0 or 1")),
             };
         }
         Ok(s)
+    }
+
+    /// The settings an endpoint of a job of `ranks` ranks runs with: `auto` resolved (a progress
+    /// thread when there is a peer to answer).
+    pub fn for_job(mut self, ranks: u32) -> NetSettings {
+        if self.progress_auto {
+            self.progress_thread = ranks > 1;
+        }
+        self
     }
 }
 
@@ -170,6 +184,29 @@ mod tests {
         NetSettings::from_lookup(|k| m.get(k).cloned())
     }
 
+    /// `auto` (the default) gives a job with peers a progress thread and a lone rank none; an
+    /// explicit value holds at any size (`0` for runtimes that poll).
+    #[test]
+    fn progress_thread_auto_follows_the_job_size() {
+        let auto = with(&[]).unwrap();
+        assert!(!auto.for_job(1).progress_thread);
+        assert!(auto.for_job(2).progress_thread && auto.for_job(4).progress_thread);
+        assert_eq!(with(&[("FH_PROGRESS_THREAD", "auto")]).unwrap(), auto);
+        assert!(
+            !with(&[("FH_PROGRESS_THREAD", "0")])
+                .unwrap()
+                .for_job(4)
+                .progress_thread
+        );
+        assert!(
+            with(&[("FH_PROGRESS_THREAD", "on")])
+                .unwrap()
+                .for_job(1)
+                .progress_thread
+        );
+        assert!(with(&[("FH_PROGRESS_THREAD", "sometimes")]).is_err());
+    }
+
     #[test]
     fn defaults_and_overrides() {
         assert_eq!(with(&[]).unwrap(), NetSettings::default());
@@ -192,6 +229,7 @@ mod tests {
                 probe: Duration::from_millis(20),
                 spin: Duration::ZERO,
                 progress_thread: true,
+                progress_auto: false,
                 progress_spin: Some(Duration::ZERO),
             }
         );

@@ -48,8 +48,9 @@ pub fn run(ctx: &Ctx, a: &Args) -> Option<Attn> {
             let phases = PHASES.iter().map(|&b| ask(ctx, a, b)).collect();
             // mpirun -x gives every rank the same environment; rank 1 applies it (main.rs).
             Some(Attn {
+                // `auto` (the default) is on in this 2-rank job.
                 progress_thread: std::env::var("FH_PROGRESS_THREAD")
-                    .is_ok_and(|v| matches!(v.trim(), "1" | "yes" | "on" | "true")),
+                    .map_or(true, |v| !matches!(v.trim(), "0" | "no" | "off" | "false")),
                 phases,
             })
         }

@@ -78,6 +78,7 @@ fn setup() -> Ctx {
     // busy-polls its own wait, would only take CPU from the ranks being measured.
     if boot.rank() != 1 {
         cfg.settings.progress_thread = false;
+        cfg.settings.progress_auto = false;
     }
     // Rank 0 busy-polls its waits, as ib_send_lat does (FH_AM_SPIN_US, if set, still decides):
     // what is measured is the link and the responder, not how soon a sleeping requester wakes.
