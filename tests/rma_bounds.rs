@@ -306,3 +306,57 @@ fn mismatched_settings_fail_on_every_rank_naming_both_values() {
         );
     }
 }
+
+/// An active message from `from` as its link would carry it, with no credit given back.
+fn raw_oneway(handler: u16, payload: &[u8]) -> Vec<u8> {
+    use firehose::net::wire::{Header, Kind, HEADER_LEN};
+    let mut m = vec![0u8; HEADER_LEN + payload.len()];
+    Header {
+        kind: Kind::OneWay,
+        handler,
+        credits: 0,
+        token: 0,
+        len: payload.len() as u32,
+    }
+    .encode(&mut m);
+    m[HEADER_LEN..].copy_from_slice(payload);
+    m
+}
+
+#[test]
+fn a_peer_withholding_credits_costs_bounded_memory() {
+    use firehose::firehose::wire::{encode, Msg};
+    use firehose::rma::FIREHOSE_AM;
+    let job = job(2, Duration::from_secs(10));
+    let rma = &job.rmas[0];
+    let limit = 64 << 10;
+    rma.peers().am().set_max_queued(limit);
+    // Rank 1 never polls (so never gives a credit back) and sends puts-in-move, 16 at a time:
+    // every one is answered, and the answers queue at rank 0 for want of credits.
+    let dst = job.bufs[0].addr();
+    let mut peak = 0;
+    let mut req = 0u32;
+    for _ in 0..20_000 / 16 {
+        for _ in 0..16 {
+            req += 1;
+            let m = Msg::Move {
+                req,
+                releases: vec![],
+                pins: vec![],
+                put: Some((dst, b"12345678")),
+            };
+            job.net.inject(1, 0, &raw_oneway(FIREHOSE_AM, &encode(&m)));
+        }
+        while rma.progress().unwrap() > 0 {}
+        peak = peak.max(rma.peers().am().queued_bytes(1));
+    }
+    let s = rma.peers().am().stats();
+    assert!(
+        peak <= limit + 4096,
+        "queued {peak} bytes for a bound of {limit}"
+    );
+    assert_eq!(s.queue_overflows, 1, "declared lost once: {s:?}");
+    assert_eq!(s.peers_given_up, 1);
+    assert_eq!(rma.peers().am().queued_bytes(1), 0, "its queue is dropped");
+    rma.check_idle().unwrap();
+}

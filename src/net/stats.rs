@@ -17,6 +17,7 @@ pub struct Stats {
     progress_wakeups: AtomicU64,
     peers_lost: AtomicU64,
     peers_given_up: AtomicU64,
+    queue_overflows: AtomicU64,
     probes: AtomicU64,
     rdma_ok: AtomicU64,
     rdma_failed: AtomicU64,
@@ -42,6 +43,9 @@ pub struct StatsSnapshot {
     /// Of those, live peers this rank declared lost (`Am::give_up`): silent past a wait's bound,
     /// or over `FH_AM_MAX_QUEUED`.
     pub peers_given_up: u64,
+    /// Of those, peers given up on because the messages queued for them (waiting for credits
+    /// they did not give back) passed `FH_AM_MAX_QUEUED`.
+    pub queue_overflows: u64,
     /// `Link::probe` calls made by waits that lasted longer than the probe interval.
     pub probes: u64,
     /// RDMA completions passed up (`Am::set_rdma_handler`): succeeded, failed.
@@ -99,6 +103,9 @@ impl Stats {
     pub fn peer_given_up(&self) {
         self.peers_given_up.fetch_add(1, Relaxed);
     }
+    pub fn queue_overflow(&self) {
+        self.queue_overflows.fetch_add(1, Relaxed);
+    }
     pub fn probe(&self) {
         self.probes.fetch_add(1, Relaxed);
     }
@@ -118,6 +125,7 @@ impl Stats {
             progress_wakeups: self.progress_wakeups.load(Relaxed),
             peers_lost: self.peers_lost.load(Relaxed),
             peers_given_up: self.peers_given_up.load(Relaxed),
+            queue_overflows: self.queue_overflows.load(Relaxed),
             probes: self.probes.load(Relaxed),
             rdma_ok: self.rdma_ok.load(Relaxed),
             rdma_failed: self.rdma_failed.load(Relaxed),

@@ -175,7 +175,7 @@ impl Inner {
     fn on_bye(&self, from: Rank) {
         let mut p = self.peer(from);
         p.got_bye = true;
-        p.flow.drain_pending().for_each(drop);
+        p.drop_queued();
         drop(p);
         self.tickets
             .fail_peer(Some(from), fh_status::FH_ERR_PEER_LOST);
@@ -198,7 +198,7 @@ impl Inner {
         }
         for r in (0..self.size).filter(|&r| r != self.rank) {
             let mut p = self.peer(r);
-            p.flow.drain_pending().for_each(drop);
+            p.drop_queued();
             if !p.closed() {
                 // Best effort: a peer we cannot reach does not need to hear it.
                 let _ = p.send_control(&self.out(r), Kind::Bye);

@@ -83,6 +83,8 @@ pub(super) struct Inner {
     /// Messages in `loopback` (bumped after a push): `progress` takes its lock only when non-zero.
     pub loopback_len: AtomicUsize,
     pub finalized: AtomicBool,
+    /// `FH_AM_MAX_QUEUED`: bytes that may wait for credits toward one peer.
+    pub max_queued: AtomicUsize,
     pub stats: Stats,
     pub me: Weak<Inner>,
 }
@@ -162,6 +164,13 @@ impl Inner {
             Ok(true) => Ok(()),
             Ok(false) => {
                 self.stats.credit_stall();
+                if p.queued_bytes > self.max_queued.load(Ordering::Relaxed) {
+                    // The peer withholds credits while we keep queuing (`queue_bound`).
+                    drop(p);
+                    self.stats.queue_overflow();
+                    self.give_up(peer);
+                    return Err(fh_status::FH_ERR_PEER_LOST);
+                }
                 Ok(())
             }
             Err(e) => {
@@ -179,7 +188,7 @@ impl Inner {
         let mut p = self.peer(peer);
         let first = !p.lost;
         p.lost = true;
-        p.flow.drain_pending().for_each(drop);
+        p.drop_queued();
         drop(p);
         if first {
             self.stats.peer_lost();
@@ -210,7 +219,7 @@ impl Inner {
             if p.lost {
                 return;
             }
-            p.flow.drain_pending().for_each(drop);
+            p.drop_queued();
             if !p.closed() {
                 // Best effort, on the slot reserved for it: the peer then fails what it waits
                 // on us for at once instead of after its own bound.
@@ -317,6 +326,7 @@ impl Am {
         if max_size <= HEADER_LEN || rank >= size {
             return Err(fh_status::FH_ERR_BAD_CONFIG);
         }
+        let max_queued = super::queue_bound::from_env()?;
         let peers = (0..size)
             .map(|_| {
                 PeerFlow::new(link.recv_slots())
@@ -336,6 +346,7 @@ impl Am {
             loopback: Mutex::new(VecDeque::new()),
             loopback_len: AtomicUsize::new(0),
             finalized: AtomicBool::new(false),
+            max_queued: AtomicUsize::new(max_queued),
             stats: Stats::default(),
             me: me.clone(),
         });
@@ -490,6 +501,19 @@ impl Am {
     /// `StatsSnapshot::peers_given_up` (and `peers_lost`). Idempotent.
     pub fn give_up(&self, peer: Rank) {
         self.inner.give_up(peer)
+    }
+
+    /// Sets the bound of `FH_AM_MAX_QUEUED` (bytes waiting for credits toward one peer).
+    pub fn set_max_queued(&self, bytes: usize) {
+        self.inner.max_queued.store(bytes, Ordering::Relaxed);
+    }
+
+    /// Bytes of messages waiting for credits toward `peer` now.
+    pub fn queued_bytes(&self, peer: Rank) -> usize {
+        self.inner
+            .peers
+            .get(peer as usize)
+            .map_or(0, |_| self.inner.peer(peer).queued_bytes)
     }
 
     /// Whether a progress thread runs.

@@ -11,6 +11,7 @@ mod endpoint;
 mod handlers;
 mod peer;
 mod progress_thread;
+pub mod queue_bound;
 mod small_key;
 #[cfg(test)]
 mod tests;

@@ -20,6 +20,8 @@ pub struct Peer {
     pub said_bye: bool,
     /// The peer-loss handler was told about it (once: a loss, a goodbye, or giving up).
     pub told_lost: bool,
+    /// Bytes of the messages in `flow`'s queue (bounded: `queue_bound`).
+    pub queued_bytes: usize,
 }
 
 /// Where a message goes out: the link, and the counters.
@@ -66,7 +68,14 @@ impl Peer {
             got_bye: false,
             said_bye: false,
             told_lost: false,
+            queued_bytes: 0,
         }
+    }
+
+    /// Drops every queued message (the peer is gone, or we are).
+    pub fn drop_queued(&mut self) {
+        self.flow.drain_pending().for_each(drop);
+        self.queued_bytes = 0;
     }
 
     /// Nothing may be sent to this peer any more.
@@ -88,6 +97,7 @@ impl Peer {
             let mut m = vec![0; HEADER_LEN + payload.len()];
             h.encode(&mut m);
             m[HEADER_LEN..].copy_from_slice(payload);
+            self.queued_bytes += m.len();
             self.flow.queue(m);
             return Ok(false);
         }
@@ -129,6 +139,7 @@ impl Peer {
                 let Some(mut m) = self.flow.pop_sendable() else {
                     break;
                 };
+                self.queued_bytes -= m.len();
                 // The first of the batch carries all we owe; the others then carry 0.
                 let owed = self.flow.take_owed();
                 Header::patch_credits(&mut m, owed);
