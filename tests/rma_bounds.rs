@@ -360,3 +360,55 @@ fn a_peer_withholding_credits_costs_bounded_memory() {
     assert_eq!(rma.peers().am().queued_bytes(1), 0, "its queue is dropped");
     rma.check_idle().unwrap();
 }
+
+#[test]
+fn forged_quota_sets_are_refused_and_counted() {
+    use firehose::firehose::wire::{encode, Msg};
+    use firehose::rma::FIREHOSE_AM;
+    let ns = NetSettings {
+        timeout: Some(Duration::from_secs(10)),
+        ..NetSettings::default()
+    };
+    let job = Arc::new(job_with(2, ns, |r| {
+        let mut c = config(r, 2);
+        c.adaptive = true;
+        c
+    }));
+    let (stop, server) = serve(&job.rmas[1]);
+    let rma = &job.rmas[0];
+    let set = |quota: u64, cut: bool| {
+        let m = encode(&Msg::QuotaSet { quota, cut });
+        job.net.inject(1, 0, &raw_oneway(FIREHOSE_AM, &m));
+        while rma.progress().unwrap() > 0 {}
+    };
+    // F is 16 buckets, regions 4: a raise nobody asked for, a cut to nothing, a "cut" upward.
+    set(1 << 20, false);
+    set(0, true);
+    set(64, true);
+    let s = rma.stats();
+    assert_eq!(s.fh.bad_quota_sets, 3, "{s:?}");
+    assert_eq!(s.rejected, 3);
+    // The quota is what it was: 4 regions of rank 1's memory (all of F) can be held, a fifth
+    // region waits for one of them, and everything works.
+    let j = job.clone();
+    within(
+        Duration::from_secs(20),
+        "ops after forged quota sets",
+        move || {
+            let base = j.bufs[1].addr().next_multiple_of(4 * BUCKET as u64);
+            for i in 0..6u64 {
+                op(
+                    &j.rmas[0],
+                    RdmaKind::Write,
+                    1,
+                    base + i * 4 * BUCKET as u64,
+                    64,
+                )
+                .unwrap();
+            }
+        },
+    );
+    stop.store(true, SeqCst);
+    server.join().unwrap();
+    rma.check_idle().unwrap();
+}

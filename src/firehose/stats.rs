@@ -29,6 +29,8 @@ pub struct FirehoseStats {
     pub shared_hits: u64,
     /// Target: moves answered with a refusal (`RemoteError::Refused`: pins, put, or both).
     pub moves_refused: u64,
+    /// Initiator (adaptive): QUOTA_SETs refused (a raise not asked for, a cut out of bounds).
+    pub bad_quota_sets: u64,
     /// Target: REVOKE messages sent.
     pub revokes: u64,
     /// Target (adaptive): quota grants and cuts sent.

@@ -144,6 +144,7 @@ impl Initiator {
                 }
                 if self.adaptive && !queued_behind && !p.want_sent && short > 0 {
                     p.want_sent = true;
+                    p.grantable += short + 4 * u64::from(self.r);
                     self.flush_acks(peer, out);
                     out.push_back((peer, wire::encode(&Msg::QuotaWant(short))));
                 }
@@ -240,6 +241,7 @@ impl Initiator {
         }
         p.want_sent = true;
         let want = need.max(p.quota / 2);
+        p.grantable += want + 4 * u64::from(self.r);
         self.flush_acks(peer, out);
         out.push_back((peer, wire::encode(&Msg::QuotaWant(want))));
     }

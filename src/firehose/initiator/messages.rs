@@ -216,13 +216,32 @@ impl Initiator {
         if !self.adaptive {
             return Err(WireError::BadQuota);
         }
+        // Only what an honest target sends (`target/quota.rs`) is taken: a raise (no cut) by no
+        // more than our wants let it grant (`PeerI::grantable`); a cut, one at a time, to no
+        // more than the quota and no less than the floor a target keeps (2 regions, or F if
+        // smaller: what an op needs to run at all). Anything else is refused and counted: an
+        // unrequested raise would have us pin past the bound of a target that never lent, a cut
+        // below the floor would leave our ops blocked for ever. (FIFO per pair: a grant the
+        // target made before a cut arrives before it, and it grants nothing while a cut is
+        // unsettled, so our quota is the one it cuts from.)
+        let r = u64::from(self.r);
         let p = &mut self.peers[from as usize];
-        p.quota = quota;
+        let ok = if cut {
+            p.cut.is_none() && quota <= p.quota && quota >= (2 * r).min(self.f)
+        } else {
+            p.cut.is_none() && quota > p.quota && quota - p.quota <= p.grantable
+        };
+        if !ok {
+            st.bad_quota_sets += 1;
+            return Err(WireError::BadQuota);
+        }
         if cut {
             p.cut = Some(quota);
         } else {
+            p.grantable -= quota - p.quota;
             p.want_sent = false;
         }
+        p.quota = quota;
         self.after_budget_change(from, out, st);
         st.failures += self.take_failures();
         Ok(())

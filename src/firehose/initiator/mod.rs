@@ -133,6 +133,12 @@ pub(crate) struct PeerI {
     pub acks: Vec<u64>,
     /// Adaptive: a QUOTA_WANT is outstanding.
     pub want_sent: bool,
+    /// Adaptive: the most the target may still grant us, from the QUOTA_WANTs we sent. A
+    /// target grants a want in one or more QUOTA_SETs, the last of which may exceed what is
+    /// left of it by up to its step of 4 regions; a newer want replaces what is left of an
+    /// older one. So each want adds its buckets plus 4 regions, each grant takes its own off:
+    /// an upper bound that needs no sequence numbers (grants and wants may cross).
+    pub grantable: u64,
     /// Request id of the last move with pins or a put sent to this peer (ids go up by one).
     pub last_req: u32,
     /// Adaptive: the target cut our quota to this; ack once `charged` fits.
@@ -159,6 +165,8 @@ pub(crate) struct Initiator {
     pub small_put_pins_auto: bool,
     pub max_msg: usize,
     pub adaptive: bool,
+    /// F, each peer's fixed share (what a target's quota cuts are measured against).
+    pub f: u64,
     pub peers: Vec<PeerI>,
     pub fhs: Vec<Fh>,
     /// The target-chosen handle of each slot of `fhs`.
@@ -189,6 +197,7 @@ impl Initiator {
             small_put_pins_auto: cfg.small_put_pins_auto,
             max_msg: cfg.max_msg,
             adaptive: cfg.adaptive,
+            f,
             peers: (0..cfg.size)
                 .map(|_| PeerI {
                     quota: f,
