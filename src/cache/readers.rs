@@ -213,6 +213,49 @@ mod tests {
         }
     }
 
+    /// Slot 0 is shared by every thread beyond the pool's `SLOTS - 1` ids (and by hooks), so its
+    /// reader count and counters are read-modify-writes: one thread leaving does not hide another
+    /// that is still inside (a writer would mutate the index under it), and hits made at once
+    /// are all counted. (`tests/at_the_limit.rs` runs more threads than slots through a cache.)
+    #[test]
+    fn the_shared_slot_counts_every_reader_and_every_hit() {
+        let s = ReaderSlot::default();
+        s.enter(0, true);
+        s.enter(0, false);
+        s.exit(0);
+        assert_eq!(
+            s.readers.load(Ordering::SeqCst),
+            1,
+            "one reader left the shared slot: the other is still inside"
+        );
+        s.exit(0);
+        assert_eq!(s.readers.load(Ordering::SeqCst), 0);
+        const THREADS: u64 = 4;
+        const N: u64 = 1_000_000;
+        let s = std::sync::Arc::new(ReaderSlot::default());
+        let start = std::sync::Arc::new(std::sync::Barrier::new(THREADS as usize));
+        let hs: Vec<_> = (0..THREADS)
+            .map(|_| {
+                let (s, start) = (s.clone(), start.clone());
+                std::thread::spawn(move || {
+                    start.wait();
+                    for _ in 0..N {
+                        // (black_box: one update per call, not one folded per loop)
+                        let s = std::hint::black_box(&*s);
+                        s.add_hit(std::hint::black_box(0));
+                        s.add_in_use(std::hint::black_box(0), 1);
+                        s.add_in_use(std::hint::black_box(0), -1);
+                    }
+                })
+            })
+            .collect();
+        for h in hs {
+            h.join().unwrap();
+        }
+        assert_eq!(s.hits.load(Ordering::SeqCst), THREADS * N, "hits lost");
+        assert_eq!(s.in_use.load(Ordering::SeqCst), 0, "in-use updates lost");
+    }
+
     /// fork while another thread holds the pool's lock: the prepare handler waits for it, so the
     /// child finds the pool unlocked, and every id but the forking thread's is free again (the
     /// threads that held them do not exist in the child).

@@ -591,6 +591,11 @@ fn sync_events(st: &mut State, fd: c_int) {
     if events_in_flight(fd) || (b >> 32) as u32 != b as u32 {
         settle(fd);
     }
+    // A full ring dropped ranges (more than its 1024 unmaps of watched memory between two
+    // calls here): their watches stay counted as live until their own `unwatch`, so their pages
+    // stay registered longer, which reports more unmaps, never fewer. Marking every watch stale
+    // instead would stop counting live ones, and an `unwatch` could then unregister pages still
+    // pinned: a raw unmap of them would go unseen.
     let _dropped = RING.drain(|a, b| forget_unmapped(st, a, b));
 }
 
