@@ -20,6 +20,7 @@ mod counters;
 mod dispatch_tests;
 mod fasthash;
 mod ffi_types;
+mod foreign_events;
 mod fork;
 mod guard;
 mod init;

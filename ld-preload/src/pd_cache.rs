@@ -372,11 +372,57 @@ fn ensure_monitor() {
         patch_libc: m.patch_libc && !deferred,
         userfaultfd: m.userfaultfd,
     });
-    if deferred && !sees_free_unmaps(&st) {
+    DEFERRED.store(deferred, Ordering::Release);
+    // The library that owns libc's entries tells us of unmaps itself, before they happen.
+    let foreign = if deferred {
+        crate::foreign_events::subscribe()
+    } else {
+        0
+    };
+    if deferred && !sees_free_unmaps(&st) && foreign == 0 {
         BLIND.store(true, Ordering::Release);
         crate::coexist::warn_blind(st.uffd_errno);
     }
     DONE.store(true, Ordering::Release);
+}
+
+/// The default monitor left libc's entries to another library (`coexist.rs`).
+static DEFERRED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// A new protection domain's cache: the library that owns libc's entries may have been loaded
+/// since the monitor was installed (MPI loads UCX with `dlopen`): subscribe to its events now,
+/// which also ends `BLIND` once a source sees `free`'s unmaps.
+fn refresh_foreign() {
+    if !DEFERRED.load(Ordering::Acquire) {
+        return;
+    }
+    let all = crate::foreign_events::SRC_UCM | crate::foreign_events::SRC_OPAL;
+    if crate::foreign_events::live() & all != all && crate::foreign_events::subscribe() != 0 {
+        BLIND.store(false, Ordering::Release);
+    }
+}
+
+/// For `FH_STATS`: which sources tell the caches of unmaps.
+pub fn monitor_line() -> String {
+    let st = monitor::status();
+    let libc = if st.patched != 0 {
+        "libc entries patched"
+    } else if DEFERRED.load(Ordering::Acquire) {
+        "libc entries left to another library"
+    } else {
+        "libc entries not patched"
+    };
+    let foreign = crate::foreign_events::describe(crate::foreign_events::live());
+    format!(
+        "  monitor:       {libc}; userfaultfd {}; {}{}\n",
+        if st.uffd { "on" } else { "off" },
+        if foreign.is_empty() {
+            "no foreign events"
+        } else {
+            "subscribed to "
+        },
+        foreign
+    )
 }
 
 /// The default monitor left libc's code to another library's hooks (`coexist.rs`) and
@@ -406,6 +452,7 @@ impl PdCache {
         }
         if settings::invalidation_enabled() {
             ensure_monitor();
+            refresh_foreign();
             if blind() {
                 return Err(fh_status::FH_ERR_UNSUPPORTED);
             }

@@ -165,6 +165,7 @@ pub extern "C" fn print_at_exit() {
                 s.stale_deregs
             ));
         }
+        text.push_str(&crate::pd_cache::monitor_line());
         if let Some(line) = crate::pd_cache::fork_line() {
             text.push_str(&line);
         }

@@ -79,3 +79,29 @@ if grep -q "unable to handle VM_UNMAP" "$FH_TEST_DIR/shim-rcache.log"; then
     echo "FAIL: Open MPI/UCX memory hooks disturbed under the shim (rcache on)"
     exit 1
 fi
+
+# Without userfaultfd (as under a seccomp profile that refuses it), the shim must still cache and
+# stay correct: the unmaps come from the library that owns libc's entries (libucm's VM_UNMAPPED
+# events, ld-preload/src/foreign_events.rs), synchronously. With that subscription off too, the
+# shim sees nothing of free's unmaps and must pass everything through (no hits): the hits of the
+# first run come from the subscription.
+for mode in uffd uffd,foreign; do
+    echo "--- UCX rcache off, with the shim, FH_TEST_DISABLE_HOOKS=$mode"
+    st=$FH_TEST_DIR/stats-$mode.txt
+    rm -f "$st"
+    timeout 300 "${mpi[@]}" "${rcache_off[@]}" -x LD_PRELOAD="$SHIM" -x FH_STATS=1 -x FH_STATS_FILE="$st" \
+        -x FH_MAX_PINNED=256M -x FH_TEST_DISABLE_HOOKS="$mode" "$CC_OUT/preload_mpi_fresh" "$ITERS" 2>&1 |
+        tee "$FH_TEST_DIR/shim-$mode.log" | tail -5
+    rc=${PIPESTATUS[0]}
+    cat "$st" 2>/dev/null
+    [ "$rc" = 0 ] || { echo "FAIL: wrong bytes or a crash under the shim (FH_TEST_DISABLE_HOOKS=$mode)"; exit 1; }
+    if [ "$mode" = uffd ]; then
+        grep -q "subscribed to UCX libucm VM_UNMAPPED events" "$st" || { echo "FAIL: the shim did not subscribe to libucm's events"; exit 1; }
+        grep -qE 'cache: +[1-9][0-9]* hits' "$st" || { echo "FAIL: no cache hits with libucm's events as the only source"; exit 1; }
+        grep -qE '[1-9][0-9]* invalidations' "$st" || { echo "FAIL: no invalidations from libucm's events"; exit 1; }
+    elif grep -qE 'cache: +[1-9][0-9]* hits' "$st"; then
+        echo "FAIL: hits with no event source at all: the shim cached what nobody invalidates"
+        exit 1
+    fi
+done
+echo "preload-mpi: libucm's events carry invalidation when userfaultfd is off"
