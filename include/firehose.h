@@ -889,6 +889,9 @@ enum fh_status fh_get_nb(struct fh_ctx *ctx,
 /**
  * Waits until `op` completes and returns its result; the handle is then spent (a second
  * `fh_wait` is `FH_ERR_UNKNOWN_HANDLE`, as is 0 or a made-up value).
+ * Bounded, as `fh_put`, `fh_get` and `fh_quiet`: `FH_ERR_TIMEOUT` once `FH_AM_TIMEOUT_MS` has
+ * passed with the peer silent (it is then given up on: later operations to it are
+ * `FH_ERR_PEER_LOST`), `FH_ERR_PEER_LOST` at once after the peer's `fh_finalize`.
  *
  * # Safety
  * `ctx` is NULL or live.
