@@ -172,6 +172,14 @@ pub trait Link: Send + Sync {
     /// Blocks until something may have arrived, or `timeout` passed (the progress thread sleeps
     /// here: verbs waits on the completion channel). Spurious wakeups are allowed.
     fn wait(&self, timeout: Duration) -> Result<(), LinkError>;
+    /// Ends a current (or the next) `wait` at once, from any thread: the progress thread's stop.
+    /// Links that can (`wakes`) let an idle progress thread sleep long; the default cannot, and
+    /// `wait` then ends at its timeout.
+    fn wake(&self) {}
+    /// Whether `wake` ends a `wait` (see there).
+    fn wakes(&self) -> bool {
+        false
+    }
     /// Checks that `peer` is still there without using a credit (verbs: a one-sided write to a
     /// word the peer registered for it). A dead peer shows up as `PeerLost` from a later `poll`.
     fn probe(&self, peer: Rank) -> Result<(), LinkError>;

@@ -637,6 +637,14 @@ impl Link for VerbsLink {
         Ok(())
     }
 
+    fn wake(&self) {
+        self.channel.wake();
+    }
+
+    fn wakes(&self) -> bool {
+        true
+    }
+
     fn probe(&self, peer: Rank) -> Result<(), LinkError> {
         let src = Sge {
             addr: self.probe_buf.addr() + 8 * u64::from(self.size),

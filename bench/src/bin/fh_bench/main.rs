@@ -109,6 +109,9 @@ fn setup(a: &args::Args) -> Ctx {
         cfg.settings.spin = std::time::Duration::from_secs(1);
     }
     cfg.bootstrap = Some(boot);
+    // A progress thread (the default in a job with peers) starts once every handler below is
+    // registered: a faster peer's first message to a handler not yet there would be dropped.
+    cfg.defer_progress = true;
     let peers = Arc::new(Peers::new(cfg).unwrap_or_else(|e| fail(format!("Peers::new: {e:?}"))));
     let pd = peers
         .pd()
@@ -131,6 +134,9 @@ fn setup(a: &args::Args) -> Ctx {
     let raw = Raw::install(peers.am());
     let served = Served::new(pd.clone());
     served.install(peers.am(), &rma);
+    peers
+        .start_progress()
+        .unwrap_or_else(|e| fail(format!("progress thread: {e:?}")));
 
     let src_len = a
         .sizes
