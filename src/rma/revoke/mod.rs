@@ -46,6 +46,8 @@ pub(crate) struct Counters {
     pub detached: AtomicU64,
     pub fast_returns: AtomicU64,
     pub sweeps: AtomicU64,
+    pub written_off: AtomicU64,
+    pub holders_given_up: AtomicU64,
     pub wait_ns: AtomicU64,
     pub wait_ns_max: AtomicU64,
 }
@@ -70,6 +72,11 @@ pub struct RevokeStats {
     pub fast_returns: u64,
     /// Sweeps (everything revoked) because every queue slot was busy.
     pub sweeps: u64,
+    /// Revocations ended by giving up on holders that had not acked within
+    /// [`Driver::holder_bound`] (`FH_AM_TIMEOUT_MS`), and how many holders that was (each
+    /// declared lost: it counts as having acked).
+    pub written_off: u64,
+    pub holders_given_up: u64,
     /// Time unmapping threads spent waiting, in total and the longest one (ns).
     pub wait_ns: u64,
     pub wait_ns_max: u64,
@@ -107,6 +114,8 @@ impl Shared {
             detached: s.detached.load(Relaxed),
             fast_returns: s.fast_returns.load(Relaxed),
             sweeps: s.sweeps.load(Relaxed),
+            written_off: s.written_off.load(Relaxed),
+            holders_given_up: s.holders_given_up.load(Relaxed),
             wait_ns: s.wait_ns.load(Relaxed),
             wait_ns_max: s.wait_ns_max.load(Relaxed),
         }

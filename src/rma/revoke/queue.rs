@@ -253,6 +253,20 @@ impl RevokeQueue {
         futex::wake_all(&s.state);
     }
 
+    /// Worker side: frees a taken slot nobody waits for any more (pushed detached, or its waiter
+    /// gave up), so that a revoke a holder never acknowledges keeps no slot: the worker goes on
+    /// tracking it by itself, and must then not [`RevokeQueue::complete`] the slot. `false`
+    /// while a waiter is still there (only the worker moves a `WORKING | ORPHAN` slot on, so
+    /// the check and the store do not race with anybody).
+    pub fn release_orphan(&self, slot: usize) -> bool {
+        let s = &self.slots[slot];
+        if s.state.load(SeqCst) != WORKING | ORPHAN {
+            return false;
+        }
+        s.state.store(FREE, SeqCst);
+        true
+    }
+
     /// Worker side: the newest sweep request, if one is not yet covered.
     pub fn sweep_wanted(&self) -> Option<u32> {
         let asked = self.sweep_asked.load(SeqCst);
@@ -355,6 +369,25 @@ mod tests {
         assert_eq!(taken, vec![0]);
         q.complete(0);
         assert_eq!(q.busy(), 0, "an orphan is freed by the worker");
+    }
+
+    /// A taken slot comes back at once when nobody waits for it (detached, or its waiter gave
+    /// up), never while its waiter waits.
+    #[test]
+    fn orphans_are_released_before_their_revoke_ends() {
+        let q = RevokeQueue::new(2);
+        let waited = q.push(1, 1 ^ 0x5555, false);
+        let detached = q.push(2, 2 ^ 0x5555, true);
+        assert_eq!((waited, detached), (Ticket::Slot(0), Ticket::Slot(1)));
+        assert!(!q.release_orphan(1), "not taken yet");
+        q.take(|_, _, _| {});
+        assert!(!q.release_orphan(0), "its waiter is still there");
+        assert!(q.release_orphan(1));
+        assert_eq!(q.busy(), 1);
+        assert_eq!(q.wait(waited, Duration::from_millis(10)), Waited::TimedOut);
+        assert!(q.release_orphan(0), "its waiter gave up");
+        assert_eq!(q.busy(), 0);
+        assert_eq!(q.push(3, 3 ^ 0x5555, false), Ticket::Slot(0), "reused");
     }
 
     #[test]

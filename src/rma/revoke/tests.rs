@@ -11,8 +11,8 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// A revocation under way: its id, the pinned ranges it covered when it started, the progress
-/// rounds left before it finishes.
-type Pending = (u64, Vec<(u64, u64)>, u32);
+/// rounds left before it finishes, whether the holder that never acks holds one of them.
+type Pending = (u64, Vec<(u64, u64)>, u32, bool);
 
 #[derive(Default)]
 struct FakeState {
@@ -26,6 +26,12 @@ struct FakeState {
     worker_unmap: Option<(Arc<Shared>, u64, u64)>,
     worker_unmap_took: Option<Duration>,
     invalidated: Vec<(u64, u64)>,
+    /// Ranges (also pinned) that a holder which never acks holds: a revocation covering one
+    /// never finishes, until that holder is given up on (`lost`).
+    bad: Vec<(u64, u64)>,
+    lost: bool,
+    /// `Driver::holder_bound`.
+    bound: Option<Duration>,
 }
 
 #[derive(Clone)]
@@ -67,7 +73,8 @@ impl Driver for Fake {
             .filter(|&&(ra, rl)| ra < end && ra + rl > addr)
             .copied()
             .collect();
-        s.pending.push((id, covered, 3));
+        let bad = !s.lost && s.bad.iter().any(|&(ba, bl)| ba < end && ba + bl > addr);
+        s.pending.push((id, covered, 3, bad));
         s.invalidated.push((addr, len));
         Some(InvalId(id))
     }
@@ -86,7 +93,11 @@ impl Driver for Fake {
             return Some(0);
         }
         let mut finished = Vec::new();
-        s.pending.retain_mut(|(id, covered, left)| {
+        let lost = s.lost;
+        s.pending.retain_mut(|(id, covered, left, bad)| {
+            if *bad && !lost {
+                return true;
+            }
             *left -= 1;
             if *left == 0 {
                 finished.push((*id, std::mem::take(covered)));
@@ -115,6 +126,18 @@ impl Driver for Fake {
     fn probe_peers(&self) {}
     fn probe_every(&self) -> Duration {
         Duration::from_secs(1)
+    }
+    fn holder_bound(&self) -> Option<Duration> {
+        self.st.lock().unwrap().bound
+    }
+    fn give_up_holders(&self, id: InvalId) -> Option<usize> {
+        let mut s = self.st.lock().unwrap();
+        let waits_for_bad = s.pending.iter().any(|p| p.0 == id.0 && p.3);
+        if waits_for_bad && !s.lost {
+            s.lost = true;
+            return Some(1);
+        }
+        Some(0)
     }
 }
 
@@ -462,6 +485,12 @@ fn a_gone_driver_ends_the_worker_and_frees_waiters() {
         fn probe_every(&self) -> Duration {
             Duration::from_secs(1)
         }
+        fn holder_bound(&self) -> Option<Duration> {
+            None
+        }
+        fn give_up_holders(&self, _: InvalId) -> Option<usize> {
+            None
+        }
     }
     let mut r = Revocation::new(settings(60_000), 8);
     r.start(Box::new(Gone)).unwrap();
@@ -472,4 +501,108 @@ fn a_gone_driver_ends_the_worker_and_frees_waiters() {
     assert!(t.elapsed() < Duration::from_secs(10));
     assert!(r.shared.queue.is_closed());
     assert_eq!(r.stats().timeouts, 0);
+}
+
+/// Pins `[a, a + 0x1000)` as held by the holder that never acks.
+fn pin_bad(f: &Fake, a: u64) {
+    f.pin(a, 0x1000);
+    f.st.lock().unwrap().bad.push((a, 0x1000));
+}
+
+/// A holder that never acks (and is never given up on here: no bound) slows only the unmaps of
+/// memory it holds. Its revokes nobody waits for any more (detached, or their waiters timed
+/// out) give their slots back, so unmaps of memory only honest peers held, and of memory no
+/// peer held, stay fast while its revokes hang, before and after its waiters' timeout.
+#[test]
+fn a_holder_that_never_acks_slows_only_unmaps_of_its_own_memory() {
+    const TIMEOUT_MS: u64 = 2000;
+    let fast = Duration::from_millis(TIMEOUT_MS / 5);
+    let (r, f) = started(TIMEOUT_MS, 8);
+    let base = 0x7c00_0000_0000u64;
+    let bad = move |i: u64| base + i * 0x2000;
+    let honest = |i: u64| base + 0x100_0000 + i * 0x2000;
+    let nobodys = |i: u64| base + 0x200_0000 + i * 0x2000;
+    for i in 0..8 {
+        pin_bad(&f, bad(i));
+        f.pin(honest(i), 0x1000);
+    }
+    // Two threads unmap its memory and wait: the whole timeout (their own firehoses).
+    let waiters: Vec<_> = (0..2)
+        .map(|i| {
+            let sh = r.shared.clone();
+            std::thread::spawn(move || {
+                let t = Instant::now();
+                sh.unmapped(bad(i), 0x1000, Wait::Full);
+                t.elapsed()
+            })
+        })
+        .collect();
+    wait_until("the waiters' revokes started", || r.stats().started == 2);
+    // Six more of its ranges revoked with nobody waiting: with the two waiters, every slot.
+    for i in 2..8 {
+        r.shared.unmapped(bad(i), 0x1000, Wait::Never);
+        wait_until("started", || r.stats().started == i + 1);
+    }
+    let check = |i: u64| {
+        let t = Instant::now();
+        r.shared.unmapped(honest(i), 0x1000, Wait::Full);
+        let took = t.elapsed();
+        assert!(took < fast, "memory only honest peers held, {i}: {took:?}");
+        assert_eq!(settled(&r.shared.pinned, honest(i), 0x1000), Overlap::No);
+        let t = Instant::now();
+        r.shared.unmapped(nobodys(i), 0x1000, Wait::Full);
+        assert!(t.elapsed() < fast, "memory no peer held, {i}");
+    };
+    for i in 0..4 {
+        check(i);
+    }
+    for took in waiters.into_iter().map(|h| h.join().unwrap()) {
+        assert!(took >= Duration::from_millis(TIMEOUT_MS - 50), "{took:?}");
+    }
+    // Their waiters gave up too: still nothing slow for the others.
+    for i in 4..8 {
+        check(i);
+    }
+    let s = r.stats();
+    assert_eq!((s.timeouts, s.sweeps, s.written_off), (2, 0, 0), "{s:?}");
+    assert_eq!((s.started, s.completed), (16, 8), "{s:?}");
+    wait_until("no slot held for the holder", || r.shared.queue.busy() == 0);
+    for i in 0..8 {
+        assert_eq!(settled(&r.shared.pinned, bad(i), 0x1000), Overlap::Yes);
+    }
+}
+
+/// A holder silent past its bound (`FH_AM_TIMEOUT_MS` in the real driver) is given up on: the
+/// revoke ends then (its waiter returns before `FH_REVOKE_TIMEOUT`, the memory unpinned),
+/// counted; the holder, lost, costs nothing more.
+#[test]
+fn a_holder_silent_past_its_bound_is_given_up_on() {
+    let mut r = Revocation::new(settings(20_000), 8);
+    let f = Fake::new(r.pinned());
+    f.st.lock().unwrap().bound = Some(Duration::from_millis(200));
+    r.start(Box::new(f.clone())).unwrap();
+    let base = 0x7d00_0000_0000u64;
+    pin_bad(&f, base);
+    pin_bad(&f, base + 0x2000);
+    let t = Instant::now();
+    r.shared.unmapped(base, 0x1000, Wait::Full);
+    let took = t.elapsed();
+    assert!(took >= Duration::from_millis(190), "{took:?}");
+    assert!(
+        took < Duration::from_secs(10),
+        "given up on, not waited out: {took:?}"
+    );
+    assert_eq!(settled(&r.shared.pinned, base, 0x1000), Overlap::No);
+    let s = r.stats();
+    assert_eq!(
+        (s.timeouts, s.completed, s.written_off, s.holders_given_up),
+        (0, 1, 1, 1),
+        "{s:?}"
+    );
+    let t = Instant::now();
+    r.shared.unmapped(base + 0x2000, 0x1000, Wait::Full);
+    assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+    let s = r.stats();
+    assert_eq!((s.completed, s.written_off), (2, 1), "{s:?}");
+    assert_eq!(r.shared.queue.busy(), 0);
 }
