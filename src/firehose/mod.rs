@@ -232,6 +232,12 @@ impl Firehose {
         self.target.inval.is_done(id)
     }
 
+    /// The peers invalidation `id` still waits for (to give up on one that stays silent: see
+    /// `peer_lost`).
+    pub fn invalidation_holders(&self, id: InvalId) -> Vec<Rank> {
+        self.target.unacked_holders(id)
+    }
+
     /// Invalidations still waiting for acks.
     pub fn invalidations_pending(&self) -> usize {
         self.target.inval.unfinished()

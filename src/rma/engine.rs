@@ -696,6 +696,21 @@ impl revoke::Driver for RmaDriver {
             .upgrade()
             .map_or(Duration::from_secs(1), |r| r.peers.settings().probe)
     }
+
+    fn holder_bound(&self) -> Option<Duration> {
+        self.0.upgrade().and_then(|r| r.peers.settings().timeout)
+    }
+
+    fn give_up_holders(&self, id: InvalId) -> Option<usize> {
+        let r = self.0.upgrade()?;
+        let late = lock(&r.engine).fh.invalidation_holders(id);
+        // Not under `engine`: a loss is recorded and told to the algorithm by the next progress
+        // (the holder then counts as having acked).
+        for &p in &late {
+            r.peers.am().give_up(p);
+        }
+        Some(late.len())
+    }
 }
 
 /// What bounds a blocking wait (`wait`, `quiet`): every probe interval (`FH_AM_PROBE_MS`) it

@@ -88,6 +88,17 @@ impl Target {
         InvalId(id)
     }
 
+    /// The holders that have not acked invalidation `id` yet (in rank order, once each).
+    pub fn unacked_holders(&self, id: InvalId) -> Vec<Rank> {
+        let mut v: Vec<Rank> = (self.slots.iter().flatten())
+            .filter(|r| r.revoking.contains(&id.0))
+            .flat_map(|r| r.holders.iter().copied())
+            .collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
+
     pub fn handle_revoke_ack(
         &mut self,
         from: Rank,
