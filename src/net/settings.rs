@@ -7,6 +7,7 @@
 //! | `FH_AM_TIMEOUT_MS`   | ms, or `inf`                         | `60000` | a wait that long is a dead or hung peer, reported as `FH_ERR_TIMEOUT`, never a hang |
 //! | `FH_AM_PROBE_MS`     | ms (> 0)                             | `1000`  | a wait longer than this checks the peer (`Link::probe`): a peer that died silently is `FH_ERR_PEER_LOST` within about a second |
 //! | `FH_AM_SPIN_US`      | µs a `wait` busy-polls before it sleeps, 0..=1000000 | `100` | a reply on a fast link is microseconds away and on Soft-RoCE under emulation tens of microseconds: a waiter that sleeps too early pays the scheduler's wake-up (hundreds of µs) on every round trip; after this long it sleeps, so many waiting threads do not all spin on one link |
+//! | `FH_AM_MAX_QUEUED`   | bytes (suffix `k`/`m`/`g`) > 0, or `inf` | `16m` | bytes of messages that may wait for credits toward one peer; past it the peer (withholding credits) is given up on: see `am::queue_bound` |
 //! | `FH_PROGRESS_THREAD` | `auto`, `0`/`1` (also `no`/`yes`, `off`/`on`) | `auto` | `auto`: on in a job of more than one rank, so a peer inside another library (`MPI_Barrier`), computing or asleep still answers moves and gets (the thread sleeps on the completion channel when idle); `0`: the application progresses when it calls in (runtimes that poll); `1`: on, also alone |
 //! | `FH_PROGRESS_SPIN_US` | µs the progress thread keeps polling after its last event before it sleeps on the completion channel, 0..=1000000, or `inf` (never sleeps) | `100` | a wake-up through the completion channel costs a kernel event plus a scheduler wake-up (on Soft-RoCE under emulation 0.1-2 ms, against ~30 µs for a polled round trip): a message that follows another within this time is handled at polling speed, and the re-arm system calls are saved; `inf` gives the thread a core of its own for the best attentiveness |
 //!
@@ -32,6 +33,8 @@ pub struct NetSettings {
     pub probe: Duration,
     /// How long a `wait` with nothing arriving keeps busy-polling before it sleeps briefly.
     pub spin: Duration,
+    /// Bytes of messages that may wait for credits toward one peer (`usize::MAX`: no bound).
+    pub max_queued: usize,
     /// Start a progress thread with the endpoint.
     pub progress_thread: bool,
     /// `FH_PROGRESS_THREAD=auto`: `Peers::new` sets `progress_thread` from the job's size (on
@@ -48,6 +51,7 @@ pub const DEFAULT_TIMEOUT_MS: u64 = 60_000;
 pub const DEFAULT_PROBE_MS: u64 = 1000;
 pub const DEFAULT_SPIN_US: u64 = 100;
 pub const DEFAULT_PROGRESS_SPIN_US: u64 = 100;
+pub const DEFAULT_MAX_QUEUED: usize = crate::net::am::queue_bound::DEFAULT;
 
 impl Default for NetSettings {
     fn default() -> Self {
@@ -57,6 +61,7 @@ impl Default for NetSettings {
             timeout: Some(Duration::from_millis(DEFAULT_TIMEOUT_MS)),
             probe: Duration::from_millis(DEFAULT_PROBE_MS),
             spin: Duration::from_micros(DEFAULT_SPIN_US),
+            max_queued: DEFAULT_MAX_QUEUED,
             progress_thread: false,
             progress_auto: true,
             progress_spin: Some(Duration::from_micros(DEFAULT_PROGRESS_SPIN_US)),
@@ -125,6 +130,16 @@ impl NetSettings {
                     .filter(|&n| n <= 1_000_000)
                     .ok_or_else(|| bad("FH_AM_SPIN_US", &v, "microseconds in 0..=1000000"))?,
             );
+        }
+        if let Some(v) = get("FH_AM_MAX_QUEUED") {
+            // `inf` (also `unlimited`): no bound.
+            s.max_queued = parse_size(&v).filter(|&n| n > 0).ok_or_else(|| {
+                bad(
+                    "FH_AM_MAX_QUEUED",
+                    &v,
+                    "a positive byte count (e.g. 16m) or inf",
+                )
+            })?;
         }
         if let Some(v) = get("FH_PROGRESS_SPIN_US") {
             let t = v.trim().to_ascii_lowercase();
@@ -216,6 +231,7 @@ mod tests {
             ("FH_AM_TIMEOUT_MS", "inf"),
             ("FH_AM_PROBE_MS", "20"),
             ("FH_AM_SPIN_US", "0"),
+            ("FH_AM_MAX_QUEUED", "64k"),
             ("FH_PROGRESS_THREAD", "1"),
             ("FH_PROGRESS_SPIN_US", "0"),
         ])
@@ -228,6 +244,7 @@ mod tests {
                 timeout: None,
                 probe: Duration::from_millis(20),
                 spin: Duration::ZERO,
+                max_queued: 64 << 10,
                 progress_thread: true,
                 progress_auto: false,
                 progress_spin: Some(Duration::ZERO),
@@ -238,6 +255,11 @@ mod tests {
                 .unwrap()
                 .progress_spin,
             None
+        );
+        assert_eq!(NetSettings::default().max_queued, 16 << 20);
+        assert_eq!(
+            with(&[("FH_AM_MAX_QUEUED", " INF ")]).unwrap().max_queued,
+            usize::MAX
         );
         assert_eq!(
             with(&[("FH_AM_TIMEOUT_MS", "250")]).unwrap().timeout,
@@ -258,6 +280,10 @@ mod tests {
             ("FH_AM_PROBE_MS", ""),
             ("FH_AM_SPIN_US", "2000000"),
             ("FH_AM_SPIN_US", "-5"),
+            ("FH_AM_MAX_QUEUED", "0"),
+            ("FH_AM_MAX_QUEUED", "lots"),
+            ("FH_AM_MAX_QUEUED", ""),
+            ("FH_AM_MAX_QUEUED", "-1"),
             ("FH_PROGRESS_THREAD", "2"),
             ("FH_PROGRESS_SPIN_US", "1000001"),
             ("FH_PROGRESS_SPIN_US", "-1"),

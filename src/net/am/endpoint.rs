@@ -326,7 +326,6 @@ impl Am {
         if max_size <= HEADER_LEN || rank >= size {
             return Err(fh_status::FH_ERR_BAD_CONFIG);
         }
-        let max_queued = super::queue_bound::from_env()?;
         let peers = (0..size)
             .map(|_| {
                 PeerFlow::new(link.recv_slots())
@@ -346,7 +345,7 @@ impl Am {
             loopback: Mutex::new(VecDeque::new()),
             loopback_len: AtomicUsize::new(0),
             finalized: AtomicBool::new(false),
-            max_queued: AtomicUsize::new(max_queued),
+            max_queued: AtomicUsize::new(settings.max_queued),
             stats: Stats::default(),
             me: me.clone(),
         });

@@ -11,38 +11,8 @@
 //! not progress are bounded by its firehoses and its callers' puts between two waits. `inf`
 //! turns the bound off.
 
-use crate::config::parse_size;
-use crate::status::{fh_status, FhResult};
+//! Read with the other settings (`NetSettings::max_queued`, from `net/settings.rs`); an endpoint
+//! takes it from there and `Am::set_max_queued` changes it.
 
 pub const VAR: &str = "FH_AM_MAX_QUEUED";
 pub const DEFAULT: usize = 16 << 20;
-
-/// The bound from the environment (`usize::MAX`: none).
-pub fn from_env() -> FhResult<usize> {
-    parse(std::env::var(VAR).ok().as_deref()).map_err(|v| {
-        eprintln!("firehose: invalid {VAR}: {v:?} is not a byte count (e.g. 16m) or inf");
-        fh_status::FH_ERR_BAD_CONFIG
-    })
-}
-
-fn parse(v: Option<&str>) -> Result<usize, String> {
-    match v.map(str::trim) {
-        None => Ok(DEFAULT),
-        Some(t) if t.eq_ignore_ascii_case("inf") => Ok(usize::MAX),
-        Some(t) => parse_size(t).filter(|&n| n > 0).ok_or_else(|| t.to_owned()),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn values() {
-        assert_eq!(parse(None), Ok(DEFAULT));
-        assert_eq!(parse(Some("64k")), Ok(64 << 10));
-        assert_eq!(parse(Some(" INF ")), Ok(usize::MAX));
-        assert!(parse(Some("0")).is_err());
-        assert!(parse(Some("lots")).is_err());
-    }
-}
