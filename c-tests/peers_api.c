@@ -50,6 +50,8 @@ int main(void) {
     CHECK_OK(fh_get_net_stats(ctx, &st));
     CHECK_EQ_U64(st.rejected, 0);
     CHECK_EQ_U64(st.peers_lost, 0);
+    CHECK_EQ_U64(st.peers_given_up, 0);
+    CHECK_EQ_U64(st.queue_overflows, 0);
     CHECK_OK(fh_finalize(ctx));
 
     /* NULL contexts. */

@@ -248,6 +248,11 @@ int main(void) {
            st.puts_in_move, st.pins, st.unpins, st.victim_hits, st.pinned_bytes, st.pinned_peak,
            st.failures, st.rejected);
     CHECK_EQ_U64(st.rejected, 0);
+    /* Honest peers: nothing refused, nobody given up on. */
+    CHECK_EQ_U64(st.moves_refused, 0);
+    CHECK_EQ_U64(st.bad_quota_sets, 0);
+    CHECK_EQ_U64(st.revoke_written_off, 0);
+    CHECK_EQ_U64(st.revoke_holders_given_up, 0);
     if (n == 1) CHECK_EQ_U64(st.self_ops, st.puts + st.gets);
     CHECK_OK(fh_barrier(ctx));
     CHECK_OK(fh_finalize(ctx));

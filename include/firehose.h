@@ -344,6 +344,16 @@ typedef struct fh_net_stats {
      * Peers whose connection was lost.
      */
     uint64_t peers_lost;
+    /**
+     * Of those, live peers this rank gave up on: silent past `FH_AM_TIMEOUT_MS` in a wait or
+     * a revocation, or over `FH_AM_MAX_QUEUED`.
+     */
+    uint64_t peers_given_up;
+    /**
+     * Of those, peers given up on because the messages queued for them (waiting for credits
+     * they did not give back) passed `FH_AM_MAX_QUEUED`.
+     */
+    uint64_t queue_overflows;
 } fh_net_stats;
 
 /**
@@ -564,6 +574,21 @@ typedef struct fh_rma_stats {
      * revocation then finishes in the background, as after a timeout).
      */
     uint64_t revoke_stalls;
+    /**
+     * As a target: moves refused (pins that fit no bucket, region or quota here), each
+     * answered with an error.
+     */
+    uint64_t moves_refused;
+    /**
+     * `QUOTA_SET`s (adaptive lending) from targets refused: ones an honest target would not send.
+     */
+    uint64_t bad_quota_sets;
+    /**
+     * Revocations ended by giving up on holders that had not acked within `FH_AM_TIMEOUT_MS`,
+     * and how many holders that was (each declared lost: also in `fh_net_stats.peers_given_up`).
+     */
+    uint64_t revoke_written_off;
+    uint64_t revoke_holders_given_up;
 } fh_rma_stats;
 
 #ifdef __cplusplus

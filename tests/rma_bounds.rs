@@ -1,4 +1,4 @@
-//! Issue 26: every blocking RMA call is bounded, and a peer cannot poison or exhaust a rank.
+//! Every blocking RMA call is bounded, and a peer cannot poison or exhaust a rank.
 //! The whole driver (`rma::Rma`) over the simulated link, ranks as threads (`Delivery::Auto`),
 //! one case per test: a live peer that never answers (`FH_ERR_TIMEOUT` within the bound, no
 //! leak, the other peers unaffected), a peer's goodbye (`FH_ERR_PEER_LOST` at once), a target
@@ -8,6 +8,7 @@
 //! A rank "that never progresses" is one no thread polls: no progress thread, no worker.
 
 use firehose::cache::{Cache, Limits};
+use firehose::ffi::{ctx::fh_net_stats, rma::fh_rma_stats};
 use firehose::firehose::FirehoseConfig;
 use firehose::net::settings::NetSettings;
 use firehose::net::sim::{Delivery, SimConfig, SimNet};
@@ -136,6 +137,12 @@ fn silent_live_peer_times_out_within_the_bound_and_leaks_nothing() {
     // Nothing of the op is left: no chunk, no Firehose op, no reference, no reservation.
     job.rmas[0].check_idle().unwrap();
     assert_eq!(job.rmas[0].peers().am().stats().peers_given_up, 1);
+    // As C reads it (`fh_get_net_stats`).
+    let c = fh_net_stats::from(&job.rmas[0].peers().am().stats());
+    assert_eq!(
+        (c.peers_given_up, c.queue_overflows, c.peers_lost),
+        (1, 0, 1)
+    );
     // The context goes on with the other peers.
     let j = job.clone();
     within(Duration::from_secs(20), "ops to a served peer", move || {
@@ -268,6 +275,8 @@ fn refused_move_is_answered_and_later_moves_are_served() {
     stop.store(true, SeqCst);
     server.join().unwrap();
     assert!(job.rmas[1].stats().fh.moves_refused >= 1);
+    let c = fh_rma_stats::from(&job.rmas[1].stats());
+    assert_eq!(c.moves_refused, job.rmas[1].stats().fh.moves_refused);
     job.rmas[0].check_idle().unwrap();
 }
 
@@ -357,6 +366,8 @@ fn a_peer_withholding_credits_costs_bounded_memory() {
     );
     assert_eq!(s.queue_overflows, 1, "declared lost once: {s:?}");
     assert_eq!(s.peers_given_up, 1);
+    let c = fh_net_stats::from(&s);
+    assert_eq!((c.queue_overflows, c.peers_given_up), (1, 1), "{c:?}");
     assert_eq!(rma.peers().am().queued_bytes(1), 0, "its queue is dropped");
     rma.check_idle().unwrap();
 }
@@ -387,6 +398,7 @@ fn forged_quota_sets_are_refused_and_counted() {
     set(64, true);
     let s = rma.stats();
     assert_eq!(s.fh.bad_quota_sets, 3, "{s:?}");
+    assert_eq!(fh_rma_stats::from(&s).bad_quota_sets, 3);
     assert_eq!(s.rejected, 3);
     // The quota is what it was: 4 regions of rank 1's memory (all of F) can be held, a fifth
     // region waits for one of them, and everything works.

@@ -79,6 +79,30 @@ pub struct fh_net_stats {
     pub rejected: u64,
     /// Peers whose connection was lost.
     pub peers_lost: u64,
+    /// Of those, live peers this rank gave up on: silent past `FH_AM_TIMEOUT_MS` in a wait or
+    /// a revocation, or over `FH_AM_MAX_QUEUED`.
+    pub peers_given_up: u64,
+    /// Of those, peers given up on because the messages queued for them (waiting for credits
+    /// they did not give back) passed `FH_AM_MAX_QUEUED`.
+    pub queue_overflows: u64,
+}
+
+impl From<&crate::net::stats::StatsSnapshot> for fh_net_stats {
+    fn from(s: &crate::net::stats::StatsSnapshot) -> Self {
+        fh_net_stats {
+            msgs_sent: s.sent_msgs.iter().sum(),
+            msgs_received: s.recv_msgs.iter().sum(),
+            bytes_sent: s.sent_bytes.iter().sum(),
+            bytes_received: s.recv_bytes.iter().sum(),
+            credit_stalls: s.credit_stalls,
+            credit_messages: s.credit_only_sent(),
+            progress_wakeups: s.progress_wakeups,
+            rejected: s.rejected_total(),
+            peers_lost: s.peers_lost,
+            peers_given_up: s.peers_given_up,
+            queue_overflows: s.queue_overflows,
+        }
+    }
 }
 
 /// Builds the context.
@@ -230,18 +254,7 @@ pub unsafe extern "C" fn fh_get_net_stats(ctx: *const fh_ctx, out: *mut fh_net_s
         if out.is_null() {
             return fh_status::FH_ERR_NULL;
         }
-        let s = c.peers.am().stats();
-        let v = fh_net_stats {
-            msgs_sent: s.sent_msgs.iter().sum(),
-            msgs_received: s.recv_msgs.iter().sum(),
-            bytes_sent: s.sent_bytes.iter().sum(),
-            bytes_received: s.recv_bytes.iter().sum(),
-            credit_stalls: s.credit_stalls,
-            credit_messages: s.credit_only_sent(),
-            progress_wakeups: s.progress_wakeups,
-            rejected: s.rejected_total(),
-            peers_lost: s.peers_lost,
-        };
+        let v = fh_net_stats::from(&c.peers.am().stats());
         // SAFETY: non-NULL checked; writable per the contract.
         unsafe { write_out(out, v) };
         fh_status::FH_OK

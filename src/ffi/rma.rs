@@ -73,6 +73,53 @@ pub struct fh_rma_stats {
     /// `FH_REVOKE_STALL` (it was most likely blocked on the malloc arena that call holds; the
     /// revocation then finishes in the background, as after a timeout).
     pub revoke_stalls: u64,
+    /// As a target: moves refused (pins that fit no bucket, region or quota here), each
+    /// answered with an error.
+    pub moves_refused: u64,
+    /// `QUOTA_SET`s (adaptive lending) from targets refused: ones an honest target would not send.
+    pub bad_quota_sets: u64,
+    /// Revocations ended by giving up on holders that had not acked within `FH_AM_TIMEOUT_MS`,
+    /// and how many holders that was (each declared lost: also in `fh_net_stats.peers_given_up`).
+    pub revoke_written_off: u64,
+    pub revoke_holders_given_up: u64,
+}
+
+impl From<&crate::rma::RmaStats> for fh_rma_stats {
+    fn from(s: &crate::rma::RmaStats) -> Self {
+        fh_rma_stats {
+            puts: s.puts,
+            gets: s.gets,
+            self_ops: s.self_ops,
+            one_sided_hits: s.fh.hits,
+            misses: s.fh.misses,
+            hit_pending: s.fh.hit_pending,
+            moves: s.fh.moves_sent,
+            puts_in_move: s.fh.puts_in_move,
+            pins: s.fh.pins,
+            unpins: s.fh.unpins,
+            victim_hits: s.fh.victim_hits,
+            revokes: s.fh.revokes,
+            pinned_bytes: s.fh.pinned_bytes,
+            pinned_peak: s.fh.pinned_peak,
+            failures: s.fh.failures,
+            rejected: s.rejected,
+            rdma_posted: s.rdma_posted,
+            revoke_started: s.revoke.started,
+            revoke_completed: s.revoke.completed,
+            revoke_waits: s.revoke.waits,
+            revoke_timeouts: s.revoke.timeouts,
+            revoke_detached: s.revoke.detached,
+            revoke_fast_returns: s.revoke.fast_returns,
+            revoke_wait_ns: s.revoke.wait_ns,
+            revoke_wait_ns_max: s.revoke.wait_ns_max,
+            puts_in_move_unpinned: s.fh.puts_in_move_unpinned,
+            revoke_stalls: s.revoke.stalls,
+            moves_refused: s.fh.moves_refused,
+            bad_quota_sets: s.fh.bad_quota_sets,
+            revoke_written_off: s.revoke.written_off,
+            revoke_holders_given_up: s.revoke.holders_given_up,
+        }
+    }
 }
 
 /// Starts one operation; `out` NULL makes it implicit (collected by `fh_quiet`).
@@ -286,38 +333,41 @@ pub unsafe extern "C" fn fh_get_rma_stats(ctx: *const fh_ctx, out: *mut fh_rma_s
         if out.is_null() {
             return fh_status::FH_ERR_NULL;
         }
-        let s = c.rma.stats();
-        let v = fh_rma_stats {
-            puts: s.puts,
-            gets: s.gets,
-            self_ops: s.self_ops,
-            one_sided_hits: s.fh.hits,
-            misses: s.fh.misses,
-            hit_pending: s.fh.hit_pending,
-            moves: s.fh.moves_sent,
-            puts_in_move: s.fh.puts_in_move,
-            pins: s.fh.pins,
-            unpins: s.fh.unpins,
-            victim_hits: s.fh.victim_hits,
-            revokes: s.fh.revokes,
-            pinned_bytes: s.fh.pinned_bytes,
-            pinned_peak: s.fh.pinned_peak,
-            failures: s.fh.failures,
-            rejected: s.rejected,
-            rdma_posted: s.rdma_posted,
-            revoke_started: s.revoke.started,
-            revoke_completed: s.revoke.completed,
-            revoke_waits: s.revoke.waits,
-            revoke_timeouts: s.revoke.timeouts,
-            revoke_detached: s.revoke.detached,
-            revoke_fast_returns: s.revoke.fast_returns,
-            revoke_wait_ns: s.revoke.wait_ns,
-            revoke_wait_ns_max: s.revoke.wait_ns_max,
-            revoke_stalls: s.revoke.stalls,
-            puts_in_move_unpinned: s.fh.puts_in_move_unpinned,
-        };
+        let v = fh_rma_stats::from(&c.rma.stats());
         // SAFETY: non-NULL checked; writable per the contract.
         unsafe { write_out(out, v) };
         fh_status::FH_OK
     }}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fh_rma_stats;
+    use crate::rma::revoke::RevokeStats;
+    use crate::rma::RmaStats;
+
+    /// The counters added for hostile peers reach C, each from its own source.
+    #[test]
+    fn bound_counters_reach_c() {
+        let mut s = RmaStats::default();
+        s.fh.moves_refused = 3;
+        s.fh.bad_quota_sets = 4;
+        s.revoke = RevokeStats {
+            written_off: 5,
+            holders_given_up: 6,
+            stalls: 7,
+            ..RevokeStats::default()
+        };
+        let c = fh_rma_stats::from(&s);
+        assert_eq!(
+            (
+                c.moves_refused,
+                c.bad_quota_sets,
+                c.revoke_written_off,
+                c.revoke_holders_given_up,
+                c.revoke_stalls
+            ),
+            (3, 4, 5, 6, 7)
+        );
+    }
 }
