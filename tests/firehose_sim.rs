@@ -143,6 +143,7 @@ fn garbage(w: &World, g: &mut Rng) -> Vec<u8> {
                             nb: g.below(9) as u32,
                             need_off: g.below(5) as u32,
                             need_n: g.below(5) as u32,
+                            rights: firehose::firehose::Rights(1 + g.below(3) as u8),
                         })
                         .collect(),
                     put: g.chance(30).then_some((g.next(), &[7u8; 9][..])),
@@ -154,6 +155,7 @@ fn garbage(w: &World, g: &mut Rng) -> Vec<u8> {
                         start: g.below(100),
                         nb: 4,
                         rkey: 1,
+                        rights: firehose::firehose::Rights::BOTH,
                     })],
                     put: None,
                 },
@@ -453,6 +455,7 @@ fn over_quota_move_is_refused() {
         nb: 4,
         need_off: 0,
         need_n: 1,
+        rights: firehose::firehose::Rights::BOTH,
     };
     // Rank 1's replies to rank 2 queued so far (the world sends them at its next step).
     let replies = |w: &mut World| -> Vec<Vec<u8>> {
@@ -520,7 +523,12 @@ struct CountPins {
 }
 
 impl firehose::firehose::RegionPins for CountPins {
-    fn pin(&mut self, _: u64, _: usize) -> Result<u32, firehose::firehose::PinFailure> {
+    fn pin(
+        &mut self,
+        _: u64,
+        _: usize,
+        _: firehose::firehose::Rights,
+    ) -> Result<u32, firehose::firehose::PinFailure> {
         self.pins += 1;
         self.next += 1;
         Ok(self.next)

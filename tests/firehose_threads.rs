@@ -12,7 +12,12 @@ struct Pins {
     pinned: u64,
 }
 impl RegionPins for Pins {
-    fn pin(&mut self, _: u64, len: usize) -> Result<u32, PinFailure> {
+    fn pin(
+        &mut self,
+        _: u64,
+        len: usize,
+        _: firehose::firehose::Rights,
+    ) -> Result<u32, PinFailure> {
         self.next += 1;
         self.pinned += len as u64;
         Ok(self.next)

@@ -82,8 +82,13 @@ struct Logged {
 }
 
 impl RegionPins for Logged {
-    fn pin(&mut self, addr: u64, len: usize) -> Result<u32, PinFailure> {
-        let rkey = self.inner.pin(addr, len)?;
+    fn pin(
+        &mut self,
+        addr: u64,
+        len: usize,
+        rights: firehose::firehose::Rights,
+    ) -> Result<u32, PinFailure> {
+        let rkey = self.inner.pin(addr, len, rights)?;
         let mut l = self.log.lock().unwrap();
         l.live.insert(rkey, (addr, len));
         l.bytes = self.inner.bytes();
@@ -386,21 +391,12 @@ fn refused_post_case(j: &Job, kind: RdmaKind, mode: Mode, path: Path, fail: usiz
     let len = SEGS * BUCKET;
     let raddr = j.bases[1] + (slot * SEGS * BUCKET) as u64;
     if path == Path::Hit {
-        // Warm: the range's firehoses are then unused and cached.
-        let mut warm = vec![0u8; len];
+        // Warm: the range's firehoses are then unused and cached, with the op's rights (a put
+        // on a region pinned for gets only would miss). A put writes back what is there.
+        // SAFETY: nothing runs on the range now.
+        let mut warm = unsafe { j.remote(1, raddr, len) };
         // SAFETY: `warm` outlives the op.
-        unsafe {
-            op(
-                j,
-                RdmaKind::Read,
-                1,
-                raddr,
-                warm.as_mut_ptr(),
-                len,
-                Mode::Blocking,
-            )
-        }
-        .expect("warm-up");
+        unsafe { op(j, kind, 1, raddr, warm.as_mut_ptr(), len, Mode::Blocking) }.expect("warm-up");
     }
     // SAFETY: nothing runs on the range now.
     let before = unsafe { j.remote(1, raddr, len) };
@@ -469,12 +465,14 @@ fn refused_post_with_inline_segments() {
     // 200 bytes across a bucket boundary: two segments of 100, each inline.
     let raddr = j.bases[1] + BUCKET as u64 - 100;
     let src = pattern(5, 200);
-    let mut warm = vec![0u8; 200];
+    // Warm with a put (the firehoses then have write rights): of what is there.
+    // SAFETY: nothing runs on the range now.
+    let mut warm = unsafe { j.remote(1, raddr, 200) };
     // SAFETY: the buffers outlive their ops.
     unsafe {
         op(
             &j,
-            RdmaKind::Read,
+            RdmaKind::Write,
             1,
             raddr,
             warm.as_mut_ptr(),
@@ -574,10 +572,11 @@ fn segment_completing_with_an_error() {
                 let rma = &j.rmas[0];
                 let len = SEGS * BUCKET;
                 let raddr = j.bases[1];
-                let mut warm = vec![0u8; len];
+                // Warm with the op's own kind (its rights); a put writes back what is there.
+                // SAFETY: nothing runs on the range now.
+                let mut warm = unsafe { j.remote(1, raddr, len) };
                 // SAFETY: `warm` outlives the op.
-                unsafe { op(&j, RdmaKind::Read, 1, raddr, warm.as_mut_ptr(), len, mode) }
-                    .expect("warm-up");
+                unsafe { op(&j, kind, 1, raddr, warm.as_mut_ptr(), len, mode) }.expect("warm-up");
                 // Forget the rkey of the region of segment `fail` (as if the target had
                 // deregistered it behind Firehose's back).
                 let bucket = raddr + (fail * BUCKET) as u64;

@@ -14,7 +14,7 @@
 //! with `FH_ERR_REMOTE_FAULT`.
 
 use firehose::cache::{Cache, Limits};
-use firehose::firehose::{FirehoseConfig, PinFailure, RegionPins};
+use firehose::firehose::{FirehoseConfig, PinFailure, RegionPins, Rights};
 use firehose::net::settings::NetSettings;
 use firehose::net::sim::{Delivery, SimConfig, SimNet};
 use firehose::net::{Link, Peers, Rank, RdmaKind};
@@ -41,8 +41,8 @@ struct Bounded {
 }
 
 impl RegionPins for Bounded {
-    fn pin(&mut self, addr: u64, len: usize) -> Result<u32, PinFailure> {
-        let r = self.inner.pin(addr, len)?;
+    fn pin(&mut self, addr: u64, len: usize, rights: Rights) -> Result<u32, PinFailure> {
+        let r = self.inner.pin(addr, len, rights)?;
         let b = self.inner.bytes();
         assert!(
             b <= self.bound,

@@ -6,7 +6,7 @@ use firehose::firehose::{PinFailure, RegionPins};
 pub struct NullPins(pub u32);
 
 impl RegionPins for NullPins {
-    fn pin(&mut self, _: u64, _: usize) -> Result<u32, PinFailure> {
+    fn pin(&mut self, _: u64, _: usize, _: firehose::firehose::Rights) -> Result<u32, PinFailure> {
         self.0 += 1;
         Ok(self.0)
     }

@@ -66,10 +66,6 @@ impl BucketMap {
         self.find(key).map(|i| self.slots[i].val)
     }
 
-    pub fn contains_key(&self, key: u64) -> bool {
-        self.find(key).is_some()
-    }
-
     #[cfg(test)]
     pub fn len(&self) -> usize {
         self.len

@@ -24,6 +24,8 @@ pub enum FhError {
     },
     /// A small put whose payload length differs from `len`.
     PutLength,
+    /// Rights that are none, unknown, or without `WRITE` for a small put.
+    BadRights,
     /// The op id is already in use (acquire) or unknown / not holding refs (release).
     DuplicateOp,
     UnknownOp,
@@ -42,7 +44,7 @@ impl FhError {
             FhError::Overflow => FH_ERR_OVERFLOW,
             FhError::BadRank(_) | FhError::SelfRank => FH_ERR_BAD_RANK,
             FhError::TooLong { .. } => FH_ERR_TOO_LARGE,
-            FhError::PutLength => FH_ERR_BAD_ACCESS,
+            FhError::PutLength | FhError::BadRights => FH_ERR_BAD_ACCESS,
             FhError::DuplicateOp | FhError::UnknownOp => FH_ERR_UNKNOWN_HANDLE,
             FhError::PeerLost(_) => FH_ERR_PEER_LOST,
             FhError::Remote(RemoteError::NoMemory) => FH_ERR_NO_MEMORY,
@@ -89,6 +91,9 @@ pub enum PinFailure {
     Unmapped,
     /// Out of pinnable memory or keys (ENOMEM, RLIMIT_MEMLOCK).
     NoMemory,
+    /// The range may not be reached by peers with the rights asked for (the driver's exposure
+    /// policy, checked before anything is pinned or written).
+    Denied,
     /// Anything else.
     Other,
 }
@@ -98,6 +103,7 @@ impl From<PinFailure> for RemoteError {
         match p {
             PinFailure::Unmapped => RemoteError::Unmapped,
             PinFailure::NoMemory => RemoteError::NoMemory,
+            PinFailure::Denied => RemoteError::Denied,
             PinFailure::Other => RemoteError::PinFailed,
         }
     }

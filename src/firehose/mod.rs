@@ -11,7 +11,12 @@
 //! # API (one `Firehose` per rank, every call `&mut self`, none blocks)
 //!
 //! Initiator:
-//! - `acquire(op, peer, raddr, len, small_put)`: `Hit(segs)`: post one RDMA per segment
+//! - `acquire_for(op, peer, raddr, len, rights, small_put)`: `rights` is what the op does at
+//!   the target (`Rights::READ` for a get, `WRITE` for a put); only a firehose with them is a
+//!   hit, and a new pin asks for them plus those of the chunk's firehoses (a chunk read, then
+//!   written, is upgraded to a region with both; nothing is ever pinned with fewer rights than
+//!   the firehose it replaces in the bucket map). `acquire` is `acquire_for` with both.
+//!   `Hit(segs)`: post one RDMA per segment
 //!   (`raddr, len, rkey`; adjacent buckets of one region merged), then `release(op)`.
 //!   `Pending`: a move was queued (or joined: "hit pending"); an `Event::Ready { op, segs }` or
 //!   `Event::Failed` follows. `DoneInMove`: the put rides in the move; `Event::PutDone` (or
@@ -72,6 +77,7 @@ pub use error::{FhError, PinFailure, WireError};
 pub use small::{Inline2, IntMap};
 pub use stats::FirehoseStats;
 pub use target::InvalId;
+pub use wire::{RemoteError, Rights};
 
 use crate::net::Rank;
 use std::collections::VecDeque;
@@ -107,8 +113,11 @@ pub enum Event {
 
 /// What the driver does for the target side: pin/unpin with the device, and write the
 /// payload of a put that rode in a move (the range may be unpinned; unmapped is an error).
+/// `pin` gives the key exactly `rights` (`READ`: peers may only read through it; a region
+/// that must be writable is asked for with `WRITE`); `write` is a put's, so it may write only
+/// where a pin with `Rights::WRITE` would be allowed.
 pub trait RegionPins {
-    fn pin(&mut self, addr: u64, len: usize) -> Result<u32, PinFailure>;
+    fn pin(&mut self, addr: u64, len: usize, rights: Rights) -> Result<u32, PinFailure>;
     fn unpin(&mut self, addr: u64, len: usize, rkey: u32);
     fn write(&mut self, addr: u64, data: &[u8]) -> Result<(), PinFailure>;
 }
@@ -141,6 +150,7 @@ impl Firehose {
         &self.cfg
     }
 
+    /// `acquire_for` with read and write rights.
     pub fn acquire(
         &mut self,
         op: OpId,
@@ -149,11 +159,25 @@ impl Firehose {
         len: usize,
         small_put: Option<&[u8]>,
     ) -> Result<Acquire, FhError> {
+        self.acquire_for(op, peer, raddr, len, Rights::BOTH, small_put)
+    }
+
+    /// See the module docs (API).
+    pub fn acquire_for(
+        &mut self,
+        op: OpId,
+        peer: Rank,
+        raddr: u64,
+        len: usize,
+        rights: Rights,
+        small_put: Option<&[u8]>,
+    ) -> Result<Acquire, FhError> {
         let r = self.init.acquire(
             op,
             peer,
             raddr,
             len,
+            rights,
             small_put,
             &mut self.out,
             &mut self.stats,

@@ -1,12 +1,14 @@
 //! The Firehose messages on the wire: tagged, versioned, little-endian, length-checked.
 //!
 //! ```text
-//! every message: version u8 (=1), kind u8, then the body of its kind
+//! every message: version u8 (=2), kind u8, then the body of its kind
 //! MOVE       req u32, n_release u16, n_pin u16, has_put u8,
 //!            n_release × handle u64,
-//!            n_pin × (start bucket u64, n buckets u32, need offset u32, need count u32),
+//!            n_pin × (start bucket u64, n buckets u32, need offset u32, need count u32,
+//!                     rights u8),
 //!            [put: remote addr u64, len u16, len bytes]
-//! REPLY      req u32, n u16, has_put u8, n × (code u8, handle u64, start u64, nb u32, rkey u32),
+//! REPLY      req u32, n u16, has_put u8,
+//!            n × (code u8, handle u64, start u64, nb u32, rkey u32, rights u8),
 //!            [put code u8]                      (code 0 = pinned; else a `RemoteError` code and
 //!                                                 the other fields zero)
 //! REVOKE     n u16, n × handle u64              (target -> holder: stop using these regions)
@@ -17,19 +19,23 @@
 //! QUOTA_ACK  quota u64                          (adaptive: the quota the holder accepted)
 //! ```
 //!
+//! `rights` (version 2): the remote rights a pin asks for (`Rights`: 1 read, 2 write, 3 both;
+//! never 0, no other bit) and those the granted region has (at least the asked ones: a target
+//! may hand out a region it already pinned with more).
+//!
 //! Decoding checks lengths, counts against the bytes present, reserved values and trailing
 //! bytes; semantic checks (known ids, quotas) belong to the receiving side. Encoding is
 //! infallible: callers bound counts so messages stay under `max_msg`.
 
 use super::error::WireError;
 
-pub const VERSION: u8 = 1;
+pub const VERSION: u8 = 2;
 pub const MOVE_FIXED: usize = 2 + 4 + 2 + 2 + 1;
 pub const RELEASE_LEN: usize = 8;
-pub const PIN_LEN: usize = 20;
+pub const PIN_LEN: usize = 21;
 pub const PUT_FIXED: usize = 8 + 2;
 pub const REPLY_FIXED: usize = 2 + 4 + 2 + 1 + 1;
-pub const GRANT_LEN: usize = 1 + 8 + 8 + 4 + 4;
+pub const GRANT_LEN: usize = 1 + 8 + 8 + 4 + 4 + 1;
 pub const LIST_FIXED: usize = 2 + 2;
 pub const HANDLE_LEN: usize = 8;
 
@@ -41,14 +47,51 @@ const K_QUOTA_WANT: u8 = 5;
 const K_QUOTA_SET: u8 = 6;
 const K_QUOTA_ACK: u8 = 7;
 
+/// The remote rights of a pin: what peers may do through its key. A get needs `READ`, a put
+/// `WRITE`; a region is pinned with the rights its holder asked for (see `initiator/advance.rs`
+/// for when it asks for both).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Rights(pub u8);
+
+impl Rights {
+    pub const NONE: Rights = Rights(0);
+    pub const READ: Rights = Rights(1);
+    pub const WRITE: Rights = Rights(2);
+    pub const BOTH: Rights = Rights(3);
+
+    /// Every right of `want` is in `self`.
+    #[inline]
+    pub fn covers(self, want: Rights) -> bool {
+        self.0 & want.0 == want.0
+    }
+    #[inline]
+    pub fn union(self, other: Rights) -> Rights {
+        Rights(self.0 | other.0)
+    }
+    /// What a pin may ask for: at least one right, no unknown bit.
+    #[inline]
+    pub fn is_valid(self) -> bool {
+        self.0 != 0 && self.0 & !Self::BOTH.0 == 0
+    }
+    fn decode(b: u8) -> Result<Rights, WireError> {
+        let r = Rights(b);
+        if r.is_valid() {
+            Ok(r)
+        } else {
+            Err(WireError::Malformed)
+        }
+    }
+}
+
 /// One pin asked for: the aligned range `[start, start + nb)` it may cover, of which the
-/// buckets `[start + need_off, start + need_off + need_n)` must be covered.
+/// buckets `[start + need_off, start + need_off + need_n)` must be covered, with `rights`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PinReq {
     pub start: u64,
     pub nb: u32,
     pub need_off: u32,
     pub need_n: u32,
+    pub rights: Rights,
 }
 
 /// Why a target could not pin (or write a put): the reply's code.
@@ -63,6 +106,9 @@ pub enum RemoteError {
     /// The target refused the move: it does not fit the target's settings (bucket or region
     /// size, quota) or asks for what the sender does not hold. Answered, so nothing waits.
     Refused = 4,
+    /// The target does not let peers reach this range with these rights: not exposed
+    /// (`FH_EXPOSE=declared`), exposed without them, or the library's own memory.
+    Denied = 5,
 }
 
 impl RemoteError {
@@ -72,18 +118,31 @@ impl RemoteError {
             2 => Some(RemoteError::NoMemory),
             3 => Some(RemoteError::PinFailed),
             4 => Some(RemoteError::Refused),
+            5 => Some(RemoteError::Denied),
             _ => None,
         }
     }
 }
 
-/// A region granted for a pin: the target's handle (never reused), its buckets and key.
+/// A region granted for a pin: the target's handle (never reused), its buckets, key and rights.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Grant {
     pub handle: u64,
     pub start: u64,
     pub nb: u32,
     pub rkey: u32,
+    pub rights: Rights,
+}
+
+impl Grant {
+    /// The fields of a refused grant on the wire.
+    const ZERO: Grant = Grant {
+        handle: 0,
+        start: 0,
+        nb: 0,
+        rkey: 0,
+        rights: Rights::NONE,
+    };
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -178,6 +237,7 @@ pub fn decode(bytes: &[u8]) -> Result<Msg<'_>, WireError> {
                     nb: r.u32()?,
                     need_off: r.u32()?,
                     need_n: r.u32()?,
+                    rights: Rights::decode(r.u8()?)?,
                 });
             }
             let put = if has_put {
@@ -206,17 +266,12 @@ pub fn decode(bytes: &[u8]) -> Result<Msg<'_>, WireError> {
                     start: r.u64()?,
                     nb: r.u32()?,
                     rkey: r.u32()?,
+                    rights: Rights(r.u8()?),
                 };
                 grants.push(if code == 0 {
+                    Rights::decode(g.rights.0)?;
                     Ok(g)
-                } else if g
-                    == (Grant {
-                        handle: 0,
-                        start: 0,
-                        nb: 0,
-                        rkey: 0,
-                    })
-                {
+                } else if g == Grant::ZERO {
                     Err(RemoteError::from_u8(code).ok_or(WireError::Malformed)?)
                 } else {
                     return Err(WireError::Malformed);
@@ -278,6 +333,7 @@ pub fn encode(m: &Msg<'_>) -> Vec<u8> {
                 v.extend_from_slice(&p.nb.to_le_bytes());
                 v.extend_from_slice(&p.need_off.to_le_bytes());
                 v.extend_from_slice(&p.need_n.to_le_bytes());
+                v.push(p.rights.0);
             }
             if let Some((addr, data)) = put {
                 v.extend_from_slice(&addr.to_le_bytes());
@@ -293,21 +349,14 @@ pub fn encode(m: &Msg<'_>) -> Vec<u8> {
             for g in grants {
                 let (code, g) = match g {
                     Ok(g) => (0, *g),
-                    Err(e) => (
-                        *e as u8,
-                        Grant {
-                            handle: 0,
-                            start: 0,
-                            nb: 0,
-                            rkey: 0,
-                        },
-                    ),
+                    Err(e) => (*e as u8, Grant::ZERO),
                 };
                 v.push(code);
                 v.extend_from_slice(&g.handle.to_le_bytes());
                 v.extend_from_slice(&g.start.to_le_bytes());
                 v.extend_from_slice(&g.nb.to_le_bytes());
                 v.extend_from_slice(&g.rkey.to_le_bytes());
+                v.push(g.rights.0);
             }
             if let Some(p) = put {
                 v.push(match p {
@@ -367,6 +416,7 @@ mod tests {
                     nb: 32,
                     need_off: 3,
                     need_n: 2,
+                    rights: Rights::READ,
                 }],
                 put: Some((0x1000, b"hello")),
             },
@@ -384,8 +434,10 @@ mod tests {
                         start: 64,
                         nb: 32,
                         rkey: 77,
+                        rights: Rights::BOTH,
                     }),
                     Err(RemoteError::Unmapped),
+                    Err(RemoteError::Denied),
                 ],
                 put: Some(Err(RemoteError::NoMemory)),
             },
@@ -421,11 +473,11 @@ mod tests {
 
     #[test]
     fn bad_header_and_fields() {
-        assert_eq!(decode(&[2, 1]), Err(WireError::BadVersion));
-        assert_eq!(decode(&[1, 0]), Err(WireError::UnknownKind));
-        assert_eq!(decode(&[1, 99]), Err(WireError::UnknownKind));
+        assert_eq!(decode(&[3, 1]), Err(WireError::BadVersion));
+        assert_eq!(decode(&[2, 0]), Err(WireError::UnknownKind));
+        assert_eq!(decode(&[2, 99]), Err(WireError::UnknownKind));
         // A huge count with few bytes behind it is truncated, not an allocation.
-        assert_eq!(decode(&[1, 3, 0xff, 0xff, 0, 0]), Err(WireError::Truncated));
+        assert_eq!(decode(&[2, 3, 0xff, 0xff, 0, 0]), Err(WireError::Truncated));
         let mut b = encode(&Msg::QuotaSet {
             quota: 1,
             cut: false,
@@ -447,6 +499,48 @@ mod tests {
         });
         b[9] = 9;
         assert_eq!(decode(&b), Err(WireError::Malformed));
+        // Rights: a pin asking for none or an unknown one, a grant with none, an error grant
+        // with some.
+        for bad in [0u8, 4, 0x83] {
+            let mut b = encode(&Msg::Move {
+                req: 1,
+                releases: vec![],
+                pins: vec![PinReq {
+                    start: 0,
+                    nb: 1,
+                    need_off: 0,
+                    need_n: 1,
+                    rights: Rights::READ,
+                }],
+                put: None,
+            });
+            *b.last_mut().unwrap() = bad;
+            assert_eq!(decode(&b), Err(WireError::Malformed), "pin rights {bad}");
+            let mut b = encode(&Msg::Reply {
+                req: 1,
+                grants: vec![Ok(Grant {
+                    handle: 1,
+                    start: 0,
+                    nb: 1,
+                    rkey: 1,
+                    rights: Rights::READ,
+                })],
+                put: None,
+            });
+            *b.last_mut().unwrap() = bad;
+            assert_eq!(decode(&b), Err(WireError::Malformed), "grant rights {bad}");
+        }
+        let mut b = encode(&Msg::Reply {
+            req: 1,
+            grants: vec![Err(RemoteError::Denied)],
+            put: None,
+        });
+        *b.last_mut().unwrap() = 1;
+        assert_eq!(decode(&b), Err(WireError::Malformed));
+        // A version 1 peer (no rights on the wire) is refused, never misparsed.
+        let mut b = encode(&Msg::QuotaAck(1));
+        b[0] = 1;
+        assert_eq!(decode(&b), Err(WireError::BadVersion));
     }
 
     #[test]
@@ -458,7 +552,8 @@ mod tests {
                 start: 0,
                 nb: 1,
                 need_off: 0,
-                need_n: 1
+                need_n: 1,
+                rights: Rights::WRITE,
             };
             n
         ];

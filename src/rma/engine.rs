@@ -25,7 +25,7 @@ use super::self_copy::{self, Dir};
 use super::target_pins::TargetPins;
 use crate::cache::Cache;
 use crate::firehose::{
-    Acquire, Event, FhError, Firehose, FirehoseConfig, InvalId, RegionPins, Seg,
+    Acquire, Event, FhError, Firehose, FirehoseConfig, InvalId, RegionPins, Rights, Seg,
 };
 use crate::net::{LinkError, Peers, Rank, RdmaKind, RdmaOp};
 use crate::pin::Access;
@@ -73,7 +73,12 @@ struct Engine {
 /// Pins for a job of one: never called (the algorithm has no peers), refuse if it is.
 struct NoPins;
 impl RegionPins for NoPins {
-    fn pin(&mut self, _: u64, _: usize) -> Result<u32, crate::firehose::PinFailure> {
+    fn pin(
+        &mut self,
+        _: u64,
+        _: usize,
+        _: crate::firehose::Rights,
+    ) -> Result<u32, crate::firehose::PinFailure> {
         Err(crate::firehose::PinFailure::Other)
     }
     fn unpin(&mut self, _: u64, _: usize, _: u32) {}
@@ -446,12 +451,22 @@ impl Rma {
         }
         let cache = self.local.as_ref().ok_or(fh_status::FH_ERR_NO_DEVICE)?;
         // A short put goes inline (the link copies it at post time): nothing to register, the
-        // pin-down cache's lookup and release leave its hit path.
+        // pin-down cache's lookup and release leave its hit path. A put's source is only read
+        // by the device (no LOCAL_WRITE: a read-only buffer registers), a get's destination
+        // is written.
         let (reg, lkey) = if kind == RdmaKind::Write && len <= self.inline_max {
             (None, 0)
         } else {
-            let r = cache.register(local as usize, len, Access::LOCAL_WRITE)?;
+            let access = match kind {
+                RdmaKind::Write => Access(0),
+                RdmaKind::Read => Access::LOCAL_WRITE,
+            };
+            let r = cache.register(local as usize, len, access)?;
             (Some(r.handle), r.lkey)
+        };
+        let rights = match kind {
+            RdmaKind::Write => Rights::WRITE,
+            RdmaKind::Read => Rights::READ,
         };
         let n = len.div_ceil(self.max_chunk);
         let mut req = 0;
@@ -490,7 +505,7 @@ impl Rma {
                 }
                 chunk.req = req;
                 let id = ops.chunks.insert(chunk.clone());
-                let r = fh.acquire(id, peer, chunk.raddr, clen, small);
+                let r = fh.acquire_for(id, peer, chunk.raddr, clen, rights, small);
                 if let Ok(Acquire::Hit(segs)) = &r {
                     let c = ops.chunks.get_mut(id).expect("inserted above");
                     c.holds_refs = true;

@@ -1,18 +1,20 @@
 //! For simulation and tests: the target's pins over a simulated link (`net::sim::SimNet`), so
 //! `Rma` runs with N ranks as threads of one process and no device (`Rma::with_pins`).
 //!
-//! A pin is a `SimNet::register_access` of the range with remote read and write (the
-//! simulator's rkey), an unpin its `deregister`. A range that is not mapped fails with
-//! `PinFailure::Unmapped` (checked with `mincore`, as `ibv_reg_mr` would fail with EFAULT), and
+//! A pin is a `SimNet::register_access` of the range with the rights asked for (the
+//! simulator's rkey: a READ through a key pinned for writing fails, and the reverse), an unpin
+//! its `deregister`. A range that is not mapped fails with `PinFailure::Unmapped` (checked with
+//! `mincore`, as `ibv_reg_mr` would fail with EFAULT), and so does a pin with write rights of
+//! memory this process cannot write (`/proc/self/maps`: `ibv_reg_mr` with remote or local write
+//! of a `PROT_READ` or read-only file mapping fails with EFAULT too), and
 //! a put that rode in a move is written as `TargetPins` writes it (a kernel copy into our own
 //! memory: an unmapped target is an error, never a fault).
 
 use std::collections::HashMap;
 
-use crate::firehose::{PinFailure, RegionPins};
+use crate::firehose::{PinFailure, RegionPins, Rights};
 use crate::net::sim::SimNet;
 use crate::net::Rank;
-use crate::pin::Access;
 
 /// One rank's regions registered on the simulator for its peers.
 pub struct SimPins {
@@ -70,12 +72,52 @@ fn mapped(addr: u64, len: usize) -> bool {
     r == 0
 }
 
+/// Whether every byte of `[addr, addr + len)` lies in mappings this process may write (as
+/// the kernel checks for a registration with a write right). For simulation: parses
+/// `/proc/self/maps`.
+pub fn writable(addr: u64, len: usize) -> bool {
+    let Some(end) = addr.checked_add(len as u64) else {
+        return false;
+    };
+    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else {
+        return false;
+    };
+    let mut cur = addr;
+    for line in maps.lines() {
+        let mut f = line.split_whitespace();
+        let (Some(range), Some(perms)) = (f.next(), f.next()) else {
+            continue;
+        };
+        let Some((lo, hi)) = range.split_once('-') else {
+            continue;
+        };
+        let (Ok(lo), Ok(hi)) = (u64::from_str_radix(lo, 16), u64::from_str_radix(hi, 16)) else {
+            continue;
+        };
+        // Sorted by address: a gap before `cur` is reached means unmapped.
+        if hi <= cur {
+            continue;
+        }
+        if lo > cur || !perms.starts_with("rw") {
+            return false;
+        }
+        cur = hi;
+        if cur >= end {
+            return true;
+        }
+    }
+    cur >= end
+}
+
 impl RegionPins for SimPins {
-    fn pin(&mut self, addr: u64, len: usize) -> Result<u32, PinFailure> {
+    fn pin(&mut self, addr: u64, len: usize, rights: Rights) -> Result<u32, PinFailure> {
         if len == 0 || !mapped(addr, len) {
             return Err(PinFailure::Unmapped);
         }
-        let rw = Access(Access::REMOTE_WRITE.0 | Access::REMOTE_READ.0);
+        if rights.covers(Rights::WRITE) && !writable(addr, len) {
+            return Err(PinFailure::Unmapped);
+        }
+        let rw = super::target_pins::access_of(rights);
         // SAFETY: the range is mapped now; as with a verbs MR of a peer-pinned region, keeping
         // it mapped while peers hold firehoses on it is the application's contract (remote
         // invalidation, which enforces it on real links, is off in the simulation).
@@ -111,14 +153,46 @@ mod tests {
         let net = SimNet::new(SimConfig::new(2, 1, Delivery::Auto));
         let mut p = SimPins::new(net, 1);
         let buf = vec![0u8; 3 * 4096];
-        let rkey = p.pin(buf.as_ptr() as u64, buf.len()).expect("mapped");
+        let rkey = p
+            .pin(buf.as_ptr() as u64, buf.len(), Rights::BOTH)
+            .expect("mapped");
         assert_eq!((p.bytes(), p.regions()), (buf.len() as u64, 1));
         p.unpin(buf.as_ptr() as u64, buf.len(), rkey);
         assert_eq!((p.bytes(), p.regions()), (0, 0));
         p.unpin(buf.as_ptr() as u64, buf.len(), rkey);
         assert_eq!(p.unknown_unpins(), 1);
         // The first page is never mapped.
-        assert_eq!(p.pin(0, 4096), Err(PinFailure::Unmapped));
+        assert_eq!(p.pin(0, 4096, Rights::READ), Err(PinFailure::Unmapped));
         assert_eq!(p.write(8, b"x"), Err(PinFailure::Unmapped));
+    }
+
+    #[test]
+    fn read_only_memory_pins_for_reading_only() {
+        let net = SimNet::new(SimConfig::new(2, 1, Delivery::Auto));
+        let mut p = SimPins::new(net, 1);
+        // SAFETY: a fresh private mapping, unmapped at the end.
+        let m = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                8192,
+                libc::PROT_READ,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(m, libc::MAP_FAILED);
+        let a = m as u64;
+        assert!(!writable(a, 8192));
+        assert_eq!(p.pin(a, 8192, Rights::WRITE), Err(PinFailure::Unmapped));
+        assert_eq!(p.pin(a, 8192, Rights::BOTH), Err(PinFailure::Unmapped));
+        let k = p.pin(a, 8192, Rights::READ).expect("read-only pin");
+        p.unpin(a, 8192, k);
+        // A put riding in a move cannot write there either.
+        assert_eq!(p.write(a, b"x"), Err(PinFailure::Unmapped));
+        let buf = vec![0u8; 3 * 4096];
+        assert!(writable(buf.as_ptr() as u64, buf.len()));
+        // SAFETY: mapped above.
+        unsafe { libc::munmap(m, 8192) };
     }
 }

@@ -1,6 +1,8 @@
 //! The target side's pins: the regions peers asked Firehose to pin here, as verbs memory
-//! regions with remote read and write rights. Firehose decides what to pin and when to unpin;
-//! this only carries it out and remembers which `Mr` belongs to which grant.
+//! regions with the remote rights asked for (`access_of`: a get's region is registered for
+//! remote read only, so read-only memory can be pinned and its key cannot write). Firehose
+//! decides what to pin and when to unpin; this only carries it out and remembers which `Mr`
+//! belongs to which grant.
 //!
 //! With remote invalidation on, it also keeps the table the memory hook checks
 //! (`revoke::PinnedRanges`: an entry goes in *before* the registration and out *after* the
@@ -13,14 +15,24 @@ use std::sync::Arc;
 
 use super::revoke::PinnedRanges;
 use super::self_copy;
-use crate::firehose::{PinFailure, RegionPins};
+use crate::firehose::{PinFailure, RegionPins, Rights};
 use crate::pin::verbs::{Mr, Pd, VerbsError};
 use crate::pin::Access;
 
-/// Rights of a remotely pinned region: peers put (remote write) and get (remote read); local
-/// write because remote write requires it.
-const REMOTE_RW: Access =
-    Access(Access::LOCAL_WRITE.0 | Access::REMOTE_WRITE.0 | Access::REMOTE_READ.0);
+/// The verbs rights of a region pinned with `rights`: remote read for a get, remote write for a
+/// put (with local write, which verbs requires alongside it). Nothing else: a region pinned for
+/// gets needs no write right, so read-only memory (`PROT_READ`, a read-only file mapping) can
+/// be registered, and its key cannot be used to write.
+pub fn access_of(rights: Rights) -> Access {
+    let mut a = Access(0);
+    if rights.covers(Rights::READ) {
+        a = a.union(Access::REMOTE_READ);
+    }
+    if rights.covers(Rights::WRITE) {
+        a = a.union(Access(Access::REMOTE_WRITE.0 | Access::LOCAL_WRITE.0));
+    }
+    a
+}
 
 /// Verbs registrations made for peers, by (start address, rkey).
 pub struct TargetPins {
@@ -69,7 +81,7 @@ fn failure(e: &VerbsError) -> PinFailure {
 }
 
 impl RegionPins for TargetPins {
-    fn pin(&mut self, addr: u64, len: usize) -> Result<u32, PinFailure> {
+    fn pin(&mut self, addr: u64, len: usize, rights: Rights) -> Result<u32, PinFailure> {
         // Tracked and watched from before the pin: an unmap by a raw system call that landed
         // between the pin and a later watch would never be reported, and the peer's puts would
         // go on landing in pages nobody maps any more.
@@ -77,7 +89,7 @@ impl RegionPins for TargetPins {
             t.insert(addr, len);
             crate::monitor::uffd_watch(addr as usize, len);
         }
-        let mr = match Mr::register(&self.pd, addr as usize, len, REMOTE_RW) {
+        let mr = match Mr::register(&self.pd, addr as usize, len, access_of(rights)) {
             Ok(mr) => mr,
             Err(e) => {
                 if let Some(t) = &self.tracked {
@@ -132,4 +144,22 @@ pub(crate) fn write_own_memory(addr: u64, data: &[u8]) -> Result<(), PinFailure>
         crate::status::fh_status::FH_ERR_REMOTE_FAULT => PinFailure::Unmapped,
         _ => PinFailure::Other,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rights_map_to_the_least_verbs_access() {
+        assert_eq!(access_of(Rights::READ), Access::REMOTE_READ);
+        assert_eq!(
+            access_of(Rights::WRITE),
+            Access(Access::REMOTE_WRITE.0 | Access::LOCAL_WRITE.0)
+        );
+        assert_eq!(
+            access_of(Rights::BOTH),
+            Access(Access::REMOTE_READ.0 | Access::REMOTE_WRITE.0 | Access::LOCAL_WRITE.0)
+        );
+    }
 }

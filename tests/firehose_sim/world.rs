@@ -60,7 +60,12 @@ impl Mem {
 }
 
 impl RegionPins for Mem {
-    fn pin(&mut self, addr: u64, len: usize) -> Result<u32, PinFailure> {
+    fn pin(
+        &mut self,
+        addr: u64,
+        len: usize,
+        _: firehose::firehose::Rights,
+    ) -> Result<u32, PinFailure> {
         let r = self.pages(addr, len).ok_or(PinFailure::Unmapped)?;
         if !self.mapped[r.clone()].iter().all(|&m| m) {
             return Err(PinFailure::Unmapped);

@@ -4,7 +4,7 @@ use super::{Front, Initiator, Op, OpState};
 use crate::firehose::error::FhError;
 use crate::firehose::small::Inline2;
 use crate::firehose::stats::FirehoseStats;
-use crate::firehose::{Acquire, OpId, Outbox, Seg, Segs};
+use crate::firehose::{Acquire, OpId, Outbox, Rights, Seg, Segs};
 use crate::net::Rank;
 
 /// Appends `[cur, seg_end)` with `rkey`, merged into the previous segment when contiguous with
@@ -32,10 +32,14 @@ impl Initiator {
         peer: Rank,
         raddr: u64,
         len: usize,
+        rights: Rights,
         small_put: Option<&[u8]>,
         out: &mut Outbox,
         st: &mut FirehoseStats,
     ) -> Result<Acquire, FhError> {
+        if !rights.is_valid() || (small_put.is_some() && !rights.covers(Rights::WRITE)) {
+            return Err(FhError::BadRights);
+        }
         if len == 0 {
             return Err(FhError::ZeroLength);
         }
@@ -68,6 +72,9 @@ impl Initiator {
                 break false;
             };
             let fh = &self.fhs[id as usize];
+            if !fh.rights.covers(rights) {
+                break false;
+            }
             let fh_end = fh.start + fh.nb as u64;
             let seg_end = if fh_end > last {
                 end
@@ -95,7 +102,7 @@ impl Initiator {
                 (None, &[a]) => self.front = Front::new(op, peer, [a, a], 1),
                 (None, &[a, b]) => self.front = Front::new(op, peer, [a, b], 2),
                 _ => {
-                    let o = Op::new(peer, raddr, len, fhs, OpState::Active);
+                    let o = Op::new(peer, raddr, len, rights, fhs, OpState::Active);
                     self.ops.insert(op, o);
                 }
             }
@@ -107,13 +114,14 @@ impl Initiator {
         }
         st.misses += 1;
         if let Some(data) = small_put.filter(|d| d.len() <= self.small_put_max) {
-            self.put_in_move(op, peer, raddr, data, out, st);
+            self.put_in_move(op, peer, raddr, rights, data, out, st);
             return Ok(Acquire::DoneInMove);
         }
         let o = Op::new(
             peer,
             raddr,
             len,
+            rights,
             Inline2::default(),
             OpState::Waiting { outstanding: 0 },
         );

@@ -7,7 +7,7 @@ use crate::firehose::initiator::acquire::push_seg;
 use crate::firehose::small::Inline2;
 use crate::firehose::stats::FirehoseStats;
 use crate::firehose::wire::{self, Msg, PinReq};
-use crate::firehose::{Event, OpId, Outbox, Segs};
+use crate::firehose::{Event, OpId, Outbox, Rights, Segs};
 use crate::net::Rank;
 
 /// Missing buckets of one chunk: `[lo, hi)`.
@@ -29,9 +29,9 @@ impl Initiator {
         out: &mut Outbox,
         st: &mut FirehoseStats,
     ) -> bool {
-        let (peer, raddr, len, mut held) = {
+        let (peer, raddr, len, rights, mut held) = {
             let o = self.ops.get_mut(&id).expect("live op");
-            (o.peer, o.raddr, o.len, std::mem::take(&mut o.fhs))
+            (o.peer, o.raddr, o.len, o.rights, std::mem::take(&mut o.fhs))
         };
         // Holds on revoked firehoses go (the ack waits for them).
         let mut kept = Inline2::<u32>::default();
@@ -57,7 +57,8 @@ impl Initiator {
                 }
             }
             if best.is_none() {
-                if let Some(m) = self.peers[peer as usize].map.get(b) {
+                let m = self.peers[peer as usize].map.get(b);
+                if let Some(m) = m.filter(|&m| self.fhs[m as usize].rights.covers(rights)) {
                     self.take_use(m);
                     held.push(m);
                     let fh = &self.fhs[m as usize];
@@ -98,7 +99,7 @@ impl Initiator {
                 .and_then(|ps| {
                     ps.iter().copied().find(|&pid| {
                         let pin = self.pins[pid as usize].as_ref().expect("pending pin");
-                        pin.need_lo <= g.lo && g.hi <= pin.need_hi
+                        pin.need_lo <= g.lo && g.hi <= pin.need_hi && pin.rights.covers(rights)
                     })
                 });
             match joined {
@@ -170,19 +171,44 @@ impl Initiator {
         }
         let pins: Vec<(u32, PinReq)> = new
             .iter()
-            .map(|g| self.new_pin(peer, *g, vec![(id, epoch)]))
+            .map(|g| {
+                let want = self.chunk_rights(peer, g.chunk, rights);
+                self.new_pin(peer, *g, want, vec![(id, epoch)])
+            })
             .collect();
         self.send_moves(peer, &releases, &pins, None, out, st);
         true
     }
 
+    /// The rights a new pin of `chunk` asks for: the op's, plus those of the firehoses and pins
+    /// in flight there (an upgrade: a chunk read and then written is pinned for both once, not
+    /// alternately for each; a region is never replaced by one with fewer rights).
+    fn chunk_rights(&self, peer: Rank, chunk: u64, op: Rights) -> Rights {
+        let p = &self.peers[peer as usize];
+        let r = self.r as u64;
+        let mut want = op;
+        for b in chunk * r..(chunk + 1) * r {
+            if let Some(m) = p.map.get(b) {
+                want = want.union(self.fhs[m as usize].rights);
+            }
+        }
+        if let Some(ps) = p.pending.get(&chunk) {
+            for &pid in ps.iter() {
+                want = want.union(self.pins[pid as usize].as_ref().expect("pending").rights);
+            }
+        }
+        want
+    }
+
     /// A put that misses rides in a move (never blocks); pins for its uncovered chunks go
     /// along when the quota allows, so later ops there hit.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn put_in_move(
         &mut self,
         id: OpId,
         peer: Rank,
         raddr: u64,
+        rights: Rights,
         data: &[u8],
         out: &mut Outbox,
         st: &mut FirehoseStats,
@@ -193,7 +219,11 @@ impl Initiator {
         let p = &self.peers[peer as usize];
         for b in first..=last {
             let chunk = b / r;
-            if p.map.contains_key(b) || p.pending.contains_key(&chunk) {
+            let covered = p
+                .map
+                .get(b)
+                .is_some_and(|m| self.fhs[m as usize].rights.covers(rights));
+            if covered || p.pending.contains_key(&chunk) {
                 continue;
             }
             match new.last_mut() {
@@ -216,13 +246,17 @@ impl Initiator {
             releases = self.evict_for(peer, need);
             pins = new
                 .iter()
-                .map(|g| self.new_pin(peer, *g, Vec::new()))
+                .map(|g| {
+                    let want = self.chunk_rights(peer, g.chunk, rights);
+                    self.new_pin(peer, *g, want, Vec::new())
+                })
                 .collect();
         }
         let o = super::Op::new(
             peer,
             raddr,
             data.len(),
+            rights,
             Inline2::default(),
             OpState::PutInMove,
         );
@@ -288,13 +322,20 @@ impl Initiator {
         rel
     }
 
-    fn new_pin(&mut self, peer: Rank, g: Gap, waiters: Vec<(OpId, u32)>) -> (u32, PinReq) {
+    fn new_pin(
+        &mut self,
+        peer: Rank,
+        g: Gap,
+        rights: Rights,
+        waiters: Vec<(OpId, u32)>,
+    ) -> (u32, PinReq) {
         let r = self.r as u64;
         let start = g.chunk * r;
         let pin = Pin {
             chunk: g.chunk,
             need_lo: g.lo,
             need_hi: g.hi,
+            rights,
             waiters,
         };
         let pid = match self.pin_free.pop() {
@@ -317,6 +358,7 @@ impl Initiator {
             nb: self.r,
             need_off: (g.lo - start) as u32,
             need_n: (g.hi - g.lo) as u32,
+            rights,
         };
         (pid, req)
     }

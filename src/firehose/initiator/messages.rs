@@ -41,6 +41,7 @@ impl Initiator {
             let ok = g.nb >= 1
                 && end.is_some_and(|e| g.start >= lo && e <= lo + r && e >= pin.need_hi)
                 && g.start <= pin.need_lo
+                && g.rights.covers(pin.rights)
                 && !known.contains_key(&g.handle)
                 && !grants[..i]
                     .iter()
@@ -136,6 +137,7 @@ impl Initiator {
             revoked: false,
             recent: false,
             uses: 0,
+            rights: g.rights,
         };
         let id = match self.fh_free.pop() {
             Some(i) => {
@@ -153,7 +155,14 @@ impl Initiator {
         p.charged += g.nb as u64;
         p.by_handle.insert(g.handle, id);
         for b in g.start..g.start + g.nb as u64 {
-            p.map.insert(b, id);
+            // Never over a firehose with rights this one lacks (a read pin answered after a
+            // write upgrade was asked for): that one keeps serving them.
+            match p.map.get(b) {
+                Some(old) if !g.rights.covers(self.fhs[old as usize].rights) => {}
+                _ => {
+                    p.map.insert(b, id);
+                }
+            }
         }
         // Unused until its waiters take their refs (the caller queues it).
         p.fifo_buckets += g.nb as u64;

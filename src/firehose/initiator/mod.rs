@@ -25,7 +25,7 @@ mod thrash;
 use super::bucket_map::BucketMap;
 use super::fifo::{Links, List};
 use super::small::{Inline2, IntMap};
-use super::{Event, FirehoseConfig, OpId};
+use super::{Event, FirehoseConfig, OpId, Rights};
 use crate::net::Rank;
 use std::collections::{HashMap, VecDeque};
 
@@ -47,6 +47,8 @@ pub(crate) struct Fh {
     pub revoked: bool,
     /// Released since it was queued in the unused FIFO (second chance, `pop_unused`).
     pub recent: bool,
+    /// What its key allows (a hit needs the op's rights in it).
+    pub rights: Rights,
 }
 
 // A hit's one line: a field added to `Fh` must go to a side array (as `handles`) or make room.
@@ -57,6 +59,8 @@ pub(crate) struct Pin {
     pub chunk: u64,
     pub need_lo: u64,
     pub need_hi: u64,
+    /// The rights asked for (an op needing others does not join it).
+    pub rights: Rights,
     pub waiters: Vec<(OpId, u32)>,
 }
 
@@ -73,6 +77,8 @@ pub(crate) struct Op {
     pub peer: Rank,
     pub raddr: u64,
     pub len: usize,
+    /// What it does at the target: `READ` (a get) or `WRITE` (a put).
+    pub rights: Rights,
     /// Firehoses this op holds a ref on (Active or Waiting).
     pub fhs: Inline2<u32>,
     pub state: OpState,
@@ -104,11 +110,19 @@ impl Front {
 }
 
 impl Op {
-    pub fn new(peer: Rank, raddr: u64, len: usize, fhs: Inline2<u32>, state: OpState) -> Op {
+    pub fn new(
+        peer: Rank,
+        raddr: u64,
+        len: usize,
+        rights: Rights,
+        fhs: Inline2<u32>,
+        state: OpState,
+    ) -> Op {
         Op {
             peer,
             raddr,
             len,
+            rights,
             fhs,
             state,
             epoch: 0,
@@ -238,6 +252,16 @@ impl Initiator {
             }
         }
         let free: std::collections::HashSet<u32> = self.fh_free.iter().copied().collect();
+        for (op, o) in self.ops.iter() {
+            if !o.rights.is_valid() {
+                return Err(format!("op {op}: no rights"));
+            }
+            for &h in o.fhs.iter() {
+                if !self.fhs[h as usize].rights.covers(o.rights) {
+                    return Err(format!("op {op} holds firehose {h} without its rights"));
+                }
+            }
+        }
         for (i, p) in self.peers.iter().enumerate() {
             let mut held = 0u64;
             let mut fifo = 0u64;
@@ -280,7 +304,11 @@ impl Initiator {
             }
             for (b, id) in p.map.iter() {
                 let fh = &self.fhs[id as usize];
-                if fh.revoked || b < fh.start || b >= fh.start + fh.nb as u64 {
+                if fh.revoked
+                    || b < fh.start
+                    || b >= fh.start + fh.nb as u64
+                    || !fh.rights.is_valid()
+                {
                     return Err(format!("peer {i}: bucket {b} maps to a wrong firehose"));
                 }
             }

@@ -19,6 +19,7 @@ mod victims;
 
 use super::fifo::{Links, List};
 use super::stats::FirehoseStats;
+use super::Rights;
 use crate::net::Rank;
 use std::collections::{BTreeSet, HashMap};
 
@@ -30,6 +31,8 @@ pub(crate) struct Region {
     pub start: u64,
     pub nb: u32,
     pub rkey: u32,
+    /// What its key allows (it serves pins asking for these or fewer).
+    pub rights: Rights,
     /// Peers holding a firehose on it (each at most once).
     pub holders: Vec<Rank>,
     /// Invalidations waiting for this region (non-empty: revoking, never reused).
@@ -125,7 +128,14 @@ impl Target {
     }
 
     /// Records a region just pinned; returns its slot.
-    fn insert(&mut self, start: u64, nb: u32, rkey: u32, st: &mut FirehoseStats) -> u32 {
+    fn insert(
+        &mut self,
+        start: u64,
+        nb: u32,
+        rkey: u32,
+        rights: Rights,
+        st: &mut FirehoseStats,
+    ) -> u32 {
         let handle = self.next_handle;
         self.next_handle += 1;
         let reg = Region {
@@ -133,6 +143,7 @@ impl Target {
             start,
             nb,
             rkey,
+            rights,
             holders: Vec::new(),
             revoking: Vec::new(),
         };

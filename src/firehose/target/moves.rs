@@ -128,8 +128,10 @@ impl Target {
     }
 
     /// One pin for `from`: an existing region inside the pin's range that covers the needed
-    /// buckets (a victim or another peer's), else a new pin of the whole range, else of just
-    /// the needed buckets.
+    /// buckets with the rights asked for (a victim or another peer's), else a new pin of the
+    /// whole range, else of just the needed buckets, with exactly those rights. (A region
+    /// pinned with fewer rights stays as it is: its holders release it, or it ages out of the
+    /// victim FIFO; the new one is charged and bounded as any other.)
     fn grant(
         &mut self,
         from: Rank,
@@ -151,6 +153,7 @@ impl Target {
                     && g.start <= need_lo
                     && g_end >= need_hi
                     && g.revoking.is_empty()
+                    && g.rights.covers(p.rights)
                     && !g.holders.contains(&from)
             })
             .max_by_key(|&slot| self.region(slot).nb);
@@ -172,9 +175,9 @@ impl Target {
                     if !self.trim_victims(n as u64, rp, st) {
                         continue;
                     }
-                    match rp.pin(s << self.shift, (n as usize) << self.shift) {
+                    match rp.pin(s << self.shift, (n as usize) << self.shift, p.rights) {
                         Ok(rkey) => {
-                            got = Some(self.insert(s, n, rkey, st));
+                            got = Some(self.insert(s, n, rkey, p.rights, st));
                             break;
                         }
                         Err(e) => last = e.into(),
@@ -190,6 +193,7 @@ impl Target {
             start: reg.start,
             nb: reg.nb,
             rkey: reg.rkey,
+            rights: reg.rights,
         };
         self.peers[from as usize].charge += g.nb as u64;
         Ok(g)
