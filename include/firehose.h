@@ -187,6 +187,12 @@ typedef enum fh_status {
      * could not pin it: nothing was written there (a put) or read (a get).
      */
     FH_ERR_REMOTE_FAULT = 7022,
+    /**
+     * The target does not let peers reach this range with this access: with
+     * `FH_EXPOSE=declared` it was not exposed (`fh_expose`) with it; in any mode it is the
+     * library's own memory. Nothing was written there (a put) or read (a get).
+     */
+    FH_ERR_REMOTE_DENIED = 7023,
 } fh_status;
 
 /**
@@ -677,6 +683,36 @@ enum fh_status fh_get_net_stats(const struct fh_ctx *ctx, struct fh_net_stats *o
 enum fh_status fh_finalize(struct fh_ctx *ctx);
 
 /**
+ * Lets peers reach `[addr, addr + len)` of this process: `fh_get` from it with
+ * `FH_ACCESS_REMOTE_READ`, `fh_put` to it with `FH_ACCESS_REMOTE_WRITE` (or both). Only
+ * consulted with `FH_EXPOSE=declared`: then a peer's put or get that is not entirely inside
+ * ranges exposed with its access fails at the peer with `FH_ERR_REMOTE_DENIED` and changes
+ * nothing here. (With `FH_EXPOSE=all`, the default, every mapped address but the library's own
+ * buffers is reachable, and this call is recorded without effect.) A byte's access is the union
+ * of the exposures covering it. Peers pin whole pages (`FH_BUCKET_SIZE`): expose page-aligned
+ * ranges, or the edge pages of a range can only take small puts. Exposures are not
+ * reference-counted: each call adds one, `fh_unexpose` withdraws one.
+ * Errors: `FH_ERR_NULL`, `FH_ERR_ZERO_LENGTH`, `FH_ERR_OVERFLOW`, `FH_ERR_BAD_ACCESS` (no or
+ * unknown access bits), `FH_ERR_FORKED`.
+ *
+ * # Safety
+ * `ctx` is NULL or live. `addr` is not dereferenced.
+ */
+enum fh_status fh_expose(struct fh_ctx *ctx, const void *addr, size_t len, uint32_t access);
+
+/**
+ * Withdraws one `fh_expose` of exactly `[addr, addr + len)`; then revokes what peers hold
+ * pinned over the range and waits until they let go (bounded by `FH_AM_TIMEOUT_MS`: a peer
+ * that does not answer is given up on, `FH_ERR_TIMEOUT`), so that once it returns no peer can
+ * reach the range through it (unless another exposure covers it). Errors: `FH_ERR_NULL`,
+ * `FH_ERR_UNKNOWN_HANDLE` (no such exposure), `FH_ERR_TIMEOUT`, `FH_ERR_FORKED`.
+ *
+ * # Safety
+ * `ctx` is NULL or live. `addr` is not dereferenced.
+ */
+enum fh_status fh_unexpose(struct fh_ctx *ctx, const void *addr, size_t len);
+
+/**
  * Copies what the helper thread did into `*out` (the counters it last published: it publishes
  * on every loop, at least every 0.5 ms). With no helper (`fh_config.helper` off, or no idle
  * core) every field is 0 (`state` 0); `fh_info` says why it is off. Returns `FH_ERR_NULL` if
@@ -852,7 +888,9 @@ enum fh_status fh_get_limits(const struct fh_cache *cache, size_t *max_pinned, s
  * no longer than the device's inline size (256 bytes on rxe), which is copied when posted and
  * needs no registration. Errors: `FH_ERR_NULL`, `FH_ERR_ZERO_LENGTH`, `FH_ERR_OVERFLOW`,
  * `FH_ERR_BAD_RANK` (these write nothing), `FH_ERR_REMOTE_FAULT` (the target range is not
- * mapped there), `FH_ERR_PIN_FAILED` (a longer `src` cannot be registered), `FH_ERR_PEER_LOST`
+ * mapped there, or not writable for a put), `FH_ERR_REMOTE_DENIED` (the target does not expose
+ * it for this access: `FH_EXPOSE`, `fh_expose`; or it is the library's own memory),
+ * `FH_ERR_PIN_FAILED` (a longer `src` cannot be registered), `FH_ERR_PEER_LOST`
  * (also when the device refused to post part of the transfer), `FH_ERR_FINALIZED`. A put moves
  * in pieces (one RDMA per remote region it spans): after a failure the pieces that ran stay
  * written, so the target range may hold part of the data.

@@ -63,6 +63,10 @@ pub enum fh_status {
     /// The target address range is not (entirely) mapped in the target process, or the target
     /// could not pin it: nothing was written there (a put) or read (a get).
     FH_ERR_REMOTE_FAULT = 7022,
+    /// The target does not let peers reach this range with this access: with
+    /// `FH_EXPOSE=declared` it was not exposed (`fh_expose`) with it; in any mode it is the
+    /// library's own memory. Nothing was written there (a put) or read (a get).
+    FH_ERR_REMOTE_DENIED = 7023,
 }
 
 impl fh_status {
@@ -96,6 +100,9 @@ impl fh_status {
             FH_ERR_MSG_TOO_LONG => c"message longer than the transport carries",
             FH_ERR_REMOTE_FAULT => {
                 c"the target address is not mapped (or not pinnable) at the target"
+            }
+            FH_ERR_REMOTE_DENIED => {
+                c"the target does not expose this range for this access (FH_EXPOSE, fh_expose)"
             }
         }
     }

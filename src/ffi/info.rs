@@ -398,7 +398,7 @@ pub extern "C" fn fh_status_str(status: c_int) -> *const c_char {
 /// Maps an integer from C to a status without ever building an invalid enum value.
 fn status_from_int(v: c_int) -> Option<fh_status> {
     use fh_status::*;
-    const ALL: [fh_status; 23] = [
+    const ALL: [fh_status; 24] = [
         FH_OK,
         FH_ERR_NULL,
         FH_ERR_ZERO_LENGTH,
@@ -422,6 +422,7 @@ fn status_from_int(v: c_int) -> Option<fh_status> {
         FH_ERR_FINALIZED,
         FH_ERR_MSG_TOO_LONG,
         FH_ERR_REMOTE_FAULT,
+        FH_ERR_REMOTE_DENIED,
     ];
     ALL.into_iter().find(|s| *s as c_int == v)
 }
@@ -438,7 +439,7 @@ mod tests {
 
     #[test]
     fn status_str_is_total() {
-        for v in [-1, 1, 7000, 7023, c_int::MAX] {
+        for v in [-1, 1, 7000, 7024, c_int::MAX] {
             // SAFETY: the function returns a static C string.
             let s = unsafe { std::ffi::CStr::from_ptr(fh_status_str(v)) };
             assert_eq!(s.to_str().unwrap(), "unknown status");

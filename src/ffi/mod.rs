@@ -16,6 +16,7 @@ pub mod bootstrap_ops;
 pub mod cache_object;
 pub mod config;
 pub mod ctx;
+pub mod expose;
 pub mod guard;
 pub mod handle;
 pub mod info;

@@ -159,7 +159,9 @@ unsafe fn start(
 /// no longer than the device's inline size (256 bytes on rxe), which is copied when posted and
 /// needs no registration. Errors: `FH_ERR_NULL`, `FH_ERR_ZERO_LENGTH`, `FH_ERR_OVERFLOW`,
 /// `FH_ERR_BAD_RANK` (these write nothing), `FH_ERR_REMOTE_FAULT` (the target range is not
-/// mapped there), `FH_ERR_PIN_FAILED` (a longer `src` cannot be registered), `FH_ERR_PEER_LOST`
+/// mapped there, or not writable for a put), `FH_ERR_REMOTE_DENIED` (the target does not expose
+/// it for this access: `FH_EXPOSE`, `fh_expose`; or it is the library's own memory),
+/// `FH_ERR_PIN_FAILED` (a longer `src` cannot be registered), `FH_ERR_PEER_LOST`
 /// (also when the device refused to post part of the transfer), `FH_ERR_FINALIZED`. A put moves
 /// in pieces (one RDMA per remote region it spans): after a failure the pieces that ran stay
 /// written, so the target range may hold part of the data.

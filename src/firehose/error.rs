@@ -49,6 +49,7 @@ impl FhError {
             FhError::PeerLost(_) => FH_ERR_PEER_LOST,
             FhError::Remote(RemoteError::NoMemory) => FH_ERR_NO_MEMORY,
             FhError::Remote(RemoteError::Unmapped) => FH_ERR_REMOTE_FAULT,
+            FhError::Remote(RemoteError::Denied) => FH_ERR_REMOTE_DENIED,
             // `PinFailed`, and `Refused` (the target's settings do not take the move).
             FhError::Remote(_) => FH_ERR_PIN_FAILED,
         }

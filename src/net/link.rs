@@ -193,6 +193,12 @@ pub trait Link: Send + Sync {
     fn max_inline_write(&self) -> usize {
         0
     }
+    /// Memory the link registered for itself (verbs: its receive and send rings, its probe
+    /// words), as (address, length): the library's own, never a target of a peer's put or get
+    /// (`rma::expose`). Default: none.
+    fn own_buffers(&self) -> Vec<(u64, usize)> {
+        Vec::new()
+    }
     /// Posts one RDMA WRITE or READ to `peer`; its `RdmaDone` comes from a later `poll`. Never
     /// blocks for long: when the send queue to `peer` is full it reaps completions until there
     /// is room, as `send` does. Refused, with nothing posted and no event to come: `BadRank`

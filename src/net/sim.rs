@@ -172,6 +172,9 @@ struct Shared {
     handing_out: Vec<Mutex<()>>,
     /// `Link::max_inline_write` of every rank's link (`SimNet::set_max_inline_write`).
     max_inline: std::sync::atomic::AtomicUsize,
+    /// Per rank: a stand-in for a verbs link's registered receive ring (`Link::own_buffers`:
+    /// memory the link owns, which peers must never reach). Messages are not staged in it.
+    rings: Vec<Box<[u8]>>,
 }
 
 /// The simulated network; hands out one `SimLink` per rank.
@@ -378,6 +381,9 @@ impl SimNet {
                 arrived: Condvar::new(),
                 handing_out: (0..n).map(|_| Mutex::new(())).collect(),
                 max_inline: std::sync::atomic::AtomicUsize::new(0),
+                rings: (0..n)
+                    .map(|_| vec![0u8; 4 << 10].into_boxed_slice())
+                    .collect(),
             }),
         }
     }
@@ -701,6 +707,11 @@ impl Link for SimLink {
         self.sh
             .max_inline
             .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn own_buffers(&self) -> Vec<(u64, usize)> {
+        let r = &self.sh.rings[self.rank as usize];
+        vec![(r.as_ptr() as u64, r.len())]
     }
 
     unsafe fn rdma(&self, peer: Rank, op: RdmaOp) -> Result<(), LinkError> {

@@ -7,7 +7,8 @@
 //! M gives the sender), `FH_ADAPTIVE` (a target that does not lend refuses QUOTA_WANT), the
 //! page size (the default bucket), `FH_AM_MAX_SIZE` (a move or reply sized for the sender's
 //! buffers may not fit the receiver's), `FH_AM_RECV_DEPTH` (the credits a rank starts with are
-//! the slots its peer posts). A rank whose own settings are invalid takes part too (marked
+//! the slots its peer posts), `FH_EXPOSE` (a rank in `declared` mode refuses what a peer in
+//! `all` mode takes for granted). A rank whose own settings are invalid takes part too (marked
 //! invalid, so the others fail at once rather than after the bound).
 //!
 //! How: one one-way active message (`AGREE_AM`) from every rank to every other with its list
@@ -174,6 +175,11 @@ pub fn net_settings(peers: &Peers) -> Vec<Agreed> {
         Agreed::new("FH_AM_MAX_SIZE", peers.settings().max_size as u64),
         Agreed::new("FH_AM_RECV_DEPTH", u64::from(peers.settings().recv_depth)),
     ]
+}
+
+/// `FH_EXPOSE` (`super::expose`).
+pub fn exposure(mode: super::expose::ExposeMode) -> Agreed {
+    Agreed::new("FH_EXPOSE", mode as u64)
 }
 
 #[cfg(test)]

@@ -18,6 +18,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
 use super::agree::{self, Agreed};
+use super::expose::{ExposeMode, Exposed, Exposure};
 use super::ops::{Chunk, Finished, Ops, Request};
 use super::probe::{Due, WaitClock};
 use super::revoke::{self, Revocation, RevokeSettings, RevokeStats};
@@ -107,6 +108,8 @@ pub struct Rma {
     lost: Mutex<Vec<Rank>>,
     /// Remote invalidation (`None`: off, or a job of one). Stopped first when the `Rma` goes.
     revoke: Mutex<Option<Revocation>>,
+    /// What peers may reach here (`FH_EXPOSE`, `fh_expose`): checked by the pins (`Exposed`).
+    exposure: Arc<Exposure>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -147,18 +150,25 @@ impl Rma {
             fh_status::FH_ERR_BAD_CONFIG
         });
         let rs = RevokeSettings::from_env();
+        let mode = ExposeMode::from_env().map_err(|e| {
+            eprintln!("firehose: {e}");
+            fh_status::FH_ERR_BAD_CONFIG
+        });
         // Every rank takes part in the comparison, also one whose own settings are invalid (the
         // others then fail at once instead of after FH_AM_TIMEOUT_MS).
         let mut agreed = agree::net_settings(&peers);
         agreed.push(Agreed::new(
             "valid FH_* settings",
-            u64::from(cfg.is_ok() && rs.is_ok()),
+            u64::from(cfg.is_ok() && rs.is_ok() && mode.is_ok()),
         ));
         if let Ok(c) = &cfg {
             agreed.extend(c.must_agree().iter().map(|&(v, x)| Agreed::new(v, x)));
         }
+        if let Ok(m) = mode {
+            agreed.push(agree::exposure(m));
+        }
         agree::exchange_or_fail(&peers, &agreed)?;
-        let (cfg, rs) = (cfg?, rs?);
+        let (cfg, rs, mode) = (cfg?, rs?, mode?);
         let revocation =
             (size > 1 && rs.enabled).then(|| Revocation::new(rs, revoke::queue::DEFAULT_SLOTS));
         let pins = match peers.pd() {
@@ -168,7 +178,7 @@ impl Rma {
             )) as Box<dyn RegionPins + Send>),
             _ => None,
         };
-        Self::build(peers, local, cfg, pins, revocation)
+        Self::build(peers, local, cfg, pins, revocation, mode)
     }
 
     /// For simulation and tests: puts and gets over `peers` with the algorithm's settings
@@ -183,6 +193,17 @@ impl Rma {
         cfg: FirehoseConfig,
         pins: Box<dyn RegionPins + Send>,
     ) -> FhResult<Arc<Rma>> {
+        Self::with_pins_exposed(peers, local, cfg, pins, ExposeMode::All)
+    }
+
+    /// `with_pins` with the exposure policy given (`FH_EXPOSE`; every rank must pass the same).
+    pub fn with_pins_exposed(
+        peers: Arc<Peers>,
+        local: Option<Arc<Cache>>,
+        cfg: FirehoseConfig,
+        pins: Box<dyn RegionPins + Send>,
+        mode: ExposeMode,
+    ) -> FhResult<Arc<Rma>> {
         if cfg.rank != peers.rank() || cfg.size != peers.size() {
             eprintln!(
                 "firehose: config for rank {} of {}, peers are rank {} of {}",
@@ -193,7 +214,7 @@ impl Rma {
             );
             return Err(fh_status::FH_ERR_BAD_CONFIG);
         }
-        Self::build(peers, local, cfg, Some(pins), None)
+        Self::build(peers, local, cfg, Some(pins), None, mode)
     }
 
     fn build(
@@ -202,8 +223,21 @@ impl Rma {
         mut cfg: FirehoseConfig,
         pins: Option<Box<dyn RegionPins + Send>>,
         mut revocation: Option<Revocation>,
+        mode: ExposeMode,
     ) -> FhResult<Arc<Rma>> {
         let (rank, size) = (peers.rank(), peers.size());
+        // Every pin and small put a peer asks for passes the policy first; the link's own
+        // buffers are never a target.
+        let exposure = Exposure::new(mode);
+        for (a, l) in peers.link().own_buffers() {
+            exposure.add_library(a, l);
+        }
+        let pins = pins.map(|inner| {
+            Box::new(Exposed {
+                inner,
+                policy: exposure.clone(),
+            }) as Box<dyn RegionPins + Send>
+        });
         cfg.max_msg = cfg.max_msg.min(peers.am().max_payload());
         let fh = Firehose::new(cfg).map_err(|e| {
             eprintln!("firehose: {}: {}", e.var, e.msg);
@@ -235,6 +269,7 @@ impl Rma {
             counters: Counters::default(),
             lost: Mutex::new(Vec::new()),
             revoke: Mutex::new(None),
+            exposure,
             peers,
         });
         rma.install_handlers();
@@ -273,6 +308,63 @@ impl Rma {
 
     pub fn peers(&self) -> &Arc<Peers> {
         &self.peers
+    }
+
+    /// The exposure policy of this context (`FH_EXPOSE`).
+    pub fn exposure(&self) -> &Arc<Exposure> {
+        &self.exposure
+    }
+
+    /// `fh_expose`: peers may reach `[addr, addr + len)` with `rights` (`FH_EXPOSE=declared`;
+    /// recorded, and without effect, with `all`).
+    pub fn expose(&self, addr: u64, len: usize, rights: Rights) -> FhResult<()> {
+        if len == 0 {
+            return Err(fh_status::FH_ERR_ZERO_LENGTH);
+        }
+        if addr.checked_add(len as u64).is_none() {
+            return Err(fh_status::FH_ERR_OVERFLOW);
+        }
+        if !rights.is_valid() {
+            return Err(fh_status::FH_ERR_BAD_ACCESS);
+        }
+        self.exposure.expose(addr, len, rights);
+        Ok(())
+    }
+
+    /// `fh_unexpose`: withdraws the exposure of exactly `[addr, addr + len)`, then revokes the
+    /// peers' firehoses on regions overlapping it (so no key granted while it was exposed
+    /// outlives it) and waits until every holder let go (bounded by `FH_AM_TIMEOUT_MS`: a
+    /// holder that stays silent is given up on, `FH_ERR_TIMEOUT`). Regions that another
+    /// exposure still allows are pinned again by the next miss there.
+    pub fn unexpose(&self, addr: u64, len: usize) -> FhResult<()> {
+        let _inside = crate::inside::enter();
+        if !self.exposure.unexpose(addr, len) {
+            return Err(fh_status::FH_ERR_UNKNOWN_HANDLE);
+        }
+        if self.size == 1 || self.exposure.mode() == ExposeMode::All {
+            return Ok(());
+        }
+        let id = self.with_core(|fh, pins| fh.invalidate(addr, len, pins));
+        let s = self.peers.settings();
+        let mut clock = WaitClock::new(s.probe, s.timeout);
+        loop {
+            if lock(&self.engine).fh.invalidation_done(id) {
+                return Ok(());
+            }
+            let n = self.progress()?;
+            if let Due::Expired = clock.tick(Instant::now) {
+                let late = lock(&self.engine).fh.invalidation_holders(id);
+                for p in late {
+                    self.peers.am().give_up(p);
+                }
+                // The loss is told to the algorithm here: the holders count as having acked.
+                self.progress()?;
+                return Err(fh_status::FH_ERR_TIMEOUT);
+            }
+            if n == 0 {
+                std::thread::yield_now();
+            }
+        }
     }
 
     /// Runs `f` on the algorithm under the engine lock, sends the messages it produced (still

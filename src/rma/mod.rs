@@ -11,6 +11,9 @@
 //!
 //! `agree`: the settings every rank must share, compared at `fh_init`.
 //!
+//! `expose`: what peers may pin, read and write here (`FH_EXPOSE`, `fh_expose`), checked
+//! before every pin and every put written by the target itself.
+//!
 //! `revoke/`: remote invalidation wired to the memory monitor (memory this rank unmaps is
 //! revoked from every peer's firehoses before the unmap returns).
 //!
@@ -19,6 +22,7 @@
 
 pub mod agree;
 pub mod engine;
+pub mod expose;
 mod ops;
 mod probe;
 pub mod revoke;

@@ -672,6 +672,13 @@ impl Link for VerbsLink {
         self.max_inline
     }
 
+    fn own_buffers(&self) -> Vec<(u64, usize)> {
+        [&self.recv_buf, &self.send_buf, &self.probe_buf]
+            .iter()
+            .map(|b| (b.addr(), b.len()))
+            .collect()
+    }
+
     unsafe fn rdma(&self, peer: Rank, op: RdmaOp) -> Result<(), LinkError> {
         if peer == self.rank {
             return Err(LinkError::BadRank(peer));
