@@ -713,6 +713,22 @@ enum fh_status fh_expose(struct fh_ctx *ctx, const void *addr, size_t len, uint3
 enum fh_status fh_unexpose(struct fh_ctx *ctx, const void *addr, size_t len);
 
 /**
+ * The library's own registered memory in this process (the link's receive and send rings and
+ * its probe words): never reachable by peers, whatever `FH_EXPOSE` says. Writes up to `max`
+ * ranges into `addrs[i]`, `lens[i]` (either may be NULL when `max` is 0) and their total number
+ * into `*count`. For diagnostics and tests (a put aimed there must fail with
+ * `FH_ERR_REMOTE_DENIED`). Errors: `FH_ERR_NULL`, `FH_ERR_FORKED`.
+ *
+ * # Safety
+ * `ctx` is NULL or live; `addrs` and `lens` writable for `max` elements; `count` writable.
+ */
+enum fh_status fh_library_ranges(struct fh_ctx *ctx,
+                                 uint64_t *addrs,
+                                 size_t *lens,
+                                 size_t max,
+                                 size_t *count);
+
+/**
  * Copies what the helper thread did into `*out` (the counters it last published: it publishes
  * on every loop, at least every 0.5 ms). With no helper (`fh_config.helper` off, or no idle
  * core) every field is 0 (`state` 0); `fh_info` says why it is off. Returns `FH_ERR_NULL` if

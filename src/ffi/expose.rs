@@ -1,4 +1,5 @@
-//! Exposure (issue 27): `fh_expose`, `fh_unexpose`. Thin: the policy is `rma::expose`.
+//! Exposure (issue 27): `fh_expose`, `fh_unexpose`, `fh_library_ranges`. Thin: the policy is
+//! `rma::expose`.
 
 use std::ffi::c_void;
 
@@ -87,6 +88,45 @@ pub unsafe extern "C" fn fh_unexpose(
             return fh_status::FH_ERR_NULL;
         }
         status_of(c.rma.unexpose(addr as u64, len))
+    }}
+}
+
+/// The library's own registered memory in this process (the link's receive and send rings and
+/// its probe words): never reachable by peers, whatever `FH_EXPOSE` says. Writes up to `max`
+/// ranges into `addrs[i]`, `lens[i]` (either may be NULL when `max` is 0) and their total number
+/// into `*count`. For diagnostics and tests (a put aimed there must fail with
+/// `FH_ERR_REMOTE_DENIED`). Errors: `FH_ERR_NULL`, `FH_ERR_FORKED`.
+///
+/// # Safety
+/// `ctx` is NULL or live; `addrs` and `lens` writable for `max` elements; `count` writable.
+#[no_mangle]
+pub unsafe extern "C" fn fh_library_ranges(
+    ctx: *mut fh_ctx,
+    addrs: *mut u64,
+    lens: *mut usize,
+    max: usize,
+    count: *mut usize,
+) -> fh_status {
+    ffi_guard! {{
+        // SAFETY: per the contract.
+        let c = match unsafe { here(ctx) } {
+            Ok(c) => c,
+            Err(e) => return e,
+        };
+        if count.is_null() || (max > 0 && (addrs.is_null() || lens.is_null())) {
+            return fh_status::FH_ERR_NULL;
+        }
+        let lib = c.rma.exposure().library();
+        for (i, &(a, l)) in lib.iter().take(max).enumerate() {
+            // SAFETY: i < max, writable per the contract.
+            unsafe {
+                *addrs.add(i) = a;
+                *lens.add(i) = l;
+            }
+        }
+        // SAFETY: non-NULL, writable per the contract.
+        unsafe { *count = lib.len() };
+        fh_status::FH_OK
     }}
 }
 
