@@ -202,3 +202,68 @@ fn a_region_serves_only_pins_it_has_the_rights_for() {
     assert_eq!(l[1].pins.len(), n, "shared, not pinned again");
     assert_eq!(f[1].stats().shared_hits, 1);
 }
+
+#[path = "common/sim_mem.rs"]
+#[allow(dead_code)]
+mod sim_mem;
+#[path = "firehose_sim/world.rs"]
+#[allow(dead_code)]
+mod world;
+
+/// The deterministic simulation (`tests/firehose_sim.rs`: reordering, unmaps, lost peers,
+/// adaptive lending, every invariant after every step) with gets and puts mixed at random, so
+/// chunks are pinned read-only, write-only and upgraded under all of it; every segment goes
+/// through a key with the op's rights (checked in `World::start_rdma`).
+#[test]
+fn simulation_with_mixed_rights() {
+    let mut upgrades = 0u64;
+    let mut hits = 0u64;
+    for seed in 0..60u64 {
+        let mut g = world::Rng(seed ^ 0x5151);
+        let n = 2 + (seed % 5) as u32;
+        let region_buckets = [1u32, 2, 4, 8][g.below(4) as usize];
+        let f = (2 * region_buckets as u64).max([4u64, 8, 16][g.below(3) as usize]);
+        let victim = [0, f / 2, f][g.below(3) as usize];
+        let ws = [(f / 2).max(2), f + victim / 2, 8 * f][(seed % 3) as usize] as usize;
+        let mut cfg = FirehoseConfig::new(0, n);
+        cfg.bucket_size = 4096;
+        cfg.m_bytes = (f * (n as u64 - 1)) as usize * 4096;
+        cfg.max_region_buckets = region_buckets;
+        let p = world::Params {
+            n,
+            bucket: 4096,
+            region_buckets,
+            f_buckets: f,
+            victim_buckets: victim,
+            pages: ws + 16,
+            ws_pages: ws,
+            max_len: cfg.max_op_len().min(12 * 4096),
+            adaptive: g.chance(30),
+            busy: (0..n).collect(),
+            target: vec![],
+            len_max: 0,
+        };
+        let mut w = world::World::new(p, seed);
+        w.mixed_rights = true;
+        let unmap = if seed % 2 == 0 { 6 } else { 0 };
+        for i in 0..1500 {
+            if n > 2 && seed % 10 == 7 && i == 750 {
+                w.lose((seed % n as u64) as u32);
+            }
+            w.step(45, unmap);
+        }
+        w.drain();
+        hits += w.fh.iter().map(|f| f.stats().hits).sum::<u64>();
+        upgrades += w
+            .mem
+            .iter()
+            .flat_map(|m| m.mrs.values())
+            .filter(|mr| mr.rights == Rights::BOTH)
+            .count() as u64;
+    }
+    eprintln!("hits {hits}, regions with both rights left pinned {upgrades}");
+    assert!(
+        hits > 1000 && upgrades > 0,
+        "hits {hits} upgrades {upgrades}"
+    );
+}

@@ -20,6 +20,8 @@ pub struct Mr {
     pub addr: u64,
     pub len: usize,
     pub gens: Vec<u64>,
+    /// What the key allows (a segment of an op needing other rights is a violation).
+    pub rights: firehose::firehose::Rights,
 }
 
 /// One rank's address space and pinning backend.
@@ -64,7 +66,7 @@ impl RegionPins for Mem {
         &mut self,
         addr: u64,
         len: usize,
-        _: firehose::firehose::Rights,
+        rights: firehose::firehose::Rights,
     ) -> Result<u32, PinFailure> {
         let r = self.pages(addr, len).ok_or(PinFailure::Unmapped)?;
         if !self.mapped[r.clone()].iter().all(|&m| m) {
@@ -78,6 +80,7 @@ impl RegionPins for Mem {
                 addr,
                 len,
                 gens: self.gen[r].to_vec(),
+                rights,
             },
         );
         self.pinned += len as u64;
@@ -116,6 +119,8 @@ pub struct OpInfo {
     pub floor: Vec<u64>,
     /// Some page was unmapped at acquire time or later (a Remote(Unmapped) failure is fine).
     pub put: bool,
+    /// What it does at the target (`World::mixed_rights`; else both).
+    pub rights: firehose::firehose::Rights,
 }
 
 pub struct Rdma {
@@ -159,6 +164,9 @@ pub struct World {
     pub completed: u64,
     pub failed_unmapped: u64,
     pub steps: u64,
+    /// Ops are gets (read) or puts (write) at random, through `acquire_for`; off (the default):
+    /// every op asks for both rights (`acquire`), and the random sequence is unchanged.
+    pub mixed_rights: bool,
 }
 
 impl World {
@@ -189,6 +197,7 @@ impl World {
             completed: 0,
             failed_unmapped: 0,
             steps: 0,
+            mixed_rights: false,
             p,
         }
     }
@@ -238,6 +247,13 @@ impl World {
         let off = self.rng.below(ws * page);
         let raddr = BASE + off.min(ws * page - len.min((ws * page) as usize) as u64);
         let put = len <= 3072 && self.rng.chance(30);
+        use firehose::firehose::Rights;
+        let rights = match (self.mixed_rights, put) {
+            (false, _) => Rights::BOTH,
+            (true, true) => Rights::WRITE,
+            (true, false) if self.rng.chance(50) => Rights::READ,
+            (true, false) => Rights::WRITE,
+        };
         let data = vec![0xAB; len];
         let op = self.next_op;
         self.next_op += 1;
@@ -251,8 +267,10 @@ impl World {
             len,
             floor,
             put,
+            rights,
         };
-        let res = self.fh[r as usize].acquire(op, peer, raddr, len, put.then_some(&data[..]));
+        let res =
+            self.fh[r as usize].acquire_for(op, peer, raddr, len, rights, put.then_some(&data[..]));
         match res {
             Ok(Acquire::Hit(segs)) => {
                 self.ops[r as usize].insert(op, info);
@@ -282,6 +300,12 @@ impl World {
             assert!(
                 s.raddr >= mr.addr && s.raddr + s.len as u64 <= mr.addr + mr.len as u64,
                 "op {op}: segment {s:?} outside its region {mr:?}"
+            );
+            assert!(
+                mr.rights.covers(info.rights),
+                "op {op} ({:?}): segment {s:?} through a key with {:?}",
+                info.rights,
+                mr.rights
             );
             for a in (s.raddr / page..=(s.raddr + s.len as u64 - 1) / page).map(|x| x * page) {
                 let mr_gen = mr.gens[((a - mr.addr) / page) as usize];
