@@ -51,10 +51,11 @@ pub(super) struct ProgressThread {
 
 /// Polls until `spin` has passed since the last event (`None`: until stopped). Returns early on
 /// a stop or a progress error (the caller's wait then reports a closed link by failing).
-fn poll_while_busy(inner: &Inner, stop: &AtomicBool, spin: Option<Duration>) {
+/// `busy`: spin even if the first poll finds nothing (the thread's start: requests may be about
+/// to come); after a wake-up it is false, so a wake-up that brought nothing sleeps again at once.
+fn poll_while_busy(inner: &Inner, stop: &AtomicBool, spin: Option<Duration>, mut busy: bool) {
     let mut idle = 0u32;
     let mut idle_since: Option<Instant> = None;
-    let mut busy = false;
     while !stop.load(Ordering::Acquire) {
         match inner.progress() {
             Ok(0) => {}
@@ -104,8 +105,9 @@ impl ProgressThread {
         let handle = crate::raw_thread::spawn(c"fh-progress", move || {
             // A memory hook firing on this thread must never wait for the library.
             crate::inside::mark_thread();
+            let mut started = true;
             while !flag.load(Ordering::Acquire) {
-                poll_while_busy(&inner, &flag, spin);
+                poll_while_busy(&inner, &flag, spin, std::mem::take(&mut started));
                 if flag.load(Ordering::Acquire) {
                     break;
                 }
