@@ -23,6 +23,7 @@
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <firehose.h>
+#include "mpi_check.h"
 #include <mpi.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -38,16 +39,9 @@
 #define REGION ((size_t)128 << 10)     /* FH_MAXREGION's default: a new slot is a new region */
 #define HOT_SPAN ((size_t)4 << 20)     /* rank 0's target area in `compute` */
 
-static int me, n, failures;
+static int n;
 static fh_ctx *ctx;
 
-#define FAIL(...)                                                                                \
-    do {                                                                                         \
-        failures++;                                                                              \
-        fprintf(stderr, "rank %d: FAIL: ", me);                                                  \
-        fprintf(stderr, __VA_ARGS__);                                                            \
-        fprintf(stderr, "\n");                                                                   \
-    } while (0)
 
 static double now(void)
 {

@@ -20,6 +20,7 @@
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <firehose.h>
+#include "mpi_check.h"
 #include <mpi.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -28,16 +29,8 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-static int me, failures;
 static fh_ctx *ctx;
 
-#define FAIL(...)                                                                                \
-    do {                                                                                         \
-        failures++;                                                                              \
-        fprintf(stderr, "rank %d: FAIL: ", me);                                                  \
-        fprintf(stderr, __VA_ARGS__);                                                            \
-        fprintf(stderr, "\n");                                                                   \
-    } while (0)
 
 #define MB ((size_t)1 << 20)
 
