@@ -59,7 +59,8 @@ pub struct Config {
 
 pub const DEFAULT_MAX_REGIONS: usize = 16384;
 
-/// The helper thread (seed 001; `crate::helper`).
+/// The helper thread (Li et al., "Scalable Memory Registration for High Performance Networks Using
+/// Helper Threads" (CF 2011); `crate::helper`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HelperSettings {
     /// `FH_HELPER`: off by default (the lazy cache as before).

@@ -1,7 +1,8 @@
-//! What the helper thread (`crate::helper`, seed 001) asks of the cache: pin a range ahead of its
-//! predicted use (`prefetch`), unpin the idle regions of a range (`evict_range`), and take over
-//! the unpins that the last holder of a detached region would otherwise do on the caller's
-//! thread (`defer_unpins` / `unpin_deferred`).
+//! What the helper thread (`crate::helper`; Li et al., "Scalable Memory Registration for High
+//! Performance Networks Using Helper Threads" (CF 2011)) asks of the cache: pin a range ahead of
+//! its predicted use (`prefetch`), unpin the idle regions of a range (`evict_range`), and take over
+//! the unpins that the last holder of a detached region would otherwise do on the caller's thread
+//! (`defer_unpins` / `unpin_deferred`).
 //!
 //! Correctness does not depend on the helper: `prefetch` is the miss path itself (the region is
 //! in the index, PENDING, before the backend is called, so an invalidation during the pin is

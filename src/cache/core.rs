@@ -1,7 +1,8 @@
-//! `Cache`: the pin-down cache proper (seed 003) with hook-safe invalidation: its state and its
-//! construction. Its jobs live beside it, one file each: `exclusion.rs` (the mutex and the reader
-//! exclusion), `hit.rs` (register/deregister fast paths), `miss.rs`, `limits.rs` (eviction and
-//! bounds), `invalidate.rs`, `pins.rs` (unpinning and pinned-bytes accounting), `stats.rs`.
+//! `Cache`: the pin-down cache proper (Tezuka et al., "Pin-down Cache: A Virtual Memory Management
+//! Technique for Zero-copy Communication" (IPPS 1998)) with hook-safe invalidation: its state and
+//! its construction. Its jobs live beside it, one file each: `exclusion.rs` (the mutex and the
+//! reader exclusion), `hit.rs` (register/deregister fast paths), `miss.rs`, `limits.rs` (eviction
+//! and bounds), `invalidate.rs`, `pins.rs` (unpinning and pinned-bytes accounting), `stats.rs`.
 //!
 //! Concurrency design (why the hit path scales):
 //! * The index (non-overlapping regions) is mutated only by a *writer*: a thread holding `mutex`

@@ -13,8 +13,9 @@
 
 use crossbeam_queue::ArrayQueue;
 
-/// Ring capacity. Case 5 of ARCHITECTURE.md wants fewer than 100 queued entries whatever happens,
-/// so the ring itself is the bound (a full ring falls back to "invalidate all").
+/// Ring capacity. The queue must hold fewer than 100 entries whatever happens (see README, "The
+/// invalidation guarantee"), so the ring itself is the bound (a full ring falls back to "invalidate
+/// all").
 pub const QUEUE_CAPACITY: usize = 64;
 
 pub struct InvalQueue {

@@ -1,4 +1,5 @@
-//! The pin-down cache (seed 003) plus invalidation.
+//! The pin-down cache (Tezuka et al., "Pin-down Cache: A Virtual Memory Management Technique for
+//! Zero-copy Communication", IPPS 1998) plus invalidation.
 //!
 //! SEAM: the cache hooks nothing. Memory events reach it only through [`Cache::invalidate`], which
 //! is safe to call from inside a memory hook (no allocation, no blocking lock, no backend call).

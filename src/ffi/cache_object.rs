@@ -16,7 +16,8 @@ use crate::monitor::Subscription;
 pub struct fh_cache {
     /// Held only to be dropped first (unsubscribes; see above).
     pub(crate) _subscription: Subscription,
-    /// The helper thread (seed 001), on or off (`FH_HELPER`).
+    /// The helper thread (Li et al., "Scalable Memory Registration for High Performance Networks
+    /// Using Helper Threads" (CF 2011)), on or off (`FH_HELPER`).
     pub(crate) helper: Helper,
     pub(crate) cache: Arc<Cache>,
     /// `FH_MONITOR_*` bits it was built with (after defaults and env), for `fh_info`.

@@ -1,4 +1,4 @@
-//! Exposure (issue 27): `fh_expose`, `fh_unexpose`, `fh_library_ranges`. Thin: the policy is
+//! Exposure: `fh_expose`, `fh_unexpose`, `fh_library_ranges`. Thin: the policy is
 //! `rma::expose`.
 
 use std::ffi::c_void;

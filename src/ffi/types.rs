@@ -129,8 +129,10 @@ pub struct fh_config {
     /// Reserved, must be 0.
     pub reserved: u32,
     /// `FH_HELPER_OFF` or `FH_HELPER_ON` (env `FH_HELPER`): a helper thread that unpins idle
-    /// registrations and pins them again shortly before their predicted next use (seed 001).
-    /// Added after the first layout: a caller built against it gets the environment's value.
+    /// registrations and pins them again shortly before their predicted next use (Li et al.,
+    /// "Scalable Memory Registration for High Performance Networks Using Helper Threads" (CF
+    /// 2011)). Added after the first layout: a caller built against it gets the environment's
+    /// value.
     pub helper: u32,
     /// Core the helper is bound to, or `FH_HELPER_CPU_AUTO` (env `FH_HELPER_CPU`): then it runs
     /// only when an idle core is there; otherwise it stays off and `fh_info` says why.

@@ -1,4 +1,5 @@
-//! The cost model of seed 001 (section 3.2): `t = a + b x pages` for pinning and for unpinning,
+//! The cost model of Li et al., "Scalable Memory Registration for High Performance Networks Using
+//! Helper Threads" (CF 2011) (section 3.2): `t = a + b x pages` for pinning and for unpinning,
 //! fitted by least squares, first from a short calibration on the real backend at start
 //! (`calibrate`), then refined with every pin and unpin the helper itself makes.
 //!
@@ -69,7 +70,7 @@ pub struct CostModel {
 
 impl Default for CostModel {
     fn default() -> Self {
-        // ibv_reg_mr on mlx5 (ARCHITECTURE.md: ~16 us + 0.06 ns/byte = ~0.25 us per 4 KiB page),
+        // ibv_reg_mr on mlx5 (~16 us + 0.06 ns/byte = ~0.25 us per 4 KiB page),
         // rounded up: a model without calibration errs on the early side.
         CostModel {
             pin: Fit::default(),

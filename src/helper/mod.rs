@@ -1,4 +1,5 @@
-//! The helper thread of seed 001 (Li, Cameron, Nikolopoulos, de Supinski, Schulz, CF'11):
+//! The helper thread of Li, Cameron, Nikolopoulos, de Supinski, Schulz, "Scalable Memory
+//! Registration for High Performance Networks Using Helper Threads" (CF 2011):
 //! registration and deregistration moved off the callers' critical path, with a predictor that
 //! pins a region again shortly before its next use and unpins idle regions in between, so less
 //! memory stays pinned than with a lazy cache at no cost to communication.

@@ -1,6 +1,6 @@
 //! `FlaggingPinner`: the cache's backend wrapped so that a thread can tell afterwards whether
 //! its last `register` pinned (a miss on its own thread) or not. A thread-local flag, set on a
-//! successful pin and read by the helper's `register` front (`front.rs`): what the caller paid
+//! successful pin and read by the helper's `register` front (`thread.rs`): what the caller paid
 //! is then known exactly, without asking the cache anything.
 
 use std::cell::Cell;

@@ -1,7 +1,8 @@
-//! The helper's decisions, sans-IO (seed 001, section 3.2): fed with the callers' events and the
-//! time, it answers "pin this region now" or "unpin this one now"; the helper thread
-//! (`thread.rs`) carries the actions out on the cache and reports back how long they took. No
-//! thread, no clock, no cache in here, so the simulations in `sim_tests.rs` drive it exactly.
+//! The helper's decisions, sans-IO (Li et al., "Scalable Memory Registration for High Performance
+//! Networks Using Helper Threads" (CF 2011), section 3.2): fed with the callers' events and the
+//! time, it answers "pin this region now" or "unpin this one now"; the helper thread (`thread.rs`)
+//! carries the actions out on the cache and reports back how long they took. No thread, no clock,
+//! no cache in here, so the simulations in `sim_tests.rs` drive it exactly.
 //!
 //! Per region (a page-aligned range plus access bits) it tracks the holders (uses minus
 //! releases), the signatures it was used under, and what the helper did to it last. When a

@@ -1,5 +1,6 @@
-//! The time-based, context-aware predictor of seed 001 (sections 3.1 and 4.2): per signature
-//! (see `signature.rs`) the time of its last occurrence and what was learned of the gaps between
+//! The time-based, context-aware predictor of Li et al., "Scalable Memory Registration for High
+//! Performance Networks Using Helper Threads" (CF 2011) (sections 3.1 and 4.2): per signature (see
+//! `signature.rs`) the time of its last occurrence and what was learned of the gaps between
 //! occurrences; the next occurrence is predicted one period after the last.
 //!
 //! Learning: the paper takes the *shortest* gap observed (noise only ever makes a gap longer, and

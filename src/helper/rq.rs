@@ -1,4 +1,5 @@
-//! The registration queue (seed 001, section 3.2): regions the helper unpinned and will pin again,
+//! The registration queue (Li et al., "Scalable Memory Registration for High Performance Networks
+//! Using Helper Threads" (CF 2011), section 3.2): regions the helper unpinned and will pin again,
 //! ordered by deadline (the time the pin must be finished by), each with its planned cost.
 //!
 //! "Adjusting registration deadlines": when several deadlines crowd together, one helper cannot

@@ -1,9 +1,10 @@
-//! Call-site signatures (seed 001, section 3.1): the current communication point (the caller's
-//! return address and the registered address) hashed together with a window of the previous
-//! points *of the same thread*. The window is what tells apart the uses of one call site that
-//! follow different control paths: in Figure 4's nested loops, the first iteration of inner
-//! loop 1 follows loop 2 (its window holds loop 2's call site), the later ones follow loop 1
-//! itself, and each of those contexts has its own period.
+//! Call-site signatures (Li et al., "Scalable Memory Registration for High Performance Networks
+//! Using Helper Threads" (CF 2011), section 3.1): the current communication point (the caller's
+//! return address and the registered address) hashed together with a window of the previous points
+//! *of the same thread*. The window is what tells apart the uses of one call site that follow
+//! different control paths: in Figure 4's nested loops, the first iteration of inner loop 1 follows
+//! loop 2 (its window holds loop 2's call site), the later ones follow loop 1 itself, and each of
+//! those contexts has its own period.
 //!
 //! The paper settles on a window of two previous points (its Figure 6a: a window of 0 loses ~20 %
 //! of the accurate predictions on CG, more than one adds little); `MAX_WINDOW` bounds the setting.

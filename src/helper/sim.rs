@@ -1,12 +1,13 @@
-//! The planner on a modelled clock and cache (seed 001's patterns), for tests and for the
-//! benchmark's modelled rows: a program is a list of communication steps (call site, buffer,
-//! transfer time, computation after it); the model cache pins on a caller's miss (the caller
-//! waits the true pin cost) and keeps the region until the helper unpins it (lazy), or unpins at
-//! release (no cache); the helper is one worker that wakes at its planned times or every `poll`,
-//! whichever comes first, sees the events pushed before it woke (a release as of that wake-up, as
-//! the thread sees it), and is busy for the true cost of every pin and unpin it makes. Like the
-//! thread with its default threshold, it hears only of uses of `DEFAULT_MIN_BYTES` or more: the
-//! smaller ones stay lazily cached.
+//! The planner on a modelled clock and cache (the patterns of Li et al., "Scalable Memory
+//! Registration for High Performance Networks Using Helper Threads" (CF 2011)), for tests and for
+//! the benchmark's modelled rows: a program is a list of communication steps (call site, buffer,
+//! transfer time, computation after it); the model cache pins on a caller's miss (the caller waits
+//! the true pin cost) and keeps the region until the helper unpins it (lazy), or unpins at release
+//! (no cache); the helper is one worker that wakes at its planned times or every `poll`, whichever
+//! comes first, sees the events pushed before it woke (a release as of that wake-up, as the thread
+//! sees it), and is busy for the true cost of every pin and unpin it makes. Like the thread with
+//! its default threshold, it hears only of uses of `DEFAULT_MIN_BYTES` or more: the smaller ones
+//! stay lazily cached.
 //! Deterministic: no thread, no clock.
 
 use std::collections::{HashMap, VecDeque};

@@ -1,5 +1,6 @@
-//! Simulations of the planner (`sim.rs`) on seed 001's patterns: nested loops (Figure 4),
-//! call sites sharing a buffer, phase changes, no reuse, a tight loop.
+//! Simulations of the planner (`sim.rs`) on the patterns of Li et al., "Scalable Memory
+//! Registration for High Performance Networks Using Helper Threads" (CF 2011): nested loops
+//! (Figure 4), call sites sharing a buffer, phase changes, no reuse, a tight loop.
 
 use super::events::Key;
 use super::planner::PlannerConfig;
@@ -41,7 +42,7 @@ fn helper_cfg(window: usize) -> PlannerConfig {
     }
 }
 
-/// Seed 001's Figure 4: an outer loop around two inner loops, each communicating through its own
+/// Li et al.'s Figure 4: an outer loop around two inner loops, each communicating through its own
 /// buffer, with computation between the exchanges.
 fn figure4(outer: usize, inner: usize) -> Vec<Step> {
     let mut p = Vec::new();

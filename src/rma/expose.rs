@@ -1,4 +1,4 @@
-//! What peers may reach here (issue 27): the exposure policy every pin a peer asks for and every
+//! What peers may reach here: the exposure policy every pin a peer asks for and every
 //! put that rides in a move is checked against before anything is pinned or written.
 //!
 //! `FH_EXPOSE=all` (the default; Firehose's model: any address of the process) or `declared`:

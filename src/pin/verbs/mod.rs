@@ -6,7 +6,7 @@
 //! `Arc<Context>` (and so do `net::verbs`' CQs and QPs). So dropping in any order frees children
 //! before parents, and a parent's destroy call never fails with EBUSY because of a live child we own.
 //!
-//! Only this module and `net/verbs` touch libibverbs (see ARCHITECTURE.md).
+//! Only this module and `net/verbs` touch libibverbs.
 
 mod context;
 mod device;
