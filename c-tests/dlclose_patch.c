@@ -1,4 +1,4 @@
-/* libfirehose.so loaded with dlopen (issue 8, bug 3): a cache with the libc-patching monitor is
+/* libfirehose.so loaded with dlopen: a cache with the libc-patching monitor is
  * made, used and freed, then the library is dlclose()d. libc's munmap/madvise/mremap entries stay
  * patched to jump into the library, so the library must never be unmapped (it is linked with
  * `-z nodelete`): afterwards mmap/munmap/malloc/free/madvise must keep working, and this process

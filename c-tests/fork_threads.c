@@ -1,4 +1,4 @@
-/* fork while other threads are inside the library (issue 8, bug 2), C API, mlock backend.
+/* fork while other threads are inside the library, C API, mlock backend.
  *
  * 8 threads loop: map, register, release, munmap (misses, userfaultfd watches, patched-libc
  * hooks), malloc/register/free (glibc's internal unmaps), and now and then a private cache made

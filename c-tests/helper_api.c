@@ -1,8 +1,9 @@
-/* The helper thread (FH_HELPER, seed 001) through the C API: forced on with an explicit core (the
- * machines this runs on seldom have an idle one), a buffer registered from two call sites every
- * 5 ms, then the counters: every registration tracked, predictions made, the helper's unpins
- * and pins ahead seen in fh_helper_stats and in fh_info. A config without it reports state 0 and
- * says why in fh_info. Bad input still gets its status with the helper on. */
+/* The helper thread (FH_HELPER; Li et al., "Scalable Memory Registration for High Performance
+ * Networks Using Helper Threads" (CF 2011)) through the C API: forced on with an explicit core
+ * (the machines this runs on seldom have an idle one), a buffer registered from two call sites
+ * every 5 ms, then the counters: every registration tracked, predictions made, the helper's
+ * unpins and pins ahead seen in fh_helper_stats and in fh_info. A config without it reports
+ * state 0 and says why in fh_info. Bad input still gets its status with the helper on. */
 #include "fh_test.h"
 
 #include <sched.h>

@@ -1,4 +1,4 @@
-/* Remote invalidation end to end (issue 10): memory a rank frees or unmaps while peers hold
+/* Remote invalidation end to end: memory a rank frees or unmaps while peers hold
  * firehoses on it is revoked from them before free/munmap returns, so no put issued after that
  * lands in the old pages, and a put to new memory at the same address lands in the new pages.
  * Runs under mpirun on a device (tests/verbs-suite.d/64-rma-revoke.sh, 2 and 4 ranks, through

@@ -254,8 +254,10 @@ typedef struct fh_config {
     uint32_t reserved;
     /**
      * `FH_HELPER_OFF` or `FH_HELPER_ON` (env `FH_HELPER`): a helper thread that unpins idle
-     * registrations and pins them again shortly before their predicted next use (seed 001).
-     * Added after the first layout: a caller built against it gets the environment's value.
+     * registrations and pins them again shortly before their predicted next use (Li et al.,
+     * "Scalable Memory Registration for High Performance Networks Using Helper Threads" (CF
+     * 2011)). Added after the first layout: a caller built against it gets the environment's
+     * value.
      */
     uint32_t helper;
     /**

@@ -1,5 +1,5 @@
-//! Fixed-size structures on the invalidation path, at and past their limits (issue 31,
-//! deliverable 4). Each test drives one structure past its capacity and checks that nothing an
+//! Fixed-size structures on the invalidation path, at and past their limits. Each
+//! test drives one structure past its capacity and checks that nothing an
 //! unmap reported can still be used: a full structure may make the library invalidate more, or
 //! wait, but never forget an unmap.
 //!

@@ -1,5 +1,5 @@
-//! fork while a cache's helper thread runs and other threads read its counters (issue 8's fork
-//! guarantee, for issue 11's helper).
+//! fork while a cache's helper thread runs and other threads read its counters (the fork guarantee,
+//! extended to the helper thread).
 //!
 //! The helper's counters sit behind a mutex that the helper thread and every `fh_info` /
 //! `fh_get_helper_stats` caller take. A child forked while any parent thread held it inherits it

@@ -1,4 +1,4 @@
-//! fork while other threads are inside the library (issue 8, bug 2).
+//! fork while other threads are inside the library.
 //!
 //! Eight threads register, deregister and unmap in a loop (cache misses with userfaultfd watches,
 //! hooks running on munmap), create and free private caches (monitor install, listener

@@ -1,7 +1,8 @@
-//! The helper thread (seed 001) on a real thread over the counting double: it pins ahead of
-//! periodic uses, unpins in between, takes over the unpins of `deregister`, and never hands out a
-//! region that an unmap raced with, under 16 threads. Forced on (`Placement::Anywhere`): the
-//! machines this runs on rarely have an idle core.
+//! The helper thread (Li et al., "Scalable Memory Registration for High Performance Networks Using
+//! Helper Threads" (CF 2011)) on a real thread over the counting double: it pins ahead of periodic
+//! uses, unpins in between, takes over the unpins of `deregister`, and never hands out a region
+//! that an unmap raced with, under 16 threads. Forced on (`Placement::Anywhere`): the machines this
+//! runs on rarely have an idle core.
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};

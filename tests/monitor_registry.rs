@@ -1,5 +1,5 @@
 //! Listener registry semantics: fan-out, unsubscribe-on-drop, unsubscribe waits for an in-flight
-//! call, slot exhaustion, and (issue 8) far more listeners than the old fixed 32, end to end through
+//! call, slot exhaustion, and far more listeners than the old fixed 32, end to end through
 //! the C API with libc patching (the last tests install it).
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
@@ -148,7 +148,7 @@ fn concurrent_notify_and_churn() {
     }
 }
 
-/// Issue 8, bug 1: far more listeners than the old fixed 32 slots (the shim makes one cache per
+/// Far more listeners than the old fixed 32 slots (the shim makes one cache per
 /// protection domain and rights class): every one is subscribed and called.
 #[test]
 fn hundred_listeners_are_all_subscribed_and_called() {
@@ -254,9 +254,10 @@ mod capi {
     }
 }
 
-/// Issue 8, bug 1, end to end through the C API: 100 caches (libc patching on), each with an
-/// idle cached page; every page is unmapped with `munmap` and mapped again at the same address:
-/// every cache must miss (before the fix, caches past the 32nd were never told and hit stale).
+/// Far more caches than the old 32 slots, end to end through the C API: 100 caches (libc patching
+/// on), each with an idle cached page; every page is unmapped with `munmap` and mapped again at the
+/// same address: every cache must miss (before the fix, caches past the 32nd were never told and
+/// hit stale).
 #[test]
 fn hundred_caches_are_each_invalidated_by_munmap() {
     use capi::*;
@@ -376,7 +377,7 @@ impl MemoryListener for Gate {
     }
 }
 
-/// Issue 8, bug 2, the registry's side: fork while one thread is unsubscribing (it holds the
+/// Fork, the registry's side: fork while one thread is unsubscribing (it holds the
 /// registry's lock, waiting for a call in flight) and another thread is inside a listener's call.
 /// The child must find the registry unlocked (it subscribes), must not wait for the call that was
 /// in flight in the parent (it unsubscribes that listener), and every listener subscribed at the

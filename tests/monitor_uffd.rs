@@ -247,7 +247,7 @@ fn overlapping_watches_keep_pages_registered_until_the_last_unwatch() {
     unsafe { libc::munmap(a as *mut _, 16 * PAGE) };
 }
 
-/// Bug 1 of issue 8: a thread maps new memory where another thread's watched mapping was, before
+/// A thread maps new memory where another thread's watched mapping was, before
 /// the reader read the old UNMAP event. Its watch must register the new memory anyway (nothing
 /// cached may say "already registered"), or its own raw munmap goes unseen and its cache hands
 /// out a stale registration. The old code (whole VMAs, an interval set of "registered") missed 29068
@@ -296,7 +296,7 @@ fn threads_reusing_addresses_never_miss_their_unmap() {
     );
 }
 
-/// Bug 2 of issue 8: `mremap(p, n, n, MREMAP_MAYMOVE | MREMAP_FIXED, q)` fails with EFAULT when
+/// `mremap(p, n, n, MREMAP_MAYMOVE | MREMAP_FIXED, q)` fails with EFAULT when
 /// [p, p+n) is split into registered and unregistered pieces (since Linux 6.17 after moving the
 /// pieces before the first registered one). While 16 threads map, watch, move and unmap next to
 /// each other, each thread's mremap of its own mapping -- watched then unwatched, or still watched

@@ -1,4 +1,4 @@
-//! The exposure policy through the whole driver on the simulated link (issue 27, 2):
+//! The exposure policy through the whole driver on the simulated link:
 //! `FH_EXPOSE=declared` lets peers reach only what the target exposed, with the access it was
 //! exposed with; anything else fails at the initiator with `FH_ERR_REMOTE_DENIED` and leaves the
 //! target's bytes as they were, at every size (a put riding in a move is checked before the

@@ -1,4 +1,4 @@
-//! Rights per operation through the whole driver (`rma::Rma`) on the simulated link (issue 27):
+//! Rights per operation through the whole driver (`rma::Rma`) on the simulated link:
 //! a get from a peer's read-only memory and a put from a read-only local buffer work at every
 //! size (inline, riding in a move, RDMA: one chunk and many). The simulator checks what verbs
 //! would: the target's pins (`SimPins`) refuse a write right on memory the process cannot

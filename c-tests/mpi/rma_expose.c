@@ -1,4 +1,4 @@
-/* Rights per operation and the exposure policy (issue 27) under mpirun with 2 ranks; rank 0
+/* Rights per operation and the exposure policy under mpirun with 2 ranks; rank 0
  * initiates, rank 1 is the target.
  *
  *   rma_expose all        (FH_EXPOSE unset or all)

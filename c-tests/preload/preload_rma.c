@@ -1,4 +1,4 @@
-/* Issue 10's "shim interplay": one program that uses fh_put / fh_get (linked against
+/* The shim interplay: one program that uses fh_put / fh_get (linked against
  * libfirehose.so) and plain verbs (its own device context, protection domain and loopback QP)
  * while libfirehose_preload.so is preloaded, under mpirun (2 ranks, `setarch -R` so the static
  * window below has the same address in every rank).

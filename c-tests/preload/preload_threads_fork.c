@@ -5,7 +5,7 @@
  *  - the main thread forks 20 children; each child, possibly forked while a registration or an
  *    unmap held one of the shim's or the library's locks, must be able to query the shim
  *    (fh_preload_stats takes its locks), malloc, free and touch heap pages next to registered
- *    buffers, then (issue 8) register a buffer, free it (munmap), map the same address again and
+ *    buffers, then register a buffer, free it (munmap), map the same address again and
  *    register again: both must be misses of a cache of the child's own (the parent's caches are
  *    not used in the child: it starts with none), and exit. A lock inherited locked hangs the
  *    child: the parent's waitpid times out and the test fails.

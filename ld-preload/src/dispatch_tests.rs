@@ -537,7 +537,7 @@ fn a_child_deregisters_an_inherited_wrapper_without_touching_the_parent() {
     );
 }
 
-/// Issue 8, bug 1: one cache per domain, far more domains than the registry's old 32 slots.
+/// One cache per domain, far more domains than the registry's old 32 slots.
 /// Every domain's cache must be invalidated by `munmap` (before the fix, the caches past the
 /// 32nd were never subscribed and served the stale registration).
 #[test]
@@ -604,7 +604,7 @@ fn a_hundred_domains_are_each_invalidated() {
     );
 }
 
-/// Issue 8, bug 2, the shim's side: a child never uses a cache of its parent (they are the
+/// Fork, the shim's side: a child never uses a cache of its parent (they are the
 /// parent's, quarantined by the library); its first registration in a domain builds a new
 /// cache, in which register, munmap, register misses twice.
 #[test]

@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# Issue 10's shim interplay (c-tests/preload/preload_rma.c): one program uses fh_put / fh_get
+# The shim interplay (c-tests/preload/preload_rma.c): one program uses fh_put / fh_get
 # (linked against libfirehose.so, PMIx bootstrap under mpirun, 2 ranks) and plain verbs (its own
 # context, PD and loopback QP: registrations of fresh malloc'd buffers, RDMA WRITE and READ, every
 # byte checked) in interleaved rounds. It must pass without the shim and with

@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# Remote invalidation under mpirun (c-tests/rma_revoke.c through the C API, issue 10): ranks free,
+# Remote invalidation under mpirun (c-tests/rma_revoke.c through the C API): ranks free,
 # munmap and madvise memory their peers hold firehoses on and take new memory at the same
 # addresses; every peer must then read the new pages and its puts must land in them (phase A).
 # Then rank 0 keeps replacing one region while every other rank puts and gets there from 16

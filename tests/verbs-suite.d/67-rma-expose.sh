@@ -1,11 +1,11 @@
 # shellcheck shell=bash
-# Rights per operation and the exposure policy (issue 27) under mpirun with 2 ranks
+# Rights per operation and the exposure policy under mpirun with 2 ranks
 # (c-tests/mpi/rma_expose.c): fh_get from a peer's PROT_READ mapping and from a read-only file
 # mapping, fh_put from a read-only buffer (8 B .. 4 MiB); a put or get aimed at the peer's own
 # link buffers (its AM receive ring) is FH_ERR_REMOTE_DENIED in both modes; with
 # FH_EXPOSE=declared, what the target did not expose (or exposed without the access) is denied and
 # unchanged, and fh_unexpose revokes what the initiator held; ranks that disagree on FH_EXPOSE fail
-# at fh_init. Written for issue 27 without a VM run (see the commit).
+# at fh_init.
 set -uo pipefail
 . "$FH_REPO/scripts/lib/verbs-test.sh"
 . "$FH_REPO/scripts/lib/mpi-firehose.sh"
