@@ -1,6 +1,7 @@
-//! helper_bench: the helper thread (seed 001, issue 11) against the lazy cache and against no
-//! cache, on seed 001's Figure 1 microbenchmark and on communication skeletons with the structure
-//! of NAS CG and MG, side by side in one run, on one backend.
+//! helper_bench: the helper thread (Li et al., "Scalable Memory Registration for High Performance
+//! Networks Using Helper Threads" (CF 2011)) against the lazy cache and against no cache, on Li et
+//! al.'s Figure 1 microbenchmark and on communication skeletons with the structure of NAS CG and
+//! MG, side by side in one run, on one backend.
 //!
 //! A "communication" is what a pinning-based transport does with a user buffer: register it,
 //! let the NIC read it (here: a copy of the buffer into a peer buffer, the DMA's memory traffic),

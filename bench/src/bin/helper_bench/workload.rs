@@ -1,6 +1,7 @@
-//! The programs the helper bench runs: communication steps (a call site, a buffer, the
-//! computation that follows) in the loop structure of seed 001's Figure 1 and of NAS CG and MG.
-//! Sizes and times are scaled so one run takes well under a second.
+//! The programs the helper bench runs: communication steps (a call site, a buffer, the computation
+//! that follows) in the loop structure of Figure 1 of Li et al., "Scalable Memory Registration for
+//! High Performance Networks Using Helper Threads" (CF 2011) and of NAS CG and MG. Sizes and times
+//! are scaled so one run takes well under a second.
 
 /// One communication call: `site` registers `buf` (index into the program's buffers), the
 /// transfer reads it, it is released, then `compute_us` of computation follow.
@@ -55,7 +56,7 @@ pub fn auto_scale(copy_ns: u64) -> f64 {
     }
 }
 
-/// Seed 001's Figure 1: three 4 MiB buffers sent in turn, each send followed by computation
+/// Li et al.'s Figure 1: three 4 MiB buffers sent in turn, each send followed by computation
 /// (the paper: 1 s, 10 iterations; here 20 ms, 10 iterations; `quick`: 1 MiB, 10 ms).
 pub fn figure1(quick: bool) -> Program {
     let (size, compute) = if quick {
