@@ -1,5 +1,5 @@
-/* The stale-registration cases (ARCHITECTURE.md "cases that broke real caches" 1 and 2), through
- * unmodified verbs calls under libfirehose_preload.so:
+/* The stale-registration cases (memory freed or unmapped, then reused at the same address; README,
+ * "The invalidation guarantee"), through unmodified verbs calls under libfirehose_preload.so:
  *
  *   register buf (pattern A), deregister (the cache keeps it), change the memory under the same
  *   virtual address, write pattern B, register the same range again, then
