@@ -1,5 +1,6 @@
-//! Firehose (Bell & Bonachea, IPDPS 2003) as a sans-IO state machine: remote pinning managed
-//! by the initiator, bounded per peer, negotiated by a message only on a miss.
+//! Firehose (Bell & Bonachea, "A New DMA Registration Strategy for Pinning-Based High
+//! Performance Networks", IPDPS 2003) as a sans-IO state machine: remote pinning managed by the
+//! initiator, bounded per peer, negotiated by a message only on a miss.
 //!
 //! Owns: this rank's firehoses on its peers (initiator side, `initiator/`), the regions peers
 //! pinned here (target side, `target/`: region table, victim FIFO, revocations, adaptive

@@ -1,4 +1,5 @@
-//! fh_bench: the Firehose paper's experiments (Bell & Bonachea 2003, Figs. 3-5, Table 3) on a
+//! fh_bench: the Firehose paper's experiments (Bell & Bonachea, "A New DMA Registration Strategy
+//! for Pinning-Based High Performance Networks", IPDPS 2003; Figs. 3-5, Table 3) on a
 //! real link, under `mpirun`: Firehose puts (`rma::Rma`, fh_put's engine) side by side with
 //! Rendezvous no-unpin, Rendezvous with-unpin and the registered-once floor, all four built on
 //! the same `net::Peers` endpoint (transport.rs). Rank 0 measures, rank 1 is the target
