@@ -121,6 +121,28 @@ pub trait RegionPins {
     fn pin(&mut self, addr: u64, len: usize, rights: Rights) -> Result<u32, PinFailure>;
     fn unpin(&mut self, addr: u64, len: usize, rkey: u32);
     fn write(&mut self, addr: u64, data: &[u8]) -> Result<(), PinFailure>;
+
+    /// The key `peer` is granted for the region `[addr, addr + len)` pinned as `rkey` (what
+    /// `pin` returned), with the region's `rights`. By default the region's own key, which any
+    /// peer could use; a driver with per-peer keys (memory windows) makes one that serves `peer`
+    /// alone. A failure refuses this grant and leaves the region pinned.
+    fn key_for(
+        &mut self,
+        peer: Rank,
+        addr: u64,
+        len: usize,
+        rights: Rights,
+        rkey: u32,
+    ) -> Result<u32, PinFailure> {
+        let _ = (peer, addr, len, rights);
+        Ok(rkey)
+    }
+
+    /// `peer` no longer holds the region pinned as `rkey`, and `key` (what `key_for` gave it)
+    /// must stop working now. Always called before the region is unpinned.
+    fn drop_key(&mut self, peer: Rank, rkey: u32, key: u32) {
+        let _ = (peer, rkey, key);
+    }
 }
 
 pub(crate) type Outbox = VecDeque<(Rank, Vec<u8>)>;

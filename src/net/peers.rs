@@ -66,6 +66,9 @@ pub struct Peers {
     am: Am,
     barrier: AmBarrier,
     link: Arc<dyn Link>,
+    /// The same link as a verbs link (`None` in a job of one and on a given link), for what only
+    /// verbs offers: memory windows bound through one peer's queue pair.
+    verbs: Option<Arc<VerbsLink>>,
     /// The protection domain the link is on (`None` in a job of one): memory that peers reach
     /// by RDMA must be registered on it.
     pd: Option<Arc<Pd>>,
@@ -95,15 +98,16 @@ impl Peers {
                 bootstrap::from_env().map_err(bootstrap_status)?
             }
         };
-        let (link, pd): (Arc<dyn Link>, _) = if boot.size() == 1 {
+        let (link, pd, verbs): (Arc<dyn Link>, _, _) = if boot.size() == 1 {
             let solo = SoloLink {
                 recv_slots: cfg.settings.recv_depth,
                 max_msg: cfg.settings.max_size,
             };
-            (Arc::new(solo), None)
+            (Arc::new(solo), None, None)
         } else {
             let (link, pd) = Self::verbs_link(&cfg, boot.as_mut())?;
-            (Arc::new(link), Some(pd))
+            let link = Arc::new(link);
+            (link.clone(), Some(pd), Some(link))
         };
         // Handlers first, then the progress thread: a faster peer's first barrier message can
         // arrive at once, and a thread delivering it before the barrier's handler exists would
@@ -121,6 +125,7 @@ impl Peers {
             am,
             barrier,
             link,
+            verbs,
             pd,
             settings,
             _bootstrap: Some(std::sync::Mutex::new(boot)),
@@ -138,6 +143,7 @@ impl Peers {
             am,
             barrier,
             link,
+            verbs: None,
             pd: None,
             settings,
             _bootstrap: None,
@@ -194,6 +200,11 @@ impl Peers {
     }
 
     /// The protection domain of the link (`None` in a job of one).
+    /// The verbs link under these peers, if they run on one (see the field).
+    pub fn verbs(&self) -> Option<&Arc<VerbsLink>> {
+        self.verbs.as_ref()
+    }
+
     pub fn pd(&self) -> Option<&Arc<Pd>> {
         self.pd.as_ref()
     }

@@ -113,10 +113,12 @@ struct Region {
     addr: u64,
     len: usize,
     access: Access,
+    /// A memory window: only ops from this peer may use the key.
+    only_from: Option<Rank>,
 }
 
 impl Region {
-    fn allows(&self, target: Rank, op: &RdmaOp) -> bool {
+    fn allows(&self, target: Rank, from: Rank, op: &RdmaOp) -> bool {
         let want = match op.kind {
             RdmaKind::Write => Access::REMOTE_WRITE,
             RdmaKind::Read => Access::REMOTE_READ,
@@ -125,6 +127,7 @@ impl Region {
             return false;
         };
         self.rank == target
+            && self.only_from.map_or(true, |f| f == from)
             && self.access.0 & want.0 == want.0
             && op.remote_addr >= self.addr
             && op
@@ -307,7 +310,10 @@ impl Shared {
             self.lose(st, from, to, true, false);
             return;
         }
-        let ok = st.regions.get(&op.rkey).is_some_and(|r| r.allows(to, &op));
+        let ok = st
+            .regions
+            .get(&op.rkey)
+            .is_some_and(|r| r.allows(to, from, &op));
         if !ok {
             st.inbox[from as usize].push_back(done(Err(LinkError::RemoteAccess(to))));
             self.lose(st, from, to, true, true);
@@ -487,6 +493,38 @@ impl SimNet {
     /// # Safety
     /// As `register`.
     pub unsafe fn register_access(&self, rank: Rank, addr: u64, len: usize, access: Access) -> u32 {
+        // SAFETY: forwarded contract.
+        unsafe { self.register_region(rank, addr, len, access, None) }
+    }
+
+    /// A memory window of `rank`'s memory for `peer` alone: ops from any other rank naming its
+    /// key fail with `RemoteAccess`, as with a type 2 window bound through `peer`'s queue pair.
+    /// `deregister` kills it.
+    ///
+    /// # Safety
+    /// As `register`.
+    pub unsafe fn bind_window(
+        &self,
+        rank: Rank,
+        peer: Rank,
+        addr: u64,
+        len: usize,
+        access: Access,
+    ) -> u32 {
+        // SAFETY: forwarded contract.
+        unsafe { self.register_region(rank, addr, len, access, Some(peer)) }
+    }
+
+    /// # Safety
+    /// As `register`.
+    unsafe fn register_region(
+        &self,
+        rank: Rank,
+        addr: u64,
+        len: usize,
+        access: Access,
+        only_from: Option<Rank>,
+    ) -> u32 {
         assert!(rank < self.sh.cfg.size);
         let mut st = self.sh.lock();
         let rkey = st.next_rkey;
@@ -501,6 +539,7 @@ impl SimNet {
                 addr,
                 len,
                 access,
+                only_from,
             },
         );
         rkey

@@ -18,6 +18,9 @@ impl Access {
     pub const REMOTE_WRITE: Access = Access(2);
     pub const REMOTE_READ: Access = Access(4);
     pub const REMOTE_ATOMIC: Access = Access(8);
+    /// Memory windows may be bound over the region (`IBV_ACCESS_MW_BIND`); only the target's
+    /// pins ask for it (`FH_MW`), never the cache (not in `ALL`).
+    pub const MW_BIND: Access = Access(16);
     /// Every bit the cache understands; anything else is `FH_ERR_BAD_ACCESS`.
     pub const ALL: Access = Access(1 | 2 | 4 | 8);
 

@@ -24,6 +24,7 @@ use super::probe::{Due, WaitClock};
 use super::revoke::{self, Revocation, RevokeSettings, RevokeStats};
 use super::self_copy::{self, Dir};
 use super::target_pins::TargetPins;
+use super::windows::{WindowMode, Windows};
 use crate::cache::Cache;
 use crate::firehose::{
     Acquire, Event, FhError, Firehose, FirehoseConfig, InvalId, RegionPins, Rights, Seg,
@@ -69,6 +70,23 @@ struct Engine {
     /// `None` in a job of one (nothing is ever pinned for a peer). `TargetPins` (verbs) from
     /// `new`, whatever `with_pins` was given otherwise.
     pins: Option<Box<dyn RegionPins + Send>>,
+}
+
+/// `FH_MW` against what the device offers: whether this rank's pins give each holder a
+/// memory window of its own (`super::windows`).
+fn windows_wanted(peers: &Peers) -> FhResult<bool> {
+    let mode = WindowMode::from_env().map_err(|e| {
+        eprintln!("firehose: {e}");
+        fh_status::FH_ERR_BAD_CONFIG
+    })?;
+    let has = match peers.pd() {
+        Some(pd) if peers.verbs().is_some() => pd.context().has_type2_windows().unwrap_or(false),
+        _ => false,
+    };
+    mode.decide(has).map_err(|e| {
+        eprintln!("firehose: rank {}: {e}", peers.rank());
+        fh_status::FH_ERR_BAD_CONFIG
+    })
 }
 
 /// Pins for a job of one: never called (the algorithm has no peers), refuse if it is.
@@ -156,10 +174,11 @@ impl Rma {
         });
         // Every rank takes part in the comparison, also one whose own settings are invalid (the
         // others then fail at once instead of after FH_AM_TIMEOUT_MS).
+        let windows = windows_wanted(&peers);
         let mut agreed = agree::net_settings(&peers);
         agreed.push(Agreed::new(
             "valid FH_* settings",
-            u64::from(cfg.is_ok() && rs.is_ok() && mode.is_ok()),
+            u64::from(cfg.is_ok() && rs.is_ok() && mode.is_ok() && windows.is_ok()),
         ));
         if let Ok(c) = &cfg {
             agreed.extend(c.must_agree().iter().map(|&(v, x)| Agreed::new(v, x)));
@@ -168,14 +187,18 @@ impl Rma {
             agreed.push(agree::exposure(m));
         }
         agree::exchange_or_fail(&peers, &agreed)?;
-        let (cfg, rs, mode) = (cfg?, rs?, mode?);
+        let (cfg, rs, mode, windows) = (cfg?, rs?, mode?, windows?);
         let revocation =
             (size > 1 && rs.enabled).then(|| Revocation::new(rs, revoke::queue::DEFAULT_SLOTS));
         let pins = match peers.pd() {
-            Some(pd) if size > 1 => Some(Box::new(TargetPins::new(
-                pd.clone(),
-                revocation.as_ref().map(|r| r.pinned()),
-            )) as Box<dyn RegionPins + Send>),
+            Some(pd) if size > 1 => {
+                let pins = TargetPins::new(pd.clone(), revocation.as_ref().map(|r| r.pinned()));
+                let pins = match (windows, peers.verbs()) {
+                    (true, Some(link)) => pins.with_windows(Windows::new(link.clone(), pd.clone())),
+                    _ => pins,
+                };
+                Some(Box::new(pins) as Box<dyn RegionPins + Send>)
+            }
             _ => None,
         };
         Self::build(peers, local, cfg, pins, revocation, mode)

@@ -184,6 +184,19 @@ impl RegionPins for Exposed {
         }
         self.inner.write(addr, data)
     }
+    fn key_for(
+        &mut self,
+        peer: crate::net::Rank,
+        addr: u64,
+        len: usize,
+        rights: Rights,
+        rkey: u32,
+    ) -> Result<u32, PinFailure> {
+        self.inner.key_for(peer, addr, len, rights, rkey)
+    }
+    fn drop_key(&mut self, peer: crate::net::Rank, rkey: u32, key: u32) {
+        self.inner.drop_key(peer, rkey, key)
+    }
 }
 
 #[cfg(test)]

@@ -17,6 +17,9 @@
 //! `revoke/`: remote invalidation wired to the memory monitor (memory this rank unmaps is
 //! revoked from every peer's firehoses before the unmap returns).
 //!
+//! `windows`: memory windows (`FH_MW`): each holder of a region gets a key of its own, bound
+//! through its queue pair, that dies when it lets go of the region.
+//!
 //! `sim_pins`: for simulation and tests, the target's pins over `net::sim` (`Rma::with_pins`),
 //! so the whole driver runs natively with ranks as threads and no device.
 
@@ -30,5 +33,6 @@ pub mod self_copy;
 pub mod sim_pins;
 mod slab;
 pub mod target_pins;
+pub mod windows;
 
 pub use engine::{Rma, RmaStats, FIREHOSE_AM};

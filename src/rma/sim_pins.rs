@@ -20,6 +20,14 @@ use crate::net::Rank;
 pub struct SimPins {
     net: SimNet,
     rank: Rank,
+    /// Memory windows (as `FH_MW` on a device): a region's own key allows nothing remotely,
+    /// each holder gets a window of its own. Live windows by key: (region key, peer).
+    windows: Option<HashMap<u32, (u32, Rank)>>,
+    /// Unpins of a region that still had a window over it (a device refuses the
+    /// deregistration; a Firehose bug if ever non-zero).
+    unpins_under_windows: u64,
+    /// `drop_key` of a window that is not live (a bug if ever non-zero).
+    unknown_drops: u64,
     /// Live registrations by (start address, rkey): their lengths.
     live: HashMap<(u64, u32), usize>,
     bytes: u64,
@@ -32,10 +40,31 @@ impl SimPins {
         SimPins {
             net,
             rank,
+            windows: None,
+            unpins_under_windows: 0,
+            unknown_drops: 0,
             live: HashMap::new(),
             bytes: 0,
             unknown_unpins: 0,
         }
+    }
+
+    /// `new`, with a memory window for each holder (see the field).
+    pub fn with_windows(net: SimNet, rank: Rank) -> SimPins {
+        SimPins {
+            windows: Some(HashMap::new()),
+            ..SimPins::new(net, rank)
+        }
+    }
+
+    /// Windows live now (0 without windows).
+    pub fn live_windows(&self) -> usize {
+        self.windows.as_ref().map_or(0, HashMap::len)
+    }
+
+    /// Window misuse seen: unpins under a live window plus drops of unknown windows.
+    pub fn window_errors(&self) -> u64 {
+        self.unpins_under_windows + self.unknown_drops
     }
 
     /// Bytes registered now.
@@ -117,7 +146,11 @@ impl RegionPins for SimPins {
         if rights.covers(Rights::WRITE) && !writable(addr, len) {
             return Err(PinFailure::Unmapped);
         }
-        let rw = super::target_pins::access_of(rights);
+        let rw = match self.windows {
+            // The region's own key allows nothing remotely: its windows carry the rights.
+            Some(_) => crate::pin::Access(0),
+            None => super::target_pins::access_of(rights),
+        };
         // SAFETY: the range is mapped now; as with a verbs MR of a peer-pinned region, keeping
         // it mapped while peers hold firehoses on it is the application's contract (remote
         // invalidation, which enforces it on real links, is off in the simulation).
@@ -131,6 +164,11 @@ impl RegionPins for SimPins {
         match self.live.remove(&(addr, rkey)) {
             Some(l) => {
                 debug_assert_eq!(l, len);
+                if let Some(w) = &self.windows {
+                    if w.values().any(|&(region, _)| region == rkey) {
+                        self.unpins_under_windows += 1;
+                    }
+                }
                 self.net.deregister(rkey);
                 self.bytes -= l as u64;
             }
@@ -140,6 +178,46 @@ impl RegionPins for SimPins {
 
     fn write(&mut self, addr: u64, data: &[u8]) -> Result<(), PinFailure> {
         super::target_pins::write_own_memory(addr, data)
+    }
+
+    fn key_for(
+        &mut self,
+        peer: Rank,
+        addr: u64,
+        len: usize,
+        rights: Rights,
+        rkey: u32,
+    ) -> Result<u32, PinFailure> {
+        let Some(w) = &mut self.windows else {
+            return Ok(rkey);
+        };
+        if !self.live.contains_key(&(addr, rkey)) {
+            return Err(PinFailure::Other);
+        }
+        let mut remote = crate::pin::Access(0);
+        if rights.covers(Rights::READ) {
+            remote = remote.union(crate::pin::Access::REMOTE_READ);
+        }
+        if rights.covers(Rights::WRITE) {
+            remote = remote.union(crate::pin::Access::REMOTE_WRITE);
+        }
+        // SAFETY: inside a live registration of ours (checked above), which stays until unpin,
+        // and every window over it is dropped before that (`window_errors` counts otherwise).
+        let key = unsafe { self.net.bind_window(self.rank, peer, addr, len, remote) };
+        w.insert(key, (rkey, peer));
+        Ok(key)
+    }
+
+    fn drop_key(&mut self, peer: Rank, rkey: u32, key: u32) {
+        let Some(w) = &mut self.windows else {
+            return;
+        };
+        match w.remove(&key) {
+            Some((region, p)) if region == rkey && p == peer => {
+                self.net.deregister(key);
+            }
+            _ => self.unknown_drops += 1,
+        }
     }
 }
 

@@ -9,13 +9,23 @@
 //! deregistration, see there why) and has userfaultfd watch each pinned range while it is pinned
 //! (from before the pin; a no-op unless the monitor opened userfaultfd), so raw `munmap` system calls and heap
 //! trimming of peer-pinned memory are seen too.
+//!
+//! With memory windows (`FH_MW`, `super::windows`), a region is registered for window binding
+//! only (its own key grants no remote access) and each holder gets a type 2 window bound through
+//! its own queue pair: the key works on that peer's connection alone, and it is deallocated (dead
+//! at once, the region staying registered) when that peer lets go of the region, so no key stays
+//! live while its region waits in the victim FIFO. Read-only memory cannot carry windows (binding
+//! needs write access to the pages): such a region gets a read-only key of its own, as without
+//! windows.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use super::revoke::PinnedRanges;
 use super::self_copy;
+use super::windows::{WindowCounters, Windows};
 use crate::firehose::{PinFailure, RegionPins, Rights};
+use crate::net::Rank;
 use crate::pin::verbs::{Mr, Pd, VerbsError};
 use crate::pin::Access;
 
@@ -34,10 +44,16 @@ pub fn access_of(rights: Rights) -> Access {
     a
 }
 
-/// Verbs registrations made for peers, by (start address, rkey).
+/// Verbs registrations made for peers, by (start address, region key): the rkey, or with
+/// windows the lkey (a region for windows has no remote key of its own).
 pub struct TargetPins {
     pd: Arc<Pd>,
     mrs: HashMap<(u64, u32), Mr>,
+    /// Memory windows per holder (`None`: every holder gets the region's rkey).
+    windows: Option<Windows>,
+    /// With windows: the regions (by lkey) registered without window binding (read-only
+    /// memory), whose holders get the region's own read-only key.
+    plain: HashSet<u32>,
     /// Bytes registered now (for stats and the bound check in tests).
     bytes: u64,
     /// `unpin` calls for a region this table does not hold (a Firehose bug if ever non-zero).
@@ -51,10 +67,23 @@ impl TargetPins {
         TargetPins {
             pd,
             mrs: HashMap::new(),
+            windows: None,
+            plain: HashSet::new(),
             bytes: 0,
             unknown_unpins: 0,
             tracked,
         }
+    }
+
+    /// Each holder gets a memory window of its own (see the module doc).
+    pub fn with_windows(mut self, windows: Windows) -> Self {
+        self.windows = Some(windows);
+        self
+    }
+
+    /// The windows' counters, when windows are on.
+    pub fn window_counters(&self) -> Option<Arc<WindowCounters>> {
+        self.windows.as_ref().map(Windows::counters)
     }
 
     pub fn bytes(&self) -> u64 {
@@ -89,7 +118,29 @@ impl RegionPins for TargetPins {
             t.insert(addr, len);
             crate::monitor::uffd_watch(addr as usize, len);
         }
-        let mr = match Mr::register(&self.pd, addr as usize, len, access_of(rights)) {
+        // `plain`: registered without window binding, its own key carries the rights.
+        let mut plain = self.windows.is_none();
+        let registered = match &self.windows {
+            None => Mr::register(&self.pd, addr as usize, len, access_of(rights)),
+            Some(_) => {
+                // Remote rights come from the windows; the region itself only allows binding.
+                let mut a = Access::MW_BIND;
+                if rights.covers(Rights::WRITE) {
+                    a = a.union(Access::LOCAL_WRITE);
+                }
+                match Mr::register(&self.pd, addr as usize, len, a) {
+                    // Read-only memory: binding needs write access to the pages (EFAULT).
+                    Err(VerbsError::Call { errno, .. })
+                        if errno == libc::EFAULT && rights == Rights::READ =>
+                    {
+                        plain = true;
+                        Mr::register(&self.pd, addr as usize, len, access_of(rights))
+                    }
+                    r => r,
+                }
+            }
+        };
+        let mr = match registered {
             Ok(mr) => mr,
             Err(e) => {
                 if let Some(t) = &self.tracked {
@@ -99,7 +150,17 @@ impl RegionPins for TargetPins {
                 return Err(failure(&e));
             }
         };
-        let rkey = mr.rkey();
+        // With windows a region is named by its lkey: one for windows has no remote key (0 on
+        // some devices), and lkeys are unique among live regions.
+        let rkey = match &self.windows {
+            Some(_) => {
+                if plain {
+                    self.plain.insert(mr.lkey());
+                }
+                mr.lkey()
+            }
+            None => mr.rkey(),
+        };
         self.bytes += len as u64;
         // A (start, rkey) pair is unique while the region lives: the device never hands out a
         // live rkey twice.
@@ -110,6 +171,7 @@ impl RegionPins for TargetPins {
     fn unpin(&mut self, addr: u64, len: usize, rkey: u32) {
         match self.mrs.remove(&(addr, rkey)) {
             Some(mr) => {
+                self.plain.remove(&rkey);
                 drop(mr); // deregisters it
                 self.bytes -= len as u64;
                 if let Some(t) = &self.tracked {
@@ -123,6 +185,43 @@ impl RegionPins for TargetPins {
 
     fn write(&mut self, addr: u64, data: &[u8]) -> Result<(), PinFailure> {
         write_own_memory(addr, data)
+    }
+
+    fn key_for(
+        &mut self,
+        peer: Rank,
+        addr: u64,
+        len: usize,
+        rights: Rights,
+        rkey: u32,
+    ) -> Result<u32, PinFailure> {
+        let Some(w) = &mut self.windows else {
+            return Ok(rkey);
+        };
+        let Some(mr) = self.mrs.get(&(addr, rkey)) else {
+            return Err(PinFailure::Other);
+        };
+        if self.plain.contains(&rkey) {
+            // Read-only memory, no windows over it: the region's own read-only key.
+            return Ok(mr.rkey());
+        }
+        let mut remote = Access(0);
+        if rights.covers(Rights::READ) {
+            remote = remote.union(Access::REMOTE_READ);
+        }
+        if rights.covers(Rights::WRITE) {
+            remote = remote.union(Access::REMOTE_WRITE);
+        }
+        w.bind(peer, mr, addr, len, remote)
+    }
+
+    fn drop_key(&mut self, peer: Rank, rkey: u32, key: u32) {
+        // The region's own key (read-only memory) is not a window: nothing to drop.
+        if let Some(w) = &mut self.windows {
+            if !self.plain.contains(&rkey) {
+                w.unbind(peer, key);
+            }
+        }
     }
 }
 

@@ -35,6 +35,8 @@ pub(crate) struct Region {
     pub rights: Rights,
     /// Peers holding a firehose on it (each at most once).
     pub holders: Vec<Rank>,
+    /// The key each holder was granted (`RegionPins::key_for`), index for index with `holders`.
+    pub keys: Vec<u32>,
     /// Invalidations waiting for this region (non-empty: revoking, never reused).
     pub revoking: Vec<u64>,
 }
@@ -145,6 +147,7 @@ impl Target {
             rkey,
             rights,
             holders: Vec::new(),
+            keys: Vec::new(),
             revoking: Vec::new(),
         };
         let slot = match self.free.pop() {
@@ -208,6 +211,10 @@ impl Target {
         let reg = self.region_mut(slot);
         let i = reg.holders.iter().position(|&h| h == peer).expect("holder");
         reg.holders.swap_remove(i);
+        let key = reg.keys.swap_remove(i);
+        // The holder's key dies before anything else can happen to the region.
+        pins.drop_key(peer, reg.rkey, key);
+        let reg = self.region(slot);
         let nb = reg.nb as u64;
         let idle = reg.holders.is_empty();
         let revoking = !reg.revoking.is_empty();
@@ -261,6 +268,13 @@ impl Target {
         for (slot, r) in self.slots.iter().enumerate() {
             let Some(r) = r else { continue };
             pinned += r.nb as u64;
+            if r.keys.len() != r.holders.len() {
+                return Err(format!(
+                    "region {slot}: {} keys for {} holders",
+                    r.keys.len(),
+                    r.holders.len()
+                ));
+            }
             for &h in &r.holders {
                 charge[h as usize] += r.nb as u64;
             }

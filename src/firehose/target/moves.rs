@@ -186,13 +186,32 @@ impl Target {
                 got.ok_or(last)?
             }
         };
+        let reg = self.region(slot);
+        let key = rp.key_for(
+            from,
+            reg.start << self.shift,
+            (reg.nb as usize) << self.shift,
+            reg.rights,
+            reg.rkey,
+        );
+        let key = match key {
+            Ok(k) => k,
+            Err(e) => {
+                // The region stays pinned; unheld, it goes (back) to the victim FIFO.
+                if self.region(slot).holders.is_empty() {
+                    self.push_victim(slot, rp, st);
+                }
+                return Err(e.into());
+            }
+        };
         let reg = self.region_mut(slot);
         reg.holders.push(from);
+        reg.keys.push(key);
         let g = Grant {
             handle: reg.handle,
             start: reg.start,
             nb: reg.nb,
-            rkey: reg.rkey,
+            rkey: key,
             rights: reg.rights,
         };
         self.peers[from as usize].charge += g.nb as u64;

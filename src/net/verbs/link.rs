@@ -131,6 +131,11 @@ fn try_lock<T>(m: &Mutex<T>) -> Option<MutexGuard<'_, T>> {
 impl VerbsLink {
     /// Messages up to this many bytes are sent inline (the limit the QPs actually got, capped at
     /// `max_msg`); longer ones are copied into the send ring.
+    /// This link's rank (`Link::rank`, without the trait in scope).
+    pub(super) fn rank_of(&self) -> Rank {
+        self.rank
+    }
+
     pub fn max_inline(&self) -> usize {
         self.max_inline
     }
@@ -260,7 +265,7 @@ impl VerbsLink {
 
     /// Post one send-queue work request to `peer` under its lock, once there is room: `post` gets
     /// the peer, the sequence number and whether to signal, and posts.
-    fn post(
+    pub(super) fn post(
         &self,
         peer: Rank,
         signaled: bool,

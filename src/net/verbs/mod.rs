@@ -20,6 +20,7 @@ mod peer;
 mod qp;
 mod reg_buf;
 pub mod settings;
+pub mod windows;
 pub mod wr_id;
 
 pub use comp_channel::CompChannel;

@@ -5,8 +5,9 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 
 use rdma_sys::{
-    ___ibv_query_port, ibv_close_device, ibv_context, ibv_device, ibv_device_attr, ibv_gid,
-    ibv_open_device, ibv_port_attr, ibv_port_state, ibv_query_device, ibv_query_gid,
+    ___ibv_query_port, ibv_close_device, ibv_context, ibv_device, ibv_device_attr,
+    ibv_device_cap_flags, ibv_gid, ibv_open_device, ibv_port_attr, ibv_port_state,
+    ibv_query_device, ibv_query_gid,
 };
 
 use super::error::{VerbsError, VerbsResult};
@@ -63,6 +64,21 @@ impl Context {
             attr.max_qp_init_rd_atom.max(0) as u32,
             attr.max_qp_rd_atom.max(0) as u32,
         ))
+    }
+
+    /// Whether the device binds type 2 memory windows (type 2A or 2B): keys bound through one
+    /// queue pair that work on its connection only.
+    pub fn has_type2_windows(&self) -> VerbsResult<bool> {
+        // SAFETY: ibv_device_attr is plain data; all-zero is a valid value.
+        let mut attr: ibv_device_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: the context is open and `attr` is a valid out-pointer.
+        let ret = unsafe { ibv_query_device(self.as_raw(), &mut attr) };
+        if ret != 0 {
+            return Err(VerbsError::from_ret("ibv_query_device", ret));
+        }
+        let type2 = ibv_device_cap_flags::IBV_DEVICE_MEM_WINDOW_TYPE_2A.0
+            | ibv_device_cap_flags::IBV_DEVICE_MEM_WINDOW_TYPE_2B.0;
+        Ok(attr.device_cap_flags & type2 != 0 && attr.max_mw > 0)
     }
 
     pub fn query_port(&self, port: u8) -> VerbsResult<PortInfo> {

@@ -1,5 +1,5 @@
 //! The libibverbs backend for pinning: thin RAII wrappers, one file per verbs object (device list,
-//! context, protection domain, memory region), and `VerbsPinner`. Queue pairs, completion queues,
+//! context, protection domain, memory region, memory window), and `VerbsPinner`. Queue pairs, completion queues,
 //! completion channels and addressing are messaging, not pinning: they live in `net::verbs`.
 //!
 //! Ownership mirrors the verbs object tree: an `Mr` holds an `Arc<Pd>`, a `Pd` holds an
@@ -13,6 +13,7 @@ mod device;
 pub mod direct;
 mod error;
 mod mr;
+mod mw;
 mod pd;
 mod pinner;
 
@@ -20,5 +21,6 @@ pub use context::{Context, Gid, PortInfo};
 pub use device::{open_device, Device, DeviceList};
 pub use error::{VerbsError, VerbsResult};
 pub use mr::Mr;
+pub use mw::Mw;
 pub use pd::Pd;
 pub use pinner::{device_available, map_reg_errno, verbs_access, VerbsPinner};
