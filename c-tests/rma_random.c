@@ -253,6 +253,19 @@ int main(void) {
     CHECK_EQ_U64(st.bad_quota_sets, 0);
     CHECK_EQ_U64(st.revoke_written_off, 0);
     CHECK_EQ_U64(st.revoke_holders_given_up, 0);
+    /* Memory windows (FH_MW): FH_TEST_EXPECT_MW=1 or 0 says whether this rank's grants must be
+     * windows; with them, every grant bound one and nothing failed. */
+    printf("rank %u: windows on %" PRIu64 ", bound %" PRIu64 ", dropped %" PRIu64
+           ", failed %" PRIu64 "\n", me, st.windows_on, st.windows_bound, st.windows_dropped,
+           st.windows_failed);
+    if (getenv("FH_TEST_EXPECT_MW") && n > 1) {
+        uint64_t want = (uint64_t)atoi(getenv("FH_TEST_EXPECT_MW"));
+        CHECK_EQ_U64(st.windows_on, want);
+        if (want) CHECK(st.windows_bound > 0);
+        else CHECK_EQ_U64(st.windows_bound, 0);
+        CHECK_EQ_U64(st.windows_failed, 0);
+        CHECK(st.windows_dropped <= st.windows_bound);
+    }
     if (n == 1) CHECK_EQ_U64(st.self_ops, st.puts + st.gets);
     CHECK_OK(fh_barrier(ctx));
     CHECK_OK(fh_finalize(ctx));

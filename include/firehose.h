@@ -597,6 +597,15 @@ typedef struct fh_rma_stats {
      */
     uint64_t revoke_written_off;
     uint64_t revoke_holders_given_up;
+    /**
+     * Memory windows (`FH_MW`): 1 when this rank's grants are windows bound for one peer each,
+     * else 0; windows bound (one per region granted to a peer) and deallocated (the peer let go
+     * of the region: its key died then); grants refused because no window could be bound.
+     */
+    uint64_t windows_on;
+    uint64_t windows_bound;
+    uint64_t windows_dropped;
+    uint64_t windows_failed;
 } fh_rma_stats;
 
 #ifdef __cplusplus

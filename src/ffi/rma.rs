@@ -82,6 +82,13 @@ pub struct fh_rma_stats {
     /// and how many holders that was (each declared lost: also in `fh_net_stats.peers_given_up`).
     pub revoke_written_off: u64,
     pub revoke_holders_given_up: u64,
+    /// Memory windows (`FH_MW`): 1 when this rank's grants are windows bound for one peer each,
+    /// else 0; windows bound (one per region granted to a peer) and deallocated (the peer let go
+    /// of the region: its key died then); grants refused because no window could be bound.
+    pub windows_on: u64,
+    pub windows_bound: u64,
+    pub windows_dropped: u64,
+    pub windows_failed: u64,
 }
 
 impl From<&crate::rma::RmaStats> for fh_rma_stats {
@@ -118,6 +125,10 @@ impl From<&crate::rma::RmaStats> for fh_rma_stats {
             bad_quota_sets: s.fh.bad_quota_sets,
             revoke_written_off: s.revoke.written_off,
             revoke_holders_given_up: s.revoke.holders_given_up,
+            windows_on: u64::from(s.windows.on),
+            windows_bound: s.windows.bound,
+            windows_dropped: s.windows.dropped,
+            windows_failed: s.windows.failed,
         }
     }
 }

@@ -279,6 +279,24 @@ impl Firehose {
         self.target.inval.is_done(id)
     }
 
+    /// The firehoses this rank holds on `peer` now, not revoked: (start address, length, key,
+    /// rights), in address order. For diagnostics and tests (a key seen from outside).
+    pub fn firehoses_on(&self, peer: Rank) -> Vec<(u64, u64, u32, Rights)> {
+        let Some(p) = self.init.peers.get(peer as usize) else {
+            return Vec::new();
+        };
+        let shift = self.init.shift;
+        let mut v: Vec<_> = p
+            .by_handle
+            .values()
+            .map(|&slot| &self.init.fhs[slot as usize])
+            .filter(|f| !f.revoked)
+            .map(|f| (f.start << shift, u64::from(f.nb) << shift, f.rkey, f.rights))
+            .collect();
+        v.sort_unstable_by_key(|f| f.0);
+        v
+    }
+
     /// The peers invalidation `id` still waits for (to give up on one that stays silent: see
     /// `peer_lost`).
     pub fn invalidation_holders(&self, id: InvalId) -> Vec<Rank> {

@@ -24,7 +24,7 @@ use super::probe::{Due, WaitClock};
 use super::revoke::{self, Revocation, RevokeSettings, RevokeStats};
 use super::self_copy::{self, Dir};
 use super::target_pins::TargetPins;
-use super::windows::{WindowMode, Windows};
+use super::windows::{WindowCounters, WindowMode, WindowStats, Windows};
 use crate::cache::Cache;
 use crate::firehose::{
     Acquire, Event, FhError, Firehose, FirehoseConfig, InvalId, RegionPins, Rights, Seg,
@@ -63,6 +63,8 @@ pub struct RmaStats {
     pub rdma_posted: u64,
     /// Remote invalidation (all zero when it is off or in a job of one).
     pub revoke: RevokeStats,
+    /// Memory windows (`FH_MW`; all zero when off).
+    pub windows: WindowStats,
 }
 
 struct Engine {
@@ -128,6 +130,8 @@ pub struct Rma {
     revoke: Mutex<Option<Revocation>>,
     /// What peers may reach here (`FH_EXPOSE`, `fh_expose`): checked by the pins (`Exposed`).
     exposure: Arc<Exposure>,
+    /// The memory windows' counters (set by `new` when `FH_MW` put windows on).
+    windows: std::sync::OnceLock<Arc<WindowCounters>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -190,6 +194,7 @@ impl Rma {
         let (cfg, rs, mode, windows) = (cfg?, rs?, mode?, windows?);
         let revocation =
             (size > 1 && rs.enabled).then(|| Revocation::new(rs, revoke::queue::DEFAULT_SLOTS));
+        let mut counters = None;
         let pins = match peers.pd() {
             Some(pd) if size > 1 => {
                 let pins = TargetPins::new(pd.clone(), revocation.as_ref().map(|r| r.pinned()));
@@ -197,11 +202,16 @@ impl Rma {
                     (true, Some(link)) => pins.with_windows(Windows::new(link.clone(), pd.clone())),
                     _ => pins,
                 };
+                counters = pins.window_counters();
                 Some(Box::new(pins) as Box<dyn RegionPins + Send>)
             }
             _ => None,
         };
-        Self::build(peers, local, cfg, pins, revocation, mode)
+        let rma = Self::build(peers, local, cfg, pins, revocation, mode)?;
+        if let Some(c) = counters {
+            let _ = rma.windows.set(c);
+        }
+        Ok(rma)
     }
 
     /// For simulation and tests: puts and gets over `peers` with the algorithm's settings
@@ -279,6 +289,7 @@ impl Rma {
         let rma = Arc::new(Rma {
             small_put_max: fh.config().small_put_max,
             engine: Mutex::new(Engine { fh, pins }),
+            windows: std::sync::OnceLock::new(),
             ops: Mutex::new(Ops::default()),
             local,
             rank,
@@ -735,6 +746,13 @@ impl Rma {
         v
     }
 
+    /// The firehoses this rank holds on `peer` (start, length, key, rights); for diagnostics
+    /// and tests, e.g. to replay a key from another rank.
+    #[doc(hidden)]
+    pub fn firehoses_on(&self, peer: Rank) -> Vec<(u64, u64, u32, Rights)> {
+        lock(&self.engine).fh.firehoses_on(peer)
+    }
+
     /// For tests: `Ok` when nothing is left of past operations (call once every request is
     /// done and no thread starts more): no chunk or running request in the table, no Firehose
     /// op unreleased, no reference held on a firehose, no release that failed (a double
@@ -769,6 +787,16 @@ impl Rma {
             revoke: lock(&self.revoke)
                 .as_ref()
                 .map_or_else(RevokeStats::default, |r| r.stats()),
+            windows: self
+                .windows
+                .get()
+                .map_or_else(WindowStats::default, |c| WindowStats {
+                    on: true,
+                    bound: c.bound.load(Relaxed),
+                    dropped: c.dropped.load(Relaxed),
+                    failed: c.failed.load(Relaxed),
+                    unknown: c.unknown.load(Relaxed),
+                }),
         }
     }
 }

@@ -81,6 +81,17 @@ impl WindowCounters {
     }
 }
 
+/// A snapshot of the counters (`RmaStats::windows`).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct WindowStats {
+    /// Windows are in use on this rank (`FH_MW` and the device).
+    pub on: bool,
+    pub bound: u64,
+    pub dropped: u64,
+    pub failed: u64,
+    pub unknown: u64,
+}
+
 /// The live windows of one rank's target pins.
 pub struct Windows {
     link: Arc<VerbsLink>,
