@@ -194,13 +194,7 @@ impl RegionPins for SimPins {
         if !self.live.contains_key(&(addr, rkey)) {
             return Err(PinFailure::Other);
         }
-        let mut remote = crate::pin::Access(0);
-        if rights.covers(Rights::READ) {
-            remote = remote.union(crate::pin::Access::REMOTE_READ);
-        }
-        if rights.covers(Rights::WRITE) {
-            remote = remote.union(crate::pin::Access::REMOTE_WRITE);
-        }
+        let remote = super::target_pins::remote_access_of(rights);
         // SAFETY: inside a live registration of ours (checked above), which stays until unpin,
         // and every window over it is dropped before that (`window_errors` counts otherwise).
         let key = unsafe { self.net.bind_window(self.rank, peer, addr, len, remote) };

@@ -44,6 +44,11 @@ pub fn access_of(rights: Rights) -> Access {
     a
 }
 
+/// The remote rights alone of `rights` (a window's: local write stays with the region).
+pub fn remote_access_of(rights: Rights) -> Access {
+    Access(access_of(rights).0 & Access::REMOTE.0)
+}
+
 /// Verbs registrations made for peers, by (start address, region key): the rkey, or with
 /// windows the lkey (a region for windows has no remote key of its own).
 pub struct TargetPins {
@@ -205,13 +210,7 @@ impl RegionPins for TargetPins {
             // Read-only memory, no windows over it: the region's own read-only key.
             return Ok(mr.rkey());
         }
-        let mut remote = Access(0);
-        if rights.covers(Rights::READ) {
-            remote = remote.union(Access::REMOTE_READ);
-        }
-        if rights.covers(Rights::WRITE) {
-            remote = remote.union(Access::REMOTE_WRITE);
-        }
+        let remote = remote_access_of(rights);
         w.bind(peer, mr, addr, len, remote)
     }
 
