@@ -26,12 +26,31 @@ int main(int argc, char **argv)
         MPI_Finalize();
         return 2;
     }
-    const size_t sizes[] = {256 * 1024, 1 << 20};
+    /* FH_TEST_SIZES (comma list of bytes, at most 8) replaces the two sizes, e.g. to cross the
+     * rendezvous threshold; the first is the one the second half repeats. */
+    size_t sizes[8] = {256 * 1024, 1 << 20};
+    int nsizes = 2;
+    const char *list = getenv("FH_TEST_SIZES");
+    if (list && *list) {
+        nsizes = 0;
+        for (const char *p = list; *p && nsizes < 8;) {
+            char *end;
+            unsigned long long v = strtoull(p, &end, 10);
+            if (end == p || v == 0 || v > (1ull << 30)) {
+                if (rank == 0)
+                    fprintf(stderr, "bad FH_TEST_SIZES=%s\n", list);
+                MPI_Finalize();
+                return 2;
+            }
+            sizes[nsizes++] = (size_t)v;
+            p = *end == ',' ? end + 1 : end;
+        }
+    }
     int iters = argc > 1 ? atoi(argv[1]) : 20;
     long bad = 0, reused = 0;
     void *prev = NULL;
     for (int it = 0; it < iters; it++) {
-        size_t n = sizes[it % 2 == 0 ? 0 : 1];
+        size_t n = sizes[it % nsizes];
         if (it >= iters / 2)
             n = sizes[0]; /* second half: one size, so the address comes back each time */
         unsigned char *b = malloc(n);
