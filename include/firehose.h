@@ -81,6 +81,17 @@
 #define FH_HELPER_CPU_AUTO UINT32_MAX
 
 /**
+ * Message levels (`FH_LOG` names them `off`, `error`, `warn`, `info`, `debug`).
+ */
+typedef enum fh_log_level {
+    FH_LOG_OFF = 0,
+    FH_LOG_ERROR = 1,
+    FH_LOG_WARN = 2,
+    FH_LOG_INFO = 3,
+    FH_LOG_DEBUG = 4,
+} fh_log_level;
+
+/**
  * Result of a firehose call. `FH_OK` is 0; every error is in the 7000 range.
  */
 typedef enum fh_status {
@@ -463,6 +474,14 @@ typedef struct fh_stats {
 } fh_stats;
 
 /**
+ * Receives one message: `userdata` as registered, its level (an `fh_log_level`), the text
+ * without a trailing newline, NUL-terminated, and its length. Called from any thread the library
+ * runs on (the caller's, the progress thread, the helper thread), one message at a time; it must
+ * not call back into the library.
+ */
+typedef void (*fh_log_callback)(void *userdata, int level, const char *msg, size_t len);
+
+/**
  * One registration as handed to the caller.
  *
  * `addr`/`length` are exactly what was asked for (the pinned region may be larger, page-aligned).
@@ -835,6 +854,18 @@ void fh_cache_free(struct fh_cache *cache);
  * As `fh_cache_free`.
  */
 enum fh_status fh_cache_finalize(struct fh_cache *cache);
+
+/**
+ * Send the library's messages to `cb` (with `userdata`) instead of stderr; NULL is fine and
+ * restores stderr. Takes effect for every message from now on, process-wide. Always `FH_OK`.
+ */
+enum fh_status fh_set_log_callback(fh_log_callback cb, void *userdata);
+
+/**
+ * Emit messages up to `level` (an `fh_log_level`; `FH_LOG_OFF`: none), over `FH_LOG`.
+ * `FH_ERR_BAD_CONFIG` for a value outside `FH_LOG_OFF..=FH_LOG_DEBUG` (nothing changes).
+ */
+enum fh_status fh_set_log_level(int level);
 
 /**
  * Tells every cache in the process that `[addr, addr + len)` lost (or is about to lose) its

@@ -119,7 +119,7 @@ impl Config {
     /// Defaults overridden by the process environment. Prints the reason to stderr on error.
     pub fn from_env() -> FhResult<Config> {
         Self::from_lookup(|k| std::env::var(k).ok()).map_err(|e| {
-            eprintln!("{e}");
+            crate::fh_error!("{e}");
             fh_status::FH_ERR_BAD_CONFIG
         })
     }
@@ -208,7 +208,7 @@ fn one_from_env<T>(
 ) -> FhResult<T> {
     match std::env::var(var) {
         Ok(v) => parse(&v).map_err(|e| {
-            eprintln!("{e}");
+            crate::fh_error!("{e}");
             fh_status::FH_ERR_BAD_CONFIG
         }),
         Err(_) => Ok(default),

@@ -12,6 +12,7 @@ pub mod firehose;
 mod fork;
 pub mod helper;
 pub mod inside;
+pub mod log;
 pub mod monitor;
 mod monotonic;
 pub mod net;

@@ -35,7 +35,7 @@ fn loaded(name: &CStr) -> bool {
 /// not running: the shim then caches nothing (`pd_cache::BLIND`). `uffd_errno`: why userfaultfd
 /// is off (0 if it was not asked for).
 pub fn warn_blind(uffd_errno: i32) {
-    eprintln!(
+    firehose::fh_warn!(
         "firehose-preload: another library patches libc's unmap functions (UCX, Open MPI or \
          libfabric) and userfaultfd is unavailable (errno {uffd_errno}): nothing would see the \
          memory free() gives back, so registrations pass through uncached. FH_MONITOR=patch \

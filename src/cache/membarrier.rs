@@ -69,6 +69,6 @@ pub fn heavy() {
         return;
     }
     // Readers already skip their fence; continuing would allow a stale hit.
-    eprintln!("firehose: membarrier failed after it had worked; aborting");
+    crate::fh_error!("firehose: membarrier failed after it had worked; aborting");
     std::process::abort();
 }

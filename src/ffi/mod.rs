@@ -21,6 +21,7 @@ pub mod guard;
 pub mod handle;
 pub mod info;
 pub mod lifecycle;
+pub mod log;
 pub mod notify;
 pub mod ops;
 pub mod rma;
@@ -37,6 +38,7 @@ pub use info::{
     fh_get_helper_stats, fh_get_stats, fh_info, fh_print_info, fh_status_str, fh_version,
 };
 pub use lifecycle::{fh_cache_finalize, fh_cache_free, fh_cache_new};
+pub use log::{fh_log_callback, fh_log_level, fh_set_log_callback, fh_set_log_level};
 pub use notify::fh_notify_unmapped;
 pub use ops::{fh_deregister, fh_flush, fh_get_limits, fh_register, fh_set_limits};
 pub use types::*;

@@ -45,7 +45,7 @@ impl PeersConfig {
             Ok(v) => match v.trim().parse::<u8>() {
                 Ok(p) if p >= 1 => p,
                 _ => {
-                    eprintln!("firehose: {PORT_ENV}={v:?}: expected a port number 1..=255");
+                    crate::fh_error!("firehose: {PORT_ENV}={v:?}: expected a port number 1..=255");
                     return Err(fh_status::FH_ERR_BAD_CONFIG);
                 }
             },
@@ -79,7 +79,7 @@ pub struct Peers {
 }
 
 fn bootstrap_status(e: impl std::fmt::Display) -> fh_status {
-    eprintln!("firehose: {e}");
+    crate::fh_error!("firehose: {e}");
     fh_status::FH_ERR_BOOTSTRAP
 }
 
@@ -92,7 +92,7 @@ impl Peers {
             None => {
                 // A bad FH_BOOTSTRAP is a configuration error, not a failed launcher.
                 if let Err(e) = bootstrap::select::choose(&|k| std::env::var(k).ok()) {
-                    eprintln!("firehose: {e}");
+                    crate::fh_error!("firehose: {e}");
                     return Err(fh_status::FH_ERR_BAD_CONFIG);
                 }
                 bootstrap::from_env().map_err(bootstrap_status)?
@@ -161,7 +161,7 @@ impl Peers {
         let opened = open_device(cfg.device.as_deref())
             .and_then(|ctx| ctx.alloc_pd())
             .map_err(|e| {
-                eprintln!(
+                crate::fh_error!(
                     "firehose: rank {}: cannot open RDMA device {}: {e}",
                     boot.rank(),
                     cfg.device.as_deref().unwrap_or("(first)")
@@ -169,7 +169,7 @@ impl Peers {
                 fh_status::FH_ERR_NO_DEVICE
             });
         let gid_index = gid_index_from_env().map_err(|e| {
-            eprintln!("firehose: {e}");
+            crate::fh_error!("firehose: {e}");
             fh_status::FH_ERR_BAD_CONFIG
         });
         let mine = [u8::from(opened.is_ok() && gid_index.is_ok())];
@@ -177,7 +177,7 @@ impl Peers {
         let pd: Arc<Pd> = opened?;
         let gid_index = gid_index?;
         if let Some(bad) = all.iter().position(|&ok| ok != 1) {
-            eprintln!("firehose: rank {bad} could not open its RDMA device; no peers");
+            crate::fh_error!("firehose: rank {bad} could not open its RDMA device; no peers");
             return Err(fh_status::FH_ERR_NO_DEVICE);
         }
         let vcfg = VerbsLinkConfig {
@@ -190,7 +190,7 @@ impl Peers {
             ..VerbsLinkConfig::default()
         };
         let link = VerbsLink::new(&pd, boot, &vcfg).map_err(|e| {
-            eprintln!("firehose: rank {}: connecting peers: {e}", boot.rank());
+            crate::fh_error!("firehose: rank {}: connecting peers: {e}", boot.rank());
             match e {
                 LinkError::PeerLost(_) => fh_status::FH_ERR_PEER_LOST,
                 _ => fh_status::FH_ERR_BOOTSTRAP,

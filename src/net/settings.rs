@@ -73,7 +73,7 @@ impl NetSettings {
     /// Defaults overridden by the process environment. Prints the reason to stderr on error.
     pub fn from_env() -> FhResult<NetSettings> {
         Self::from_lookup(|k| std::env::var(k).ok()).map_err(|e| {
-            eprintln!("{e}");
+            crate::fh_error!("{e}");
             fh_status::FH_ERR_BAD_CONFIG
         })
     }

@@ -158,7 +158,7 @@ pub fn exchange(peers: &Peers, mine: &[Agreed]) -> Result<(), String> {
 /// `exchange`, reported as `fh_init` does: the message on stderr, `FH_ERR_BAD_CONFIG`.
 pub fn exchange_or_fail(peers: &Peers, mine: &[Agreed]) -> FhResult<()> {
     exchange(peers, mine).map_err(|m| {
-        eprintln!(
+        crate::fh_error!(
             "firehose: rank {}: settings differ across ranks: {m}",
             peers.rank()
         );

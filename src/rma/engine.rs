@@ -78,7 +78,7 @@ struct Engine {
 /// memory window of its own (`super::windows`).
 fn windows_wanted(peers: &Peers) -> FhResult<bool> {
     let mode = WindowMode::from_env().map_err(|e| {
-        eprintln!("firehose: {e}");
+        crate::fh_error!("firehose: {e}");
         fh_status::FH_ERR_BAD_CONFIG
     })?;
     let has = match peers.pd() {
@@ -86,7 +86,7 @@ fn windows_wanted(peers: &Peers) -> FhResult<bool> {
         _ => false,
     };
     mode.decide(has).map_err(|e| {
-        eprintln!("firehose: rank {}: {e}", peers.rank());
+        crate::fh_error!("firehose: rank {}: {e}", peers.rank());
         fh_status::FH_ERR_BAD_CONFIG
     })
 }
@@ -168,12 +168,12 @@ impl Rma {
     pub fn new(peers: Arc<Peers>, local: Option<Arc<Cache>>) -> FhResult<Arc<Rma>> {
         let (rank, size) = (peers.rank(), peers.size());
         let cfg = FirehoseConfig::from_env(rank, size).map_err(|e| {
-            eprintln!("firehose: {}: {}", e.var, e.msg);
+            crate::fh_error!("firehose: {}: {}", e.var, e.msg);
             fh_status::FH_ERR_BAD_CONFIG
         });
         let rs = RevokeSettings::from_env();
         let mode = ExposeMode::from_env().map_err(|e| {
-            eprintln!("firehose: {e}");
+            crate::fh_error!("firehose: {e}");
             fh_status::FH_ERR_BAD_CONFIG
         });
         // Every rank takes part in the comparison, also one whose own settings are invalid (the
@@ -238,7 +238,7 @@ impl Rma {
         mode: ExposeMode,
     ) -> FhResult<Arc<Rma>> {
         if cfg.rank != peers.rank() || cfg.size != peers.size() {
-            eprintln!(
+            crate::fh_error!(
                 "firehose: config for rank {} of {}, peers are rank {} of {}",
                 cfg.rank,
                 cfg.size,
@@ -273,7 +273,7 @@ impl Rma {
         });
         cfg.max_msg = cfg.max_msg.min(peers.am().max_payload());
         let fh = Firehose::new(cfg).map_err(|e| {
-            eprintln!("firehose: {}: {}", e.var, e.msg);
+            crate::fh_error!("firehose: {}: {}", e.var, e.msg);
             fh_status::FH_ERR_BAD_CONFIG
         })?;
         let pins = if size > 1 { pins } else { None };

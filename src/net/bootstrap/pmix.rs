@@ -253,7 +253,7 @@ impl Drop for PmixBootstrap {
         let rc = unsafe { (self.fns.finalize)(std::ptr::null(), 0) };
         if rc != PMIX_SUCCESS {
             // Nothing to return to from drop; the job is ending anyway.
-            eprintln!("firehose: PMIx_Finalize: {}", self.fns.describe(rc));
+            crate::fh_warn!("firehose: PMIx_Finalize: {}", self.fns.describe(rc));
         }
     }
 }

@@ -52,7 +52,7 @@ impl RevokeSettings {
     /// Defaults overridden by the process environment; the reason on stderr on error.
     pub fn from_env() -> FhResult<RevokeSettings> {
         Self::from_lookup(|k| std::env::var(k).ok()).map_err(|e| {
-            eprintln!("{e}");
+            crate::fh_error!("{e}");
             fh_status::FH_ERR_BAD_CONFIG
         })
     }
