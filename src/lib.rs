@@ -4,6 +4,9 @@
 //! `ffi` (C exports) -> `cache` (index, refcounts, LRU, limits) -> `pin` (verbs | mlock | counting);
 //! `monitor` (userfaultfd + libc entry hooks + `fh_notify_unmapped`) -> `cache::Cache::invalidate`.
 
+/// One assembly of a cache, for the C API and the shim.
+#[doc(hidden)]
+pub mod assembly;
 pub mod cache;
 pub mod config;
 mod counted;

@@ -58,7 +58,6 @@ extern "C" fn prepare() {
 }
 
 extern "C" fn child() {
-    crate::process::mark_child();
     let _ = std::panic::catch_unwind(|| {
         // The counters are the parent's copy: a summary from the child would double-count them.
         crate::settings::forget_stats_fd();

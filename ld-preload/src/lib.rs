@@ -25,7 +25,6 @@ mod fork;
 mod guard;
 mod init;
 mod pd_cache;
-mod process;
 mod real_libc;
 mod real_pinner;
 mod real_verbs;

@@ -25,12 +25,14 @@ use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use firehose::cache::{Cache, Limits, RangeWatcher, Registration, Stats};
-use firehose::config::Config;
-use firehose::helper::{self, Helper, HelperConfig, Placement};
-use firehose::monitor::{self, Hooked, MonitorOptions, Subscription, UffdWatcher};
+use firehose::assembly::{self, Parts};
+use firehose::cache::{Cache, Limits, Registration, Stats};
+use firehose::helper::{pin_flag, Helper};
+use firehose::monitor::{self, Hooked, MonitorOptions, Subscription};
 use firehose::pin::fork_mode;
-use firehose::pin::{Access, PinError, Pinned, Pinner};
+use firehose::pin::Access;
+#[cfg(test)]
+use firehose::pin::Pinner;
 use firehose::status::{fh_status, FhResult};
 
 use crate::fasthash::{new_map, FastMap};
@@ -50,57 +52,6 @@ pub struct PdCache {
 }
 #[cfg(test)]
 static TEST_PINNERS: Mutex<Vec<(usize, Arc<dyn Pinner>)>> = Mutex::new(Vec::new());
-
-thread_local! {
-    /// Set when this thread made a real registration: tells a miss from a hit (the cache pins on
-    /// the calling thread).
-    static PINNED_HERE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-/// Forwards to the real backend and notes on the calling thread that a pin happened.
-struct Flagging(Arc<dyn Pinner>);
-
-impl Pinner for Flagging {
-    fn pin(&self, addr: usize, len: usize, access: Access) -> Result<Pinned, PinError> {
-        let r = self.0.pin(addr, len, access);
-        if r.is_ok() {
-            PINNED_HERE.with(|f| f.set(true));
-        }
-        r
-    }
-    fn unpin(&self, pinned: Pinned, addr: usize, len: usize) {
-        self.0.unpin(pinned, addr, len)
-    }
-    fn name(&self) -> &'static str {
-        self.0.name()
-    }
-}
-
-/// The backend a cache of this process gets: wrapped for the helper with `FH_HELPER=1`.
-fn backend(cfg: &Config, pinner: Arc<dyn Pinner>) -> Arc<dyn Pinner> {
-    if cfg.helper.enabled {
-        helper::wrap_backend(pinner)
-    } else {
-        pinner
-    }
-}
-
-/// A helper for `cache` as `FH_HELPER`/`FH_HELPER_CPU`/`FH_HELPER_MIN` say (one per cache, so
-/// one per protection domain and rights class).
-fn start_helper(cfg: &Config, cache: &Arc<Cache>) -> Helper {
-    if !cfg.helper.enabled {
-        return Helper::off("not asked for (FH_HELPER=0)");
-    }
-    Helper::start(
-        cache,
-        HelperConfig {
-            placement: cfg.helper.cpu.map_or(Placement::Auto, Placement::Cpu),
-            min_bytes: cfg.helper.min_bytes,
-            clock: cfg.helper.clock,
-            ..HelperConfig::default()
-        },
-    )
-}
 
 /// Remote access bits: requests differing in these never share a cache.
 const REMOTE_RIGHTS: u32 = Access::REMOTE_WRITE.0 | Access::REMOTE_READ.0 | Access::REMOTE_ATOMIC.0;
@@ -459,55 +410,39 @@ impl PdCache {
         }
         let cfg = settings::config();
         let pinner = Arc::new(RealPinner::new(pd, real_verbs::get()));
-        let limits = Limits {
-            max_pinned: cfg.max_pinned,
-            max_regions: cfg.max_regions,
-        };
-        let backend = backend(&cfg, Arc::new(Flagging(pinner.clone())));
         // Registrations here are the application's verbs MRs: what libibverbs says of fork
         // decides (`FH_FORK_MODE=auto`, the default).
         let fork = fork_mode::resolve(cfg.fork, true);
         FORK_MODE.store(fork as u8, Ordering::Relaxed);
-        if !settings::invalidation_enabled() {
-            // FH_TEST_NO_INVALIDATE: a cache deaf to memory events (tests only).
-            let cache = Cache::new(backend, limits, None);
-            cache.set_fork_mode(fork);
-            return Ok(Arc::new(PdCache {
-                _events: None,
-                helper: start_helper(&cfg, &cache),
-                cache,
-                pinner: Some(pinner),
-            }));
-        }
-        // (The monitor was installed above.) A forked child inherits the parent's userfaultfd, whose registrations act on the
-        // parent's address space: a child relies on the libc hooks alone.
-        let watcher: Option<Arc<dyn RangeWatcher>> =
-            if cfg.monitor.userfaultfd && !crate::process::in_child() {
-                Some(Arc::new(UffdWatcher))
-            } else {
-                None
-            };
-        let cache = Cache::new(backend, limits, watcher);
-        cache.set_fork_mode(fork);
-        Self::subscribed(cache, Some(pinner), &cfg)
+        // (The monitor was installed above.) FH_TEST_NO_INVALIDATE: a cache deaf to memory events
+        // (tests only). A forked child watches with its own userfaultfd context, as the library's
+        // caches do (the monitor opens one in the child on its first watch).
+        let invalidate = settings::invalidation_enabled();
+        Self::assembled(
+            Parts {
+                pinner: pinner.clone(),
+                limits: Limits {
+                    max_pinned: cfg.max_pinned,
+                    max_regions: cfg.max_regions,
+                },
+                uffd_watch: invalidate && cfg.monitor.userfaultfd,
+                fork,
+                events: invalidate,
+                helper: assembly::helper_config(&cfg.helper),
+            },
+            Some(pinner),
+        )
     }
 
-    /// The cache, subscribed to memory events; `FH_ERR_TOO_MANY_CACHES` when the library's
-    /// registry has no room: a cache nobody invalidates would serve stale registrations, so this
-    /// domain's registrations pass through uncached.
-    fn subscribed(
-        cache: Arc<Cache>,
-        pinner: Option<Arc<RealPinner>>,
-        cfg: &Config,
-    ) -> FhResult<Arc<PdCache>> {
-        let events = monitor::subscribe(cache.clone());
-        if !events.is_active() {
-            return Err(fh_status::FH_ERR_TOO_MANY_CACHES);
-        }
+    /// The cache from the one assembly (`firehose::assembly`); `FH_ERR_TOO_MANY_CACHES` when the
+    /// library's registry has no room: a cache nobody invalidates would serve stale
+    /// registrations, so this domain's registrations pass through uncached.
+    fn assembled(parts: Parts, pinner: Option<Arc<RealPinner>>) -> FhResult<Arc<PdCache>> {
+        let a = assembly::assemble(parts)?;
         Ok(Arc::new(PdCache {
-            _events: Some(events),
-            helper: start_helper(cfg, &cache),
-            cache,
+            _events: a.subscription,
+            helper: a.helper,
+            cache: a.cache,
             pinner,
         }))
     }
@@ -536,8 +471,17 @@ impl PdCache {
             max_regions: 1024,
         };
         let cfg = settings::config();
-        let cache = Cache::new(backend(&cfg, Arc::new(Flagging(pinner))), limits, None);
-        Some(Self::subscribed(cache, None, &cfg))
+        Some(Self::assembled(
+            Parts {
+                pinner,
+                limits,
+                uffd_watch: false,
+                fork: fork_mode::resolve(cfg.fork, true),
+                events: true,
+                helper: assembly::helper_config(&cfg.helper),
+            },
+            None,
+        ))
     }
 
     /// Register (or find) `[addr, addr + len)` with at least `access`. The flag is true for a
@@ -548,13 +492,13 @@ impl PdCache {
         len: usize,
         access: Access,
     ) -> FhResult<(Registration, bool)> {
-        PINNED_HERE.with(|f| f.set(false));
+        pin_flag::clear();
         // Undispatched userfaultfd events first (see `firehose::monitor::quiesce`).
         firehose::monitor::quiesce();
         // No call site from the hooks: the helper's signatures use the address and the context
         // window of previous registrations alone.
         let r = self.helper.register(&self.cache, 0, addr, len, access)?;
-        Ok((r, !PINNED_HERE.with(|f| f.replace(false))))
+        Ok((r, !pin_flag::take()))
     }
 
     /// Release one registration returned by `register`.

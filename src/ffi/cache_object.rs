@@ -15,7 +15,7 @@ use crate::monitor::Subscription;
 // stopped and joined (it holds a reference to the cache), so the cache drops here, not on it.
 pub struct fh_cache {
     /// Held only to be dropped first (unsubscribes; see above).
-    pub(crate) _subscription: Subscription,
+    pub(crate) _subscription: Option<Subscription>,
     /// The helper thread (Li et al., "Scalable Memory Registration for High Performance Networks
     /// Using Helper Threads" (CF 2011)), on or off (`FH_HELPER`).
     pub(crate) helper: Helper,

@@ -9,7 +9,11 @@ use super::types::*;
 
 /// Defaults plus `FH_*` environment variables, as an `fh_config`.
 pub(crate) fn from_env() -> FhResult<fh_config> {
-    let c = Config::from_env()?;
+    Ok(from_config(&Config::from_env()?))
+}
+
+/// Settings as an `fh_config` (without the ones it has no field for: fork mode, helper clock).
+pub(crate) fn from_config(c: &Config) -> fh_config {
     let mut monitor = 0;
     if c.monitor.patch_libc {
         monitor |= FH_MONITOR_PATCH_LIBC;
@@ -17,7 +21,7 @@ pub(crate) fn from_env() -> FhResult<fh_config> {
     if c.monitor.userfaultfd {
         monitor |= FH_MONITOR_USERFAULTFD;
     }
-    Ok(fh_config {
+    fh_config {
         struct_size: std::mem::size_of::<fh_config>() as u32,
         backend: match c.backend {
             Backend::Auto => FH_BACKEND_AUTO,
@@ -36,7 +40,7 @@ pub(crate) fn from_env() -> FhResult<fh_config> {
         },
         helper_cpu: c.helper.cpu.map_or(FH_HELPER_CPU_AUTO, |n| n as u32),
         helper_min_bytes: c.helper.min_bytes,
-    })
+    }
 }
 
 /// Copies a caller's config, honouring `struct_size`, and checks every field.

@@ -137,11 +137,12 @@ unsafe fn build(cfg: Option<&fh_init_config>) -> Result<fh_ctx, fh_status> {
     // cache with the usual FH_* settings (its monitor keeps freed buffers from staying cached).
     let local = match peers.pd() {
         Some(pd) => {
-            let mut cc = config::from_env()?;
+            let c = crate::config::Config::from_env()?;
+            let mut cc = config::from_config(&c);
             cc.backend = FH_BACKEND_VERBS;
             cc.ibv_pd = pd.as_raw().cast();
             // SAFETY: the PD outlives the cache: `fh_ctx` drops the cache before the peers.
-            Some(unsafe { lifecycle::build(cc) }?)
+            Some(unsafe { lifecycle::build(cc, c.fork, c.helper.clock) }?)
         }
         None => None,
     };

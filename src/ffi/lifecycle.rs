@@ -2,10 +2,13 @@
 
 use std::sync::Arc;
 
-use crate::cache::{Cache, Limits, RangeWatcher};
-use crate::helper::{self, Helper, HelperConfig, Placement};
-use crate::monitor::{self, MemoryListener, MonitorOptions, UffdWatcher};
+use crate::assembly::{self, Parts};
+use crate::cache::Limits;
+use crate::config::HelperSettings;
+use crate::helper::clock::ClockChoice;
+use crate::monitor::{self, MonitorOptions};
 use crate::pin::fork_mode;
+use crate::pin::fork_mode::ForkSetting;
 use crate::status::{fh_status, FhResult};
 
 use super::cache_object::fh_cache;
@@ -14,16 +17,18 @@ use super::handle::{borrow, into_raw, take_back, write_out};
 use super::types::*;
 use super::{backend, config};
 
-/// Builds the cache object from a validated config.
+/// Builds the cache object from a validated config, with the two settings the C struct has no
+/// field for (`FH_FORK_MODE`, `FH_HELPER_CLOCK`), through the one assembly the shim uses too.
 ///
 /// # Safety
 /// `cfg.ibv_pd` is NULL or a live `struct ibv_pd *` that outlives the cache.
-pub(crate) unsafe fn build(cfg: fh_config) -> FhResult<Arc<fh_cache>> {
-    let fork = crate::config::fork_setting_from_env()?;
-    let clock = crate::config::helper_clock_from_env()?;
+pub(crate) unsafe fn build(
+    cfg: fh_config,
+    fork: ForkSetting,
+    clock: ClockChoice,
+) -> FhResult<Arc<fh_cache>> {
     // SAFETY: forwarded contract on `cfg.ibv_pd`.
     let backend = unsafe { backend::build(cfg.backend, cfg.ibv_pd) }?;
-    let fork = fork_mode::resolve(fork, backend.verbs);
     let opts = MonitorOptions {
         patch_libc: cfg.monitor & FH_MONITOR_PATCH_LIBC != 0,
         userfaultfd: cfg.monitor & FH_MONITOR_USERFAULTFD != 0,
@@ -33,54 +38,53 @@ pub(crate) unsafe fn build(cfg: fh_config) -> FhResult<Arc<fh_cache>> {
     if opts.patch_libc || opts.userfaultfd {
         monitor::install(opts);
     }
-    let watcher: Option<Arc<dyn RangeWatcher>> = if opts.userfaultfd {
-        Some(Arc::new(UffdWatcher))
-    } else {
-        None
+    let helper = HelperSettings {
+        enabled: cfg.helper == FH_HELPER_ON,
+        cpu: (cfg.helper_cpu != FH_HELPER_CPU_AUTO).then_some(cfg.helper_cpu as usize),
+        min_bytes: cfg.helper_min_bytes,
+        clock,
     };
-    let limits = Limits {
-        max_pinned: cfg.max_pinned,
-        max_regions: cfg.max_regions,
-    };
-    let helped = cfg.helper == FH_HELPER_ON;
-    let pinner = if helped {
-        helper::wrap_backend(backend.pinner)
-    } else {
-        backend.pinner
-    };
-    let cache = Cache::new(pinner, limits, watcher);
-    cache.set_fork_mode(fork);
-    // Always subscribed, so `fh_notify_unmapped` reaches every cache even with no monitor path.
-    let subscription = monitor::subscribe(cache.clone() as Arc<dyn MemoryListener>);
-    if !subscription.is_active() {
-        // No slot left: a cache that is never invalidated would serve stale registrations. It
-        // pinned nothing yet, so dropping it releases nothing.
-        return Err(fh_status::FH_ERR_TOO_MANY_CACHES);
-    }
-    let helper = if helped {
-        Helper::start(
-            &cache,
-            HelperConfig {
-                placement: if cfg.helper_cpu == FH_HELPER_CPU_AUTO {
-                    Placement::Auto
-                } else {
-                    Placement::Cpu(cfg.helper_cpu as usize)
-                },
-                min_bytes: cfg.helper_min_bytes,
-                clock,
-                ..HelperConfig::default()
-            },
-        )
-    } else {
-        Helper::off("not asked for (FH_HELPER=0)")
-    };
+    let a = assembly::assemble(Parts {
+        fork: fork_mode::resolve(fork, backend.verbs),
+        pinner: backend.pinner,
+        limits: Limits {
+            max_pinned: cfg.max_pinned,
+            max_regions: cfg.max_regions,
+        },
+        uffd_watch: opts.userfaultfd,
+        // Always subscribed, so `fh_notify_unmapped` reaches every cache even with no monitor path.
+        events: true,
+        helper: assembly::helper_config(&helper),
+    })?;
     Ok(Arc::new(fh_cache {
-        _subscription: subscription,
-        helper,
-        cache,
+        _subscription: a.subscription,
+        helper: a.helper,
+        cache: a.cache,
         monitor_requested: cfg.monitor,
         backend_detail: backend.detail,
     }))
+}
+
+/// The settings of `fh_cache_new(cfg)`: `cfg` NULL: defaults and the environment, read once;
+/// else the caller's struct, and the environment for what it has no field for.
+///
+/// # Safety
+/// `cfg` is NULL or readable per `fh_cache_new`'s contract.
+pub(crate) unsafe fn settings(
+    cfg: *const fh_config,
+) -> FhResult<(fh_config, ForkSetting, ClockChoice)> {
+    if cfg.is_null() {
+        let c = crate::config::Config::from_env()?;
+        Ok((config::from_config(&c), c.fork, c.helper.clock))
+    } else {
+        // SAFETY: non-NULL, and readable per the contract.
+        let c = unsafe { config::read(cfg) }?;
+        Ok((
+            c,
+            crate::config::fork_setting_from_env()?,
+            crate::config::helper_clock_from_env()?,
+        ))
+    }
 }
 
 /// Creates a cache. `cfg` may be NULL: defaults plus the `FH_*` environment (as `fh_config_init`).
@@ -104,14 +108,8 @@ pub unsafe extern "C" fn fh_cache_new(cfg: *const fh_config, out: *mut *mut fh_c
         if out.is_null() {
             return fh_status::FH_ERR_NULL;
         }
-        let cfg = if cfg.is_null() {
-            config::from_env()
-        } else {
-            // SAFETY: non-NULL, and readable per the contract.
-            unsafe { config::read(cfg) }
-        };
-        // SAFETY: `ibv_pd` contract forwarded from the caller (NULL from the env path).
-        match cfg.and_then(|c| unsafe { build(c) }) {
+        // SAFETY: `cfg` and its `ibv_pd` per the contract (NULL from the env path).
+        match unsafe { settings(cfg) }.and_then(|(c, fork, clock)| unsafe { build(c, fork, clock) }) {
             Ok(cache) => {
                 // SAFETY: non-NULL checked above; writable per the contract.
                 unsafe { write_out(out, into_raw(cache)) };

@@ -18,6 +18,13 @@ pub fn clear() {
     let _ = PINNED.try_with(|f| f.set(false));
 }
 
+/// Whether this thread pinned since `clear`, leaving the flag as it is (so a caller around a
+/// nested clear/peek, e.g. the shim around the helper's front, still sees it).
+#[inline]
+pub fn peek() -> bool {
+    PINNED.try_with(Cell::get).unwrap_or(false)
+}
+
 /// Whether this thread pinned since `clear`, and clear it.
 #[inline]
 pub fn take() -> bool {

@@ -299,7 +299,8 @@ impl Helper {
         let t0 = now_ns();
         let r = cache.register(addr, len, access)?;
         let t1 = now_ns();
-        let pinned_here = pin_flag::take();
+        // Peek, not take: a caller around this one (the shim) reads the same flag after.
+        let pinned_here = pin_flag::peek();
         if let Some(s) = &self.shared {
             let page = self.page;
             s.events.push(Event::Use(Use {
