@@ -15,7 +15,7 @@ use crate::helper::{self, Helper, HelperConfig, Placement};
 use crate::monitor::{self, MemoryListener, Subscription, UffdWatcher};
 use crate::pin::fork_mode::ForkMode;
 use crate::pin::Pinner;
-use crate::status::{fh_status, FhResult};
+use crate::rt::status::{fh_status, FhResult};
 
 /// What a cache is made of.
 pub struct Parts {

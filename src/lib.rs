@@ -9,22 +9,18 @@
 pub mod assembly;
 pub mod cache;
 pub mod config;
-mod counted;
 pub mod ffi;
 pub mod firehose;
-mod fork;
 pub mod helper;
-pub mod inside;
 pub mod log;
 pub mod monitor;
-mod monotonic;
 pub mod net;
 pub mod pin;
-/// A first-use initialiser that never makes a thread wait (fork-safe); shared with the shim.
-#[doc(hidden)]
-pub mod race_once;
-mod range_counts;
-pub(crate) mod raw_thread;
 pub mod rma;
-pub mod seam;
-pub mod status;
+pub mod rt;
+
+// The runtime layer's public modules, also at the crate root where callers have always found
+// them (`firehose::status::FhResult`, ...).
+#[doc(hidden)]
+pub use rt::race_once;
+pub use rt::{inside, seam, status};

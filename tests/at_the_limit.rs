@@ -23,7 +23,7 @@ use std::sync::{Arc, Barrier, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use firehose::cache::{Cache, Limits, QUEUE_CAPACITY};
-use firehose::monitor::{pins_ahead, unmap_log};
+use firehose::helper::{pins_ahead, unmap_log};
 use firehose::pin::counting::CountingPinner;
 use firehose::pin::{Access, PinError, Pinned, Pinner};
 

@@ -6,7 +6,7 @@
 //! thread of the parent held it inherits it locked. When the helper was a `std::thread`, the
 //! child's new helper never got past its start, `fh_get_helper_stats` never showed it running,
 //! and `fh_cache_free` (which joins the helper) waited forever: 3 of 282 children here. The
-//! library's threads are plain pthreads now (`src/raw_thread.rs`).
+//! library's threads are plain pthreads now (`src/rt/raw_thread.rs`).
 //!
 //! The parent's threads churn std threads two ways: by making and freeing caches with a helper
 //! (the library's own thread start and exit) and by spawning empty std threads. The main thread

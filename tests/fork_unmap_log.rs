@@ -1,4 +1,4 @@
-//! The unmap log (`monitor/unmap_log.rs`) in a child forked while parent threads were inside a
+//! The unmap log (`helper/unmap_log.rs`) in a child forked while parent threads were inside a
 //! patched `munmap`.
 //!
 //! Every patched unmap counts itself in `IN_FLIGHT` (`begin`) until its system call returned
@@ -14,7 +14,7 @@
 //! has one thread) and asks whether an unmap overlapping an untouched range is in flight: it must
 //! not be.
 //!
-//! The second test does the same for an announced pin ahead (`monitor/pins_ahead.rs`).
+//! The second test does the same for an announced pin ahead (`helper/pins_ahead.rs`).
 //!
 //! C API (`fh_cache_new` installs the libc patch), mlock backend.
 
@@ -26,7 +26,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use firehose::ffi::*;
-use firehose::monitor::unmap_log;
+use firehose::helper::unmap_log;
 use fork_util::{cache_with, fork_run, say, wait_child};
 
 const FORKS: usize = 100;
@@ -109,12 +109,12 @@ fn unmaps_in_flight_at_the_fork_are_not_in_flight_in_the_child() {
     );
 }
 
-/// The same for the pins ahead a patched unmap waits for (`monitor/pins_ahead.rs`): a parent
+/// The same for the pins ahead a patched unmap waits for (`helper/pins_ahead.rs`): a parent
 /// thread's announced pin is not in a child, which must not wait for it (it would, for the
 /// whole bound, on every unmap of that range).
 #[test]
 fn a_pin_ahead_announced_at_the_fork_is_not_waited_for_in_the_child() {
-    use firehose::monitor::pins_ahead;
+    use firehose::helper::pins_ahead;
     let c = new_cache();
     let (tx, rx) = std::sync::mpsc::channel::<()>();
     let (held_tx, held_rx) = std::sync::mpsc::channel::<()>();

@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 use firehose::cache::{Cache, Limits};
 use firehose::helper::clock::ClockChoice;
 use firehose::helper::planner::PlannerConfig;
+use firehose::helper::unmap_log;
 use firehose::helper::{self, Helper, HelperConfig, HelperState, Placement};
-use firehose::monitor::unmap_log;
 use firehose::pin::counting::CountingPinner;
 use firehose::pin::{Access, PinError, Pinned, Pinner};
 

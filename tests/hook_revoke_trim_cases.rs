@@ -13,7 +13,7 @@
 //!    memory that libc trims. When threads inside the library were let wait in trims, this one
 //!    waited the whole timeout: the worker kept turning (so the stall watch never fired) but could
 //!    not receive the acks. Now whether a thread is inside is read from a table
-//!    (`src/inside.rs`), without a thread-local, and such a thread never waits.
+//!    (`src/rt/inside.rs`), without a thread-local, and such a thread never waits.
 
 mod monitor_util;
 

@@ -1,4 +1,4 @@
-//! A patched `munmap` waits for the helper's pin ahead of the same memory (`monitor/pins_ahead.rs`).
+//! A patched `munmap` waits for the helper's pin ahead of the same memory (`helper/pins_ahead.rs`).
 //!
 //! The race it closes, made deterministic with a backend that stops at two gates: the helper
 //! starts pinning a key (`helper::prefetch_checked`); the application unmaps the key's memory and
@@ -17,7 +17,8 @@ use std::time::{Duration, Instant};
 
 use firehose::cache::{Cache, Limits};
 use firehose::helper::{events::Key, prefetch_checked};
-use firehose::monitor::{self, pins_ahead, unmap_log, MonitorOptions};
+use firehose::helper::{pins_ahead, unmap_log};
+use firehose::monitor::{self, MonitorOptions};
 use firehose::pin::mlock::MlockPinner;
 use firehose::pin::{Access, PinError, Pinned, Pinner};
 use firehose::status::fh_status;

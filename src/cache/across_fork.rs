@@ -1,6 +1,6 @@
 //! The parent's side of `fork` (the child's is `quarantine`, in `invalidate.rs`): what the cache's
 //! `ForkMode` asks for, told by the atfork handlers through the listener registry
-//! (`crate::fork`). Why a fork concerns registrations at all: `pin/fork_mode.rs`.
+//! (`crate::rt::fork`). Why a fork concerns registrations at all: `pin/fork_mode.rs`.
 
 use std::sync::atomic::Ordering;
 
@@ -28,7 +28,8 @@ impl Cache {
     /// glibc's own `fork` hangs when the handler interrupted `malloc` (glibc offers `_Fork` for
     /// signal handlers).
     pub(crate) fn release_before_fork(&self) -> usize {
-        if self.fork_mode() == ForkMode::Keep || self.is_forked() || crate::inside::is_inside() {
+        if self.fork_mode() == ForkMode::Keep || self.is_forked() || crate::rt::inside::is_inside()
+        {
             return 0;
         }
         // Before the flush takes the mutex: a helper miss that takes it later sees the flag.

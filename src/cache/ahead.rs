@@ -22,9 +22,9 @@ use super::readers::my_slot;
 use super::region::Region;
 use std::sync::Arc;
 
-use crate::counted::Counted;
 use crate::pin::{Access, Pinner};
-use crate::status::{fh_status, FhResult};
+use crate::rt::counted::Counted;
+use crate::rt::status::{fh_status, FhResult};
 
 /// Detached regions queued for the helper at most; past that the releasing caller unpins
 /// itself (as without a helper).

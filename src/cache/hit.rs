@@ -14,7 +14,7 @@ use super::region::{COUNT_MASK, DETACHED, PENDING};
 use super::spinlock::wait_while;
 use super::Registration;
 use crate::pin::Access;
-use crate::status::{fh_status, FhResult};
+use crate::rt::status::{fh_status, FhResult};
 
 pub(super) enum Fast {
     Hit(RegionPtr),

@@ -125,7 +125,7 @@ impl Cache {
     }
 }
 
-impl crate::seam::MemoryListener for Cache {
+impl crate::rt::seam::MemoryListener for Cache {
     fn on_unmap(&self, addr: usize, len: usize) {
         self.invalidate(addr, len)
     }

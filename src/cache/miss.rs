@@ -16,7 +16,7 @@ use super::exclusion::{Exclusive, Writer};
 use super::index::RegionPtr;
 use super::region::{COUNT_MASK, DETACHED, PENDING};
 use crate::pin::{Access, PinError};
-use crate::status::{fh_status, FhResult};
+use crate::rt::status::{fh_status, FhResult};
 
 /// Who is missing: a caller (counted as a miss or a hit) or the helper pinning ahead of a
 /// predicted use (`Cache::prefetch`, counted apart), with its check that the memory it just

@@ -79,7 +79,7 @@ pub struct Stats {
     pub released_ahead: u64,
 }
 
-pub use crate::seam::RangeWatcher;
+pub use crate::rt::seam::RangeWatcher;
 
 #[cfg(test)]
 mod tests;

@@ -22,7 +22,7 @@ const SHARED_FOREVER: u32 = u32::MAX;
 
 /// The id pool. Filled on first use under its own lock (not with a `Once`: a child forked while
 /// another thread was inside a `Once` would wait for that thread forever). Lock 4 of
-/// `crate::fork`'s order, held across `fork`; nothing is locked under it.
+/// `crate::rt::fork`'s order, held across `fork`; nothing is locked under it.
 struct IdPool {
     filled: bool,
     free: Vec<u32>,
@@ -37,8 +37,8 @@ fn free_ids() -> MutexGuard<'static, IdPool> {
     FREE_IDS.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Handed to `crate::fork` (this module is private to `cache`).
-static FORK_HOOKS: crate::fork::LeafHooks = crate::fork::LeafHooks {
+/// Handed to `crate::rt::fork` (this module is private to `cache`).
+static FORK_HOOKS: crate::rt::fork::LeafHooks = crate::rt::fork::LeafHooks {
     lock: fork_lock,
     child: fork_child,
 };
@@ -98,7 +98,7 @@ pub fn my_slot() -> usize {
 #[cold]
 fn assign() -> usize {
     // Before the lock: registering the atfork handlers must not happen under one of our locks.
-    crate::fork::set_ids_hooks(&FORK_HOOKS);
+    crate::rt::fork::set_ids_hooks(&FORK_HOOKS);
     let id = {
         let mut pool = free_ids();
         if !pool.filled {

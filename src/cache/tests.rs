@@ -6,7 +6,7 @@ use std::sync::Arc;
 use super::{Cache, Limits, QUEUE_CAPACITY};
 use crate::pin::counting::CountingPinner;
 use crate::pin::Access;
-use crate::status::fh_status::*;
+use crate::rt::status::fh_status::*;
 
 const P: usize = 4096;
 const RW: Access = Access(1 | 2);
@@ -498,7 +498,7 @@ fn a_quarantined_cache_refuses_everything_and_leaves_the_pins_alone() {
     let idle = c.register(4 * P, P, R).unwrap();
     c.deregister(idle.handle).unwrap();
     // What the atfork child handler does (through `MemoryListener::forked`).
-    crate::seam::MemoryListener::forked(&*c);
+    crate::rt::seam::MemoryListener::forked(&*c);
     assert!(c.is_forked());
     assert_eq!(
         c.register(P, P, R),

@@ -18,7 +18,7 @@
 
 use crate::helper::clock::ClockChoice;
 use crate::pin::fork_mode::{self, ForkSetting};
-use crate::status::{fh_status, FhResult};
+use crate::rt::status::{fh_status, FhResult};
 
 /// Which pinning backend to use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use crate::pin::mlock::MlockPinner;
 use crate::pin::verbs::{open_device, VerbsPinner};
 use crate::pin::Pinner;
-use crate::status::{fh_status, FhResult};
+use crate::rt::status::{fh_status, FhResult};
 
 use super::types::{FH_BACKEND_AUTO, FH_BACKEND_MLOCK, FH_BACKEND_VERBS};
 

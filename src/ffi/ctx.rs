@@ -7,7 +7,7 @@ use std::sync::Arc;
 use crate::net::bootstrap::CallbackBootstrap;
 use crate::net::{Peers, PeersConfig};
 use crate::rma::Rma;
-use crate::status::fh_status;
+use crate::rt::status::fh_status;
 
 use super::bootstrap_ops::fh_bootstrap_ops;
 use super::cache_object::fh_cache;
@@ -39,7 +39,7 @@ pub struct fh_ctx {
 pub(crate) unsafe fn here<'a>(ctx: *const fh_ctx) -> Result<&'a fh_ctx, fh_status> {
     // SAFETY: per the contract.
     let c = unsafe { borrow(ctx) }.ok_or(fh_status::FH_ERR_NULL)?;
-    if c.fork_gen != crate::fork::generation() {
+    if c.fork_gen != crate::rt::fork::generation() {
         return Err(fh_status::FH_ERR_FORKED);
     }
     Ok(c)
@@ -111,8 +111,8 @@ impl From<&crate::net::stats::StatsSnapshot> for fh_net_stats {
 /// `cfg` is NULL or readable; its pointers are NULL or valid as documented on `fh_init_config`.
 unsafe fn build(cfg: Option<&fh_init_config>) -> Result<fh_ctx, fh_status> {
     // The fork handlers count forks from here on (see `here`).
-    crate::fork::ensure_handlers();
-    let fork_gen = crate::fork::generation();
+    crate::rt::fork::ensure_handlers();
+    let fork_gen = crate::rt::fork::generation();
     let mut pc = PeersConfig::from_env()?;
     pc.defer_progress = true;
     if let Some(cfg) = cfg {
@@ -279,7 +279,7 @@ pub unsafe extern "C" fn fh_finalize(ctx: *mut fh_ctx) -> fh_status {
         }
         // SAFETY: non-NULL, from fh_init, not used again per the contract.
         let c = unsafe { take_back(ctx) };
-        if c.fork_gen != crate::fork::generation() {
+        if c.fork_gen != crate::rt::fork::generation() {
             // A forked child's copy: its connections and threads are the parent's (a goodbye
             // from here would go out on the parent's queue pairs, and its threads are not here
             // to join). Nothing of it is touched; its memory stays.

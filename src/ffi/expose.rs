@@ -4,7 +4,7 @@
 use std::ffi::c_void;
 
 use crate::firehose::Rights;
-use crate::status::fh_status;
+use crate::rt::status::fh_status;
 
 use super::ctx::{fh_ctx, here};
 use super::guard::{ffi_guard, status_of};

@@ -11,7 +11,7 @@
 /// - `ffi_guard!(fallback = expr; { body })`: for exports returning something else (a pointer,
 ///   `()`); a panic yields `expr`.
 ///
-/// The body runs marked as inside the library (`crate::inside`): a memory hook that fires while
+/// The body runs marked as inside the library (`crate::rt::inside`): a memory hook that fires while
 /// it holds the library's locks must not wait for the library's helper threads.
 ///
 /// `AssertUnwindSafe` is right here: after a panic we never touch the state the closure saw again
@@ -19,14 +19,14 @@
 /// inside the cache).
 macro_rules! ffi_guard {
     (fallback = $fallback:expr; $body:block) => {{
-        let _inside = $crate::inside::enter();
+        let _inside = $crate::rt::inside::enter();
         match ::std::panic::catch_unwind(::std::panic::AssertUnwindSafe(|| $body)) {
             Ok(value) => value,
             Err(_) => $fallback,
         }
     }};
     ($body:block) => {
-        $crate::ffi::guard::ffi_guard!(fallback = $crate::status::fh_status::FH_ERR_PANIC; $body)
+        $crate::ffi::guard::ffi_guard!(fallback = $crate::rt::status::fh_status::FH_ERR_PANIC; $body)
     };
 }
 
@@ -34,16 +34,16 @@ pub(crate) use ffi_guard;
 
 /// Turns a `FhResult<()>` into the status a C caller sees.
 #[inline]
-pub(crate) fn status_of(r: crate::status::FhResult<()>) -> crate::status::fh_status {
+pub(crate) fn status_of(r: crate::rt::status::FhResult<()>) -> crate::rt::status::fh_status {
     match r {
-        Ok(()) => crate::status::fh_status::FH_OK,
+        Ok(()) => crate::rt::status::fh_status::FH_OK,
         Err(e) => e,
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use crate::status::fh_status;
+    use crate::rt::status::fh_status;
 
     fn panics() -> fh_status {
         ffi_guard! {{

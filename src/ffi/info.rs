@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use crate::helper::{Helper, HelperState};
 use crate::monitor::Hooked;
 use crate::pin::fork_mode::ForkMode;
-use crate::status::fh_status;
+use crate::rt::status::fh_status;
 
 use super::cache_object::fh_cache;
 use super::guard::ffi_guard;
@@ -196,11 +196,11 @@ fn render_helper(o: &mut String, c: &fh_cache) {
         "#   helper work:   {} pins, {} unpins, {} failed or raced; {} handed-over unpins; {} events dropped",
         p.helper_pins, p.helper_unpins, p.helper_pin_failures, st.deferred_unpins, st.events_dropped
     );
-    let (waited, timed_out) = crate::monitor::pins_ahead::waits();
+    let (waited, timed_out) = crate::helper::pins_ahead::waits();
     let _ = writeln!(
         o,
         "#   unmaps waited: {waited} for a helper's pin ahead of their memory, {timed_out} of them cut at {} s (process)",
-        crate::monitor::pins_ahead::MAX_WAIT_NS / 1_000_000_000
+        crate::helper::pins_ahead::MAX_WAIT_NS / 1_000_000_000
     );
     let _ = writeln!(
         o,

@@ -9,7 +9,7 @@ use crate::helper::clock::ClockChoice;
 use crate::monitor::{self, MonitorOptions};
 use crate::pin::fork_mode;
 use crate::pin::fork_mode::ForkSetting;
-use crate::status::{fh_status, FhResult};
+use crate::rt::status::{fh_status, FhResult};
 
 use super::cache_object::fh_cache;
 use super::guard::ffi_guard;

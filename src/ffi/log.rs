@@ -4,7 +4,7 @@
 use std::ffi::{c_char, c_int, c_void};
 
 use crate::log;
-use crate::status::fh_status;
+use crate::rt::status::fh_status;
 
 use super::guard::ffi_guard;
 

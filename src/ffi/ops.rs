@@ -2,7 +2,7 @@
 
 use crate::cache::Limits;
 use crate::pin::Access;
-use crate::status::fh_status;
+use crate::rt::status::fh_status;
 
 use super::cache_object::fh_cache;
 use super::guard::{ffi_guard, status_of};

@@ -5,7 +5,7 @@
 
 use super::wire::RemoteError;
 use crate::net::Rank;
-use crate::status::fh_status;
+use crate::rt::status::fh_status;
 
 /// An op refused by `acquire`/`release`, or failed later (`Event::Failed`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -5,7 +5,7 @@
 //! Owns: this rank's firehoses on its peers (initiator side, `initiator/`), the regions peers
 //! pinned here (target side, `target/`: region table, victim FIFO, revocations, adaptive
 //! quotas), the message format (`wire.rs`), the settings (`config.rs`).
-//! May call: `crate::net::Rank`, `crate::config::parse_size`, `crate::status`. Never: `net::am`,
+//! May call: `crate::net::Rank`, `crate::config::parse_size`, `crate::rt::status`. Never: `net::am`,
 //! verbs, `cache`, clocks, threads. A driver (the net layer) feeds events in and carries
 //! messages and RDMA out; it wraps a `Firehose` in a Mutex (`Firehose: Send`).
 //!

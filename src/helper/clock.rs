@@ -18,7 +18,7 @@
 
 use std::sync::OnceLock;
 
-use crate::monotonic::monotonic_ns;
+use crate::rt::monotonic::monotonic_ns;
 
 /// `auto` picks the TSC when a `clock_gettime` costs more than this (ns).
 pub const SLOW_CLOCK_NS: u64 = 150;

@@ -19,7 +19,7 @@
 //! What it may call: the cache's public API (`register`/`deregister` for the callers,
 //! `prefetch`/`evict_range`/`unpin_deferred`/`process_invalidations`/`is_live` on the thread),
 //! `crate::pin::Pinner` (calibration and the flagging wrapper), the monitor's unmap log and
-//! pins-ahead table (`monitor::unmap_log`, `monitor::pins_ahead`: what keeps a pin ahead off
+//! pins-ahead table (`helper::unmap_log`, `helper::pins_ahead`: what keeps a pin ahead off
 //! memory being unmapped), and libc (clock, affinity, /proc). Correctness never depends on anything here: a wrong prediction only means a caller
 //! pins synchronously, as without a helper; a region the helper pins goes through the cache's
 //! miss path, so the invalidation guarantee covers it.
@@ -28,6 +28,7 @@ pub mod clock;
 pub mod cost;
 pub mod events;
 pub mod pin_flag;
+pub mod pins_ahead;
 pub mod placement;
 pub mod planner;
 pub mod predictor;
@@ -36,6 +37,7 @@ pub mod rq;
 pub mod signature;
 pub mod sim;
 mod thread;
+pub mod unmap_log;
 
 use std::sync::Arc;
 

@@ -20,7 +20,7 @@
 //! hook's listeners, which run after the wait).
 //!
 //! Not waited for: a libc heap trim (glibc holds an arena mutex there, which the helper's next
-//! `malloc` may need: `caller.rs`); a thread inside the library (`crate::inside`: a C API call
+//! `malloc` may need: `caller.rs`); a thread inside the library (`crate::rt::inside`: a C API call
 //! may hold a cache's mutex, the mlock backend its count lock, and the helper threads are marked
 //! for good, so two helpers never wait for each other); the thread that announced the pin (a
 //! signal handler or an allocation of its own); and anything after [`MAX_WAIT_NS`] (a lock we do
@@ -33,7 +33,7 @@
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::SeqCst};
 
-use crate::monotonic::monotonic_ns;
+use crate::rt::monotonic::monotonic_ns;
 
 const SLOTS: usize = 64;
 

@@ -26,10 +26,11 @@ use super::pin_flag;
 use super::placement::{self, Placement};
 use super::planner::{Action, Planner, PlannerConfig, PlannerStats};
 use super::releases::Releases;
+use super::{pins_ahead, unmap_log};
 use crate::cache::{Cache, Registration};
-use crate::monitor::{pins_ahead, unmap_log, MemoryListener, Subscription};
+use crate::monitor::{MemoryListener, Subscription};
 use crate::pin::Access;
-use crate::status::{fh_status, FhResult};
+use crate::rt::status::{fh_status, FhResult};
 use crossbeam_queue::ArrayQueue;
 
 /// How a helper is started.
@@ -145,7 +146,7 @@ pub struct Helper {
     page: usize,
     shared: Option<Arc<Shared>>,
     /// Taken by the first `stop` (or the drop).
-    thread: Mutex<Option<crate::raw_thread::RawThread>>,
+    thread: Mutex<Option<crate::rt::raw_thread::RawThread>>,
     pid: u32,
     /// Subscribes `Shared::unmaps` to the monitor's events.
     _unmaps: Option<Subscription>,
@@ -227,10 +228,10 @@ impl Helper {
         let (c, s) = (cache.clone(), shared.clone());
         // A plain pthread: see `raw_thread.rs` (a std thread could not start in a child forked
         // while another thread started or ended one).
-        let spawned = crate::raw_thread::spawn(c"fh-helper", move || {
+        let spawned = crate::rt::raw_thread::spawn(c"fh-helper", move || {
             // The library's own thread: its unmaps never wait for another helper's pin ahead
             // (two helpers could each wait for the other's), nor for the revoke worker.
-            crate::inside::mark_thread();
+            crate::rt::inside::mark_thread();
             let res =
                 std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(&c, &s, cfg, cpu)));
             s.running.store(false, Ordering::Release);
@@ -537,9 +538,9 @@ fn run(cache: &Arc<Cache>, s: &Shared, cfg: HelperConfig, cpu: Option<usize>) {
 
 /// `Cache::prefetch`, guarded against unmaps racing with it (`FH_ERR_BUSY`: raced, nothing
 /// stays pinned; else as `Cache::prefetch`). The pin is announced first
-/// (`monitor::pins_ahead`): a patched unmap of the range that begins from then on waits until this
+/// (`helper::pins_ahead`): a patched unmap of the range that begins from then on waits until this
 /// returns, so the pin, and its undo if it raced, touch the old memory only, never a mapping the
-/// application put there next. Then the unmap log (`monitor::unmap_log`): a range that a patched
+/// application put there next. Then the unmap log (`helper::unmap_log`): a range that a patched
 /// unmap is carrying out, or that one began on since the planner last took the unmap reports
 /// (`synced`, from `take_unmaps`), is not pinned; a pin made while an overlapping unmap began is
 /// undone before the region is published (its invalidation may have run before the region was in

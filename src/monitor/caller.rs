@@ -2,7 +2,7 @@
 //!
 //! glibc calls `munmap`/`madvise`/`mmap` from inside `free`, `realloc`, `malloc_trim` and thread
 //! exit, and trims a heap with a malloc arena's mutex held. A listener that waits in
-//! [`UnmapEvent::DoneInLibcTrim`](crate::seam::UnmapEvent::DoneInLibcTrim) for another thread
+//! [`UnmapEvent::DoneInLibcTrim`](crate::rt::seam::UnmapEvent::DoneInLibcTrim) for another thread
 //! (the revoke worker) must know that, because that thread may need the same mutex for its next
 //! `malloc`.
 //!

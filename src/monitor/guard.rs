@@ -20,7 +20,7 @@ use std::sync::atomic::{
     AtomicUsize, Ordering::Acquire, Ordering::Relaxed, Ordering::Release, Ordering::SeqCst,
 };
 
-use crate::seam::UnmapEvent;
+use crate::rt::seam::UnmapEvent;
 
 const SLOTS: usize = 1024;
 /// Slots a thread may claim (and where its own claim is looked for): an aligned group, so a
@@ -201,7 +201,7 @@ mod tests {
         assert!(own_slot(id).is_none());
     }
 
-    use crate::seam::MemoryListener;
+    use crate::rt::seam::MemoryListener;
     use std::sync::atomic::AtomicBool;
     use std::sync::Arc;
 

@@ -12,11 +12,11 @@ use libc::{c_int, c_long, c_void, off_t, size_t};
 use super::caller::{self, by_caller};
 use super::guard::notify_guarded;
 use super::maps;
-use super::pins_ahead;
 use super::ranges::{madvise_drops_pages, mmap_replaces, mremap_ranges, page_span, PAGE};
 use super::registry::done_wanted;
-use super::unmap_log;
-use crate::seam::UnmapEvent;
+use crate::helper::pins_ahead;
+use crate::helper::unmap_log;
+use crate::rt::seam::UnmapEvent;
 
 /// The libc functions we patch; the discriminant is the bit in `MonitorStatus::patched`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -133,7 +133,7 @@ fn window(range: Option<(usize, usize)>, trim: bool) -> Window {
     let w = Window(range.map(|(addr, len)| unmap_log::begin(addr, addr.saturating_add(len))));
     if let Some((addr, len)) = range {
         // `any` first: one load when no helper pins ahead (every hooked call pays it).
-        if !trim && pins_ahead::any() && !crate::inside::is_inside() {
+        if !trim && pins_ahead::any() && !crate::rt::inside::is_inside() {
             pins_ahead::wait_for_overlapping(addr, addr.saturating_add(len));
         }
     }

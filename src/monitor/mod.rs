@@ -22,7 +22,7 @@
 //! watched memory (that thread waits for the reader). `Cache::invalidate` (non-blocking, no
 //! allocation) satisfies both.
 //!
-//! fork: the atfork handlers of `crate::fork` hold the monitor's process-wide locks across `fork`
+//! fork: the atfork handlers of `crate::rt::fork` hold the monitor's process-wide locks across `fork`
 //! (their order is written there) and tell every listener [`MemoryListener::forked`] in the child.
 //!
 //! Files: `registry.rs` (listener slots), `guard.rs` (re-entrancy), `patch.rs` (code patching),
@@ -30,7 +30,7 @@
 //! `maps.rs` (allocation-free /proc/self/maps reader), `unmap_log.rs` (patched unmaps in
 //! flight, for the helper thread's prefetch), `pins_ahead.rs` (the helper's pins in flight,
 //! which patched unmaps of the same memory wait for), `uffd.rs` (userfaultfd; live watches per address
-//! are counted with `crate::range_counts`), `prune_ring.rs` (reader -> watch path,
+//! are counted with `crate::rt::range_counts`), `prune_ring.rs` (reader -> watch path,
 //! lock-free: ranges that went away), `switches.rs` (test-only disabling of single paths).
 
 mod caller;
@@ -38,13 +38,12 @@ mod guard;
 mod hooks;
 mod maps;
 mod patch;
-pub mod pins_ahead;
+
 mod prune_ring;
 pub mod ranges;
 mod registry;
 mod switches;
 mod uffd;
-pub mod unmap_log;
 
 use std::sync::{Mutex, MutexGuard};
 
@@ -78,7 +77,7 @@ pub fn test_fail_uffd_reader() {
     uffd::test_fail_reader()
 }
 
-pub use crate::seam::{MemoryListener, UnmapEvent};
+pub use crate::rt::seam::{MemoryListener, UnmapEvent};
 
 /// Fan an event out to all listeners as [`UnmapEvent::Told`] (used by `fh_notify_unmapped` and
 /// the shim's hooks). Hook-safe: no allocation, no lock, no wait. A call made from inside a
@@ -127,14 +126,14 @@ pub struct MonitorStatus {
     pub uffd_events: u64,
 }
 
-/// Lock 1 of `crate::fork`'s order: `install` takes the userfaultfd state (2) under it.
+/// Lock 1 of `crate::rt::fork`'s order: `install` takes the userfaultfd state (2) under it.
 static INSTALL: Mutex<()> = Mutex::new(());
 
 fn lock_install() -> MutexGuard<'static, ()> {
     INSTALL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-// For the atfork handlers (`crate::fork`, which has the order).
+// For the atfork handlers (`crate::rt::fork`, which has the order).
 pub(crate) use registry::{
     each_listener, fork_child as fork_child_listeners, fork_lock as fork_lock_registry,
     Writers as RegistryWriters,
@@ -157,7 +156,7 @@ pub(crate) fn fork_lock_uffd() -> Box<dyn std::any::Any> {
 /// a patched function at the exact moment of the write could see torn instructions.
 pub fn install(opts: MonitorOptions) -> MonitorStatus {
     // Before the lock: registering the atfork handlers must not happen under one of our locks.
-    crate::fork::ensure_handlers();
+    crate::rt::fork::ensure_handlers();
     let _g = lock_install();
     switches::load_from_env();
     if opts.patch_libc {

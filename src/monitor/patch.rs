@@ -23,7 +23,7 @@
 //! Patches are never undone, so the library they jump into must never be unmapped: it is linked
 //! with `-z nodelete` (`build.rs`), and `dlclose` leaves it loaded (`c-tests/dlclose_patch.c`).
 //! Installing runs under the monitor's install mutex, which the atfork handlers hold across `fork`
-//! (`crate::fork`), so a child never inherits an install half done.
+//! (`crate::rt::fork`), so a child never inherits an install half done.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering::SeqCst};
 

@@ -18,7 +18,7 @@
 //! `FH_ERR_TOO_MANY_CACHES`, the shim passes that domain's registrations through).
 //!
 //! fork: `WRITERS` is one of the process-wide locks the atfork handlers hold across `fork` (order
-//! in `crate::fork`). It is a leaf: nothing else is locked under it (a listener's last reference
+//! in `crate::rt::fork`). It is a leaf: nothing else is locked under it (a listener's last reference
 //! is dropped after it is released, since dropping a cache may reach other locks).
 
 use std::alloc::{alloc_zeroed, Layout};
@@ -27,8 +27,8 @@ use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::MemoryListener;
-use crate::counted::Counted;
-use crate::seam::UnmapEvent;
+use crate::rt::counted::Counted;
+use crate::rt::seam::UnmapEvent;
 
 /// Slots per chunk (a chunk is 4 KiB).
 pub const CHUNK: usize = 256;
@@ -75,7 +75,7 @@ fn writers() -> MutexGuard<'static, Writers> {
     WRITERS.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Held by the atfork prepare handler (see `crate::fork`).
+/// Held by the atfork prepare handler (see `crate::rt::fork`).
 pub(crate) fn fork_lock() -> MutexGuard<'static, Writers> {
     writers()
 }
@@ -147,7 +147,7 @@ impl Subscription {
 /// subscription is inactive (check [`Subscription::is_active`]).
 pub fn subscribe(l: Arc<dyn MemoryListener>) -> Subscription {
     // Before the lock: registering the atfork handlers must not happen under one of our locks.
-    crate::fork::ensure_handlers();
+    crate::rt::fork::ensure_handlers();
     let mut w = writers();
     let none = Subscription {
         slot: None,
@@ -229,7 +229,7 @@ pub fn notify_all(addr: usize, len: usize, ev: UnmapEvent) {
 }
 
 /// Call `f` on every subscribed listener (no allocation, no lock: hook-safe). For the hooks'
-/// events and the atfork prepare and parent handlers (`crate::fork`).
+/// events and the atfork prepare and parent handlers (`crate::rt::fork`).
 #[inline(always)]
 pub(crate) fn each_listener(f: impl Fn(&dyn MemoryListener)) {
     for_each_slot(HIGH.load(SeqCst), |s| {

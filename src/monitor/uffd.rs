@@ -50,8 +50,8 @@ use super::guard::notify_guarded;
 use super::maps;
 use super::prune_ring::PruneRing;
 use super::MonitorStatus;
-use crate::range_counts::RangeCounts;
-use crate::seam::UnmapEvent;
+use crate::rt::range_counts::RangeCounts;
+use crate::rt::seam::UnmapEvent;
 
 const UFFD_API: u64 = 0xAA;
 const UFFDIO_API: c_ulong = 0xc018_aa3f;
@@ -432,13 +432,13 @@ fn vmas_in(start: usize, end: usize) -> Vec<maps::Vma> {
     v
 }
 
-/// A [`crate::seam::RangeWatcher`] that registers each pinned range with userfaultfd
+/// A [`crate::rt::seam::RangeWatcher`] that registers each pinned range with userfaultfd
 /// (write-protect mode only, so no page fault is ever taken over) while it is pinned. Does nothing
 /// unless [`super::install`] enabled userfaultfd.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct UffdWatcher;
 
-impl crate::seam::RangeWatcher for UffdWatcher {
+impl crate::rt::seam::RangeWatcher for UffdWatcher {
     fn watch(&self, addr: usize, len: usize) {
         watch(addr, len);
     }
@@ -853,7 +853,7 @@ fn retire(fd: c_int, fd_ours: bool, me: libc::pid_t) -> bool {
     true
 }
 
-/// For the atfork handlers (`crate::fork`, lock 2 of its order): `STATE` held across `fork`, so a
+/// For the atfork handlers (`crate::rt::fork`, lock 2 of its order): `STATE` held across `fork`, so a
 /// child never inherits it locked by a thread that is gone.
 pub(crate) fn fork_lock() -> impl std::any::Any {
     STATE.lock().unwrap_or_else(|e| e.into_inner())

@@ -12,7 +12,7 @@ use super::solo::SoloLink;
 use super::verbs::{gid_index_from_env, LinkSettings, VerbsLink, VerbsLinkConfig};
 use super::{Link, LinkError, Rank};
 use crate::pin::verbs::{open_device, Pd};
-use crate::status::{fh_status, FhResult};
+use crate::rt::status::{fh_status, FhResult};
 use std::sync::Arc;
 
 /// Device chosen by name: `FH_DEVICE`, the same variable the cache's verbs backend reads.

@@ -17,7 +17,7 @@
 use crate::config::{parse_size, ConfigError};
 use crate::net::credits::RESERVED;
 use crate::net::wire::HEADER_LEN;
-use crate::status::{fh_status, FhResult};
+use crate::rt::status::{fh_status, FhResult};
 use std::time::Duration;
 
 /// The peer layer's settings.

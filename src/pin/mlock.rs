@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Mutex;
 
 use super::{Access, PinError, Pinned, Pinner};
-use crate::range_counts::RangeCounts;
+use crate::rt::range_counts::RangeCounts;
 
 #[derive(Default)]
 pub struct MlockPinner {
@@ -31,7 +31,7 @@ fn locked() -> std::sync::MutexGuard<'static, RangeCounts> {
     LOCKED.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Lock 5 of `crate::fork`'s order, held across `fork` by its handlers.
+/// Lock 5 of `crate::rt::fork`'s order, held across `fork` by its handlers.
 pub(crate) fn fork_lock() -> std::sync::MutexGuard<'static, RangeCounts> {
     locked()
 }
@@ -39,7 +39,7 @@ pub(crate) fn fork_lock() -> std::sync::MutexGuard<'static, RangeCounts> {
 impl MlockPinner {
     pub fn new() -> Self {
         // A child forked while another thread held `LOCKED` would hang in its first pin.
-        crate::fork::ensure_handlers();
+        crate::rt::fork::ensure_handlers();
         Self::default()
     }
 }
@@ -52,8 +52,8 @@ impl Pinner for MlockPinner {
     fn pin(&self, addr: usize, len: usize, _access: Access) -> Result<Pinned, PinError> {
         // Inside the library while `LOCKED` is held: if the count table's growth frees memory
         // that a helper is pinning ahead of, this thread's unmap must not wait for that pin,
-        // which needs `LOCKED` (`monitor/pins_ahead.rs`).
-        let _in = crate::inside::enter();
+        // which needs `LOCKED` (`helper/pins_ahead.rs`).
+        let _in = crate::rt::inside::enter();
         let mut counts = locked();
         // Always locked, counted or not: a count left by a stale pin says nothing of the memory
         // mapped there now.
@@ -86,7 +86,7 @@ impl Pinner for MlockPinner {
     }
 
     fn unpin(&self, _pinned: Pinned, addr: usize, len: usize) {
-        let _in = crate::inside::enter(); // as in `pin`
+        let _in = crate::rt::inside::enter(); // as in `pin`
         locked().sub_each(addr, addr + len, 1, |s, e| {
             // SAFETY: munlock of an unmapped (already invalidated) range just fails with ENOMEM.
             let _ = unsafe { libc::munlock(s as *const libc::c_void, e - s) };

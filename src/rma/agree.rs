@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use crate::net::{Peers, Rank};
-use crate::status::{fh_status, FhResult};
+use crate::rt::status::{fh_status, FhResult};
 
 /// The active-message id of the settings exchange.
 pub const AGREE_AM: u16 = 0xFE01;

@@ -31,7 +31,7 @@ use crate::firehose::{
 };
 use crate::net::{LinkError, Peers, Rank, RdmaKind, RdmaOp};
 use crate::pin::Access;
-use crate::status::{fh_status, FhResult};
+use crate::rt::status::{fh_status, FhResult};
 
 /// The active-message id of every Firehose message.
 pub const FIREHOSE_AM: u16 = 0xFE00;
@@ -371,7 +371,7 @@ impl Rma {
     /// holder that stays silent is given up on, `FH_ERR_TIMEOUT`). Regions that another
     /// exposure still allows are pinned again by the next miss there.
     pub fn unexpose(&self, addr: u64, len: usize) -> FhResult<()> {
-        let _inside = crate::inside::enter();
+        let _inside = crate::rt::inside::enter();
         if !self.exposure.unexpose(addr, len) {
             return Err(fh_status::FH_ERR_UNKNOWN_HANDLE);
         }
@@ -404,7 +404,7 @@ impl Rma {
     /// Runs `f` on the algorithm under the engine lock, sends the messages it produced (still
     /// under the lock: they must leave in order), then handles its events without the lock.
     fn with_core<R>(&self, f: impl FnOnce(&mut Firehose, &mut dyn RegionPins) -> R) -> R {
-        let _inside = crate::inside::enter();
+        let _inside = crate::rt::inside::enter();
         let mut g = lock(&self.engine);
         let Engine { fh, pins } = &mut *g;
         let r = match pins {
@@ -547,7 +547,7 @@ impl Rma {
         len: usize,
         implicit: bool,
     ) -> FhResult<u64> {
-        let _inside = crate::inside::enter();
+        let _inside = crate::rt::inside::enter();
         if local.is_null() {
             return Err(fh_status::FH_ERR_NULL);
         }
@@ -672,7 +672,7 @@ impl Rma {
 
     /// Progresses once; the request's result if it is done (its handle is then spent).
     pub fn test(&self, req: u64) -> FhResult<Option<FhResult<()>>> {
-        let _inside = crate::inside::enter();
+        let _inside = crate::rt::inside::enter();
         if let Some(r) = lock(&self.ops).take_if_done(req)? {
             return Ok(Some(r));
         }
@@ -683,7 +683,7 @@ impl Rma {
     /// Progresses until the request is done; returns its result (the handle is then spent).
     /// Bounded (`FH_AM_TIMEOUT_MS`): see `Bounded`.
     pub fn wait(&self, req: u64) -> FhResult<()> {
-        let _inside = crate::inside::enter();
+        let _inside = crate::rt::inside::enter();
         let mut b = Bounded::new(self);
         loop {
             if let Some(r) = lock(&self.ops).take_if_done(req)? {
@@ -696,7 +696,7 @@ impl Rma {
     /// Progresses until every request of this context is done; returns the first error of an
     /// implicit (handle-less) request since the last `quiet`. Bounded as `wait`.
     pub fn quiet(&self) -> FhResult<()> {
-        let _inside = crate::inside::enter();
+        let _inside = crate::rt::inside::enter();
         let mut b = Bounded::new(self);
         loop {
             {
@@ -712,7 +712,7 @@ impl Rma {
     /// Progresses the endpoint (handlers, completions), then tells the algorithm about peers
     /// lost meanwhile (their ops fail).
     pub fn progress(&self) -> FhResult<usize> {
-        let _inside = crate::inside::enter();
+        let _inside = crate::rt::inside::enter();
         let n = self.peers.am().progress()?;
         let lost = std::mem::take(&mut *lock(&self.lost));
         for p in &lost {

@@ -5,7 +5,7 @@
 
 use super::slab::{Key, Slab};
 use crate::net::{Rank, RdmaKind};
-use crate::status::{fh_status, FhResult};
+use crate::rt::status::{fh_status, FhResult};
 
 /// One Firehose op: a piece of a request.
 #[derive(Debug, Clone)]

@@ -4,7 +4,7 @@
 //! The kernel copies page by page and stops at the first fault; a failed copy may have written a
 //! prefix of the destination, exactly as a failed RDMA may have.
 
-use crate::status::{fh_status, FhResult};
+use crate::rt::status::{fh_status, FhResult};
 
 /// Which side of a self copy is the "remote" address (the one that may be unmapped).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

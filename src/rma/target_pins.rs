@@ -238,8 +238,8 @@ pub(crate) fn write_own_memory(addr: u64, data: &[u8]) -> Result<(), PinFailure>
         )
     };
     r.map_err(|s| match s {
-        crate::status::fh_status::FH_ERR_NO_MEMORY => PinFailure::NoMemory,
-        crate::status::fh_status::FH_ERR_REMOTE_FAULT => PinFailure::Unmapped,
+        crate::rt::status::fh_status::FH_ERR_NO_MEMORY => PinFailure::NoMemory,
+        crate::rt::status::fh_status::FH_ERR_REMOTE_FAULT => PinFailure::Unmapped,
         _ => PinFailure::Other,
     })
 }

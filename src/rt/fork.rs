@@ -35,9 +35,9 @@
 //! reader-slot id, and never while one of the locks above is held: `pthread_atfork` takes glibc's
 //! atfork lock, which a concurrent `fork` holds while its prepare handler waits for our locks.
 //!
-//! [`MemoryListener::forked`]: crate::seam::MemoryListener::forked
-//! [`MemoryListener::before_fork`]: crate::seam::MemoryListener::before_fork
-//! [`MemoryListener::after_fork_in_parent`]: crate::seam::MemoryListener::after_fork_in_parent
+//! [`MemoryListener::forked`]: crate::rt::seam::MemoryListener::forked
+//! [`MemoryListener::before_fork`]: crate::rt::seam::MemoryListener::before_fork
+//! [`MemoryListener::after_fork_in_parent`]: crate::rt::seam::MemoryListener::after_fork_in_parent
 
 use std::any::Any;
 use std::cell::UnsafeCell;
@@ -77,7 +77,7 @@ struct Guards {
     _uffd: Box<dyn Any>,
     writers: MutexGuard<'static, monitor::RegistryWriters>,
     ids: Option<Box<dyn Any>>,
-    mlock: MutexGuard<'static, crate::range_counts::RangeCounts>,
+    mlock: MutexGuard<'static, crate::rt::range_counts::RangeCounts>,
 }
 
 /// Only touched by the thread that runs the handlers of one `fork` call: `prepare` fills it after
@@ -139,7 +139,7 @@ pub(crate) fn generation() -> u64 {
 extern "C" fn child() {
     GENERATION.fetch_add(1, Relaxed);
     // The other threads' slots of "inside the library" go with them (atomics only).
-    crate::inside::fork_child();
+    crate::rt::inside::fork_child();
     // This handler ran, so the handlers are registered in this process, whatever state a parent
     // thread that was registering them left behind.
     STATE.store(REGISTERED, SeqCst);
@@ -152,9 +152,9 @@ extern "C" fn child() {
         if let (Some(h), Some(ids)) = (ids_hooks(), g.ids.as_mut()) {
             (h.child)(&mut **ids);
         }
-        *g.mlock = crate::range_counts::RangeCounts::new();
-        monitor::unmap_log::fork_child();
-        monitor::pins_ahead::fork_child();
+        *g.mlock = crate::rt::range_counts::RangeCounts::new();
+        crate::helper::unmap_log::fork_child();
+        crate::helper::pins_ahead::fork_child();
         // Unlock this process's copies of the mutexes. (Freeing the uffd guard's box is fine:
         // glibc's malloc is usable in a child's atfork handler.)
         drop(g);

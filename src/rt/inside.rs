@@ -123,7 +123,7 @@ fn find(id: usize) -> Option<usize> {
 #[inline(never)]
 fn claim() -> usize {
     // The atfork child handler frees the slots of the threads a fork leaves behind.
-    crate::fork::ensure_handlers();
+    crate::rt::fork::ensure_handlers();
     let id = me();
     let w = window(id);
     let b = w * WINDOW;

@@ -1,4 +1,4 @@
-//! `CLOCK_MONOTONIC` in nanoseconds: one reader for the hooks (`monitor/pins_ahead.rs`) and the
+//! `CLOCK_MONOTONIC` in nanoseconds: one reader for the hooks (`helper/pins_ahead.rs`) and the
 //! helper's clock (`helper/clock.rs`). Hook-safe: the vDSO (or one system call), no allocation.
 
 /// Nanoseconds since an arbitrary fixed point (boot), never going backwards.

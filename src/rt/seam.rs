@@ -21,7 +21,7 @@ pub enum UnmapEvent {
     /// The same patched call after its system call succeeded, before it returns to its caller:
     /// the old pages are gone from the range. A listener may wait here (bounded), since the
     /// caller has not seen the call return yet, but never when the thread is inside the library
-    /// (`crate::inside`) or holds a lock the listener's helpers need.
+    /// (`crate::rt::inside`) or holds a lock the listener's helpers need.
     Done,
     /// As [`UnmapEvent::Done`], for libc trimming a malloc heap (from `free` or `malloc_trim`):
     /// its own `madvise(MADV_DONTNEED)` or `mmap(MAP_FIXED)`, or its `munmap` of a whole

@@ -6,7 +6,7 @@ use super::endpoint::{map_link_err, Inner, Replier};
 use super::handlers::Handler;
 use crate::net::wire::{Header, Kind, Reject, HEADER_LEN};
 use crate::net::{LinkError, LinkEvent, Rank};
-use crate::status::{fh_status, FhResult};
+use crate::rt::status::{fh_status, FhResult};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 

@@ -10,7 +10,7 @@ use crate::net::settings::NetSettings;
 use crate::net::stats::{Stats, StatsSnapshot};
 use crate::net::wire::{Header, Kind, HEADER_LEN};
 use crate::net::{Link, LinkError, Rank};
-use crate::status::{fh_status, FhResult};
+use crate::rt::status::{fh_status, FhResult};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};

@@ -46,7 +46,7 @@ pub(super) struct ProgressThread {
     stop: Arc<AtomicBool>,
     /// To end the thread's sleep when stopping it.
     link: Arc<dyn crate::net::link::Link>,
-    handle: Option<crate::raw_thread::RawThread>,
+    handle: Option<crate::rt::raw_thread::RawThread>,
 }
 
 /// Polls until `spin` has passed since the last event (`None`: until stopped). Returns early on
@@ -102,9 +102,9 @@ impl ProgressThread {
         let sleep = if inner.link.wakes() { IDLE_SLEEP } else { TICK };
         let link = inner.link.clone();
         // A plain pthread: see `raw_thread.rs`.
-        let handle = crate::raw_thread::spawn(c"fh-progress", move || {
+        let handle = crate::rt::raw_thread::spawn(c"fh-progress", move || {
             // A memory hook firing on this thread must never wait for the library.
-            crate::inside::mark_thread();
+            crate::rt::inside::mark_thread();
             let mut started = true;
             while !flag.load(Ordering::Acquire) {
                 poll_while_busy(&inner, &flag, spin, std::mem::take(&mut started));

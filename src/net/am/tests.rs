@@ -4,7 +4,7 @@ use super::*;
 use crate::net::settings::NetSettings;
 use crate::net::sim::{Delivery, SimConfig, SimNet};
 use crate::net::wire::{Kind, Reject};
-use crate::status::fh_status;
+use crate::rt::status::fh_status;
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -9,7 +9,7 @@
 
 use super::small_key::SmallKeyMap;
 use crate::net::Rank;
-use crate::status::fh_status;
+use crate::rt::status::fh_status;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::Duration;

@@ -10,7 +10,7 @@
 
 use super::{Bootstrap, BootstrapError};
 use crate::net::Rank;
-use crate::status::fh_status;
+use crate::rt::status::fh_status;
 use std::ffi::{c_int, c_void};
 use std::fmt;
 

@@ -35,7 +35,7 @@ struct Direct {
 
 /// Not a `OnceLock`: a child forked while another thread resolved it would wait for that thread
 /// forever (see `race_once.rs`).
-static DIRECT: crate::race_once::RaceOnce<Direct> = crate::race_once::RaceOnce::new();
+static DIRECT: crate::rt::race_once::RaceOnce<Direct> = crate::rt::race_once::RaceOnce::new();
 
 fn lookup(handle: *mut c_void, name: &std::ffi::CStr, version: &std::ffi::CStr) -> *mut c_void {
     if handle.is_null() {

@@ -4,12 +4,12 @@
 //!
 //! When it may wait ([`UnmapEvent::Done`] and [`UnmapEvent::DoneInLibcTrim`] only: after the
 //! system call, before the application sees it return): never on a thread inside the library
-//! (`crate::inside`: it may hold a lock the worker needs), never in a forked child (no worker
+//! (`crate::rt::inside`: it may hold a lock the worker needs), never in a forked child (no worker
 //! there), never with a zero timeout. When libc trims a heap (`DoneInLibcTrim`, from `free` or
 //! `malloc_trim`) it holds the arena's mutex, which the worker's next allocation may need, so
 //! there the wait also ends once the worker has shown no progress for `FH_REVOKE_STALL`
 //! (`tests/hook_revoke_malloc_lock.rs`). Whether the thread is inside the library is read from
-//! `crate::inside`'s table, not from a thread-local (a first touch would allocate, possibly under
+//! `crate::rt::inside`'s table, not from a thread-local (a first touch would allocate, possibly under
 //! that mutex).
 //! `Before` is ignored (the check after the call also catches a pin made during the call);
 //! `Late` (userfaultfd: the unmapping thread is already released) and `Told`
@@ -18,7 +18,7 @@
 use super::pinned::Overlap;
 use super::queue::Waited;
 use super::Shared;
-use crate::seam::{MemoryListener, UnmapEvent};
+use crate::rt::seam::{MemoryListener, UnmapEvent};
 use std::sync::atomic::Ordering::{Relaxed, SeqCst};
 use std::sync::Arc;
 use std::time::Instant;
@@ -40,7 +40,7 @@ impl MemoryListener for RevokeListener {
             UnmapEvent::Before => return,
             // Whether this thread is inside the library is asked only once the range is known
             // to overlap memory pinned for peers (in `unmapped`): a scan of the table of
-            // `crate::inside`, not needed in every hook.
+            // `crate::rt::inside`, not needed in every hook.
             UnmapEvent::Done => Wait::Full,
             UnmapEvent::DoneInLibcTrim => Wait::WhileWorking,
             UnmapEvent::Late | UnmapEvent::Told => Wait::Never,
@@ -79,7 +79,7 @@ impl Shared {
         // Quick tries first; a thread that may wait (asked only now: see `on_event`) spins
         // longer for a contended table.
         let mut seen = self.pinned.overlaps(addr, len, TRIES_QUICK);
-        let may_wait = may_wait && seen != Overlap::No && !crate::inside::is_inside();
+        let may_wait = may_wait && seen != Overlap::No && !crate::rt::inside::is_inside();
         if seen == Overlap::Busy && may_wait {
             seen = self.pinned.overlaps(addr, len, TRIES_WAITING);
         }

@@ -31,7 +31,7 @@ pub use settings::RevokeSettings;
 pub use worker::Driver;
 
 use crate::monitor::{self, MemoryListener, Subscription};
-use crate::status::{fh_status, FhResult};
+use crate::rt::status::{fh_status, FhResult};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
@@ -127,7 +127,7 @@ impl Shared {
 pub struct Revocation {
     shared: Arc<Shared>,
     subscription: Option<Subscription>,
-    worker: Option<crate::raw_thread::RawThread>,
+    worker: Option<crate::rt::raw_thread::RawThread>,
 }
 
 impl Revocation {
@@ -157,7 +157,7 @@ impl Revocation {
         }
         let sh = self.shared.clone();
         // A plain pthread: see `raw_thread.rs`.
-        let worker = crate::raw_thread::spawn(c"fh-revoke", move || worker::run(sh, driver))
+        let worker = crate::rt::raw_thread::spawn(c"fh-revoke", move || worker::run(sh, driver))
             .map_err(|_| fh_status::FH_ERR_NO_MEMORY)?;
         self.subscription = Some(subscription);
         self.worker = Some(worker);

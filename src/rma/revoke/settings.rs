@@ -22,7 +22,7 @@
 //! timeout.
 
 use crate::config::ConfigError;
-use crate::status::{fh_status, FhResult};
+use crate::rt::status::{fh_status, FhResult};
 use std::time::Duration;
 
 pub const DEFAULT_TIMEOUT_MS: u64 = 1000;

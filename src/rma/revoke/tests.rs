@@ -5,7 +5,7 @@
 use super::listener::{RevokeListener, Wait};
 use super::*;
 use crate::firehose::InvalId;
-use crate::seam::UnmapEvent;
+use crate::rt::seam::UnmapEvent;
 use std::collections::HashSet;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -230,7 +230,7 @@ fn inside_late_told_and_before_never_wait() {
     l.on_event(base as usize, 0x1000, UnmapEvent::Late);
     l.on_event(base as usize, 0x1000, UnmapEvent::Told);
     {
-        let _in = crate::inside::enter();
+        let _in = crate::rt::inside::enter();
         l.on_event(base as usize, 0x1000, UnmapEvent::Done);
     }
     assert!(t.elapsed() < Duration::from_secs(10));
@@ -254,7 +254,7 @@ fn trims_wait_for_working_revokes_but_never_inside_the_library() {
     }
     let l = RevokeListener(r.shared.clone());
     {
-        let _in = crate::inside::enter();
+        let _in = crate::rt::inside::enter();
         l.on_event(base as usize, 0x1000, UnmapEvent::DoneInLibcTrim);
     }
     let s = r.stats();

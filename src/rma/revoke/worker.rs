@@ -86,7 +86,7 @@ impl Drop for CloseOnExit<'_> {
 }
 
 pub(crate) fn run(sh: Arc<Shared>, drv: Box<dyn Driver>) {
-    crate::inside::mark_thread();
+    crate::rt::inside::mark_thread();
     let _close = CloseOnExit(&sh);
     let bound = drv.holder_bound();
     let mut active: Vec<Active> = Vec::new();

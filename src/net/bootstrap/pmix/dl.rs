@@ -53,8 +53,8 @@ impl PmixFns {
 
 /// Not a `OnceLock` (see `race_once.rs`): a child forked while another thread was loading it
 /// would wait for that thread forever.
-static LOADED: crate::race_once::RaceOnce<Result<PmixFns, String>> =
-    crate::race_once::RaceOnce::new();
+static LOADED: crate::rt::race_once::RaceOnce<Result<PmixFns, String>> =
+    crate::rt::race_once::RaceOnce::new();
 
 /// libpmix's functions, loading the library on the first call. The error (library or symbol
 /// missing) is also kept, so a failing host pays for `dlopen` once.

@@ -1,0 +1,33 @@
+//! The runtime layer: the bottom of the crate. Owns what every other layer leans on and that
+//! knows nothing of caches, pins, networks or hooks. It may call only `std` and `libc`: no file
+//! here imports another layer of this crate (`scripts/check-layers` checks it).
+//!
+//! - `inside`: "this thread is inside the library" (per-thread slots a hook reads without a
+//!   thread-local);
+//! - `fork`: the `pthread_atfork` handlers and the table of fork hooks that lock owners register
+//!   (each with its place in the lock order), and the fork generation;
+//! - `raw_thread`, `race_once`, `monotonic`, `counted`: threads that never touch the allocator's
+//!   thread-locals, a first-use initialiser that never waits, the monotonic clock, an in-flight
+//!   count guard;
+//! - `range_counts`: per-address counts of overlapping ranges (the mlock pinner's locked pages,
+//!   the userfaultfd's watches);
+//! - `seam`: the two traits where the cache and the monitor meet. Both layers implement or call
+//!   them and neither may import the other, so the traits live below both;
+//! - `status`: the C ABI's status codes (`fh_status`, `FhResult`). They are part of the C header
+//!   (build.rs feeds this file to cbindgen), but every layer returns them, so they sit here rather
+//!   than in `ffi`, which is the top.
+//!
+//! `config` (the environment's settings) is not here: it parses into types of `helper` and
+//! `pin`, so it sits above them, in `src/config/`.
+
+pub(crate) mod counted;
+pub(crate) mod fork;
+pub mod inside;
+pub(crate) mod monotonic;
+/// A first-use initialiser that never makes a thread wait (fork-safe); shared with the shim.
+#[doc(hidden)]
+pub mod race_once;
+pub(crate) mod range_counts;
+pub(crate) mod raw_thread;
+pub mod seam;
+pub mod status;
