@@ -2,9 +2,10 @@
 //! handlers release them, so a child never inherits one locked by a thread that does not exist
 //! in it.
 //!
-//! Order. The library registers its own handlers (`firehose`'s `src/rt/fork.rs`: monitor install,
-//! userfaultfd state, listener registry, reader ids) at its first use, after ours (we register in
-//! the constructor), and glibc runs prepare handlers in reverse order of registration: the
+//! Order. The library registers its own handlers (`firehose`'s `src/rt/fork.rs`, with the locks
+//! its owners register: monitor install, userfaultfd state, listener registry, reader ids) at its
+//! first use, after ours (we register in the constructor), and glibc runs prepare handlers in
+//! reverse order of registration: the
 //! library's locks are taken first, then ours, in the order of [`Guards`]. No path holds one of
 //! ours while it takes one of the library's (a cache is never dropped under the map's lock) or
 //! another of ours out of this order.

@@ -319,6 +319,9 @@ fn ensure_monitor() {
     let m = settings::config().monitor;
     let deferred =
         m.patch_libc && !settings::monitor_explicit() && crate::coexist::foreign_patcher_loaded();
+    // Before the hooks go live, as the library does: every patched unmap is logged for the
+    // helper threads (and waits for their pins ahead).
+    firehose::helper::install_unmap_windows();
     let st = monitor::install(MonitorOptions {
         patch_libc: m.patch_libc && !deferred,
         userfaultfd: m.userfaultfd,

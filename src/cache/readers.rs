@@ -8,10 +8,11 @@
 //! exclusively owned slot are updated with a plain load + store (no lock prefix), because only the
 //! owning thread writes them.
 
-use std::any::Any;
 use std::cell::Cell;
 use std::sync::atomic::{compiler_fence, AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
+
+use crate::rt::fork::{self, ForkHook, HeldAcrossFork};
 
 /// Number of reader slots per cache (including the shared slot 0).
 pub const SLOTS: usize = 128;
@@ -21,7 +22,7 @@ const NO_ID: u32 = 0;
 const SHARED_FOREVER: u32 = u32::MAX;
 
 /// The id pool. Filled on first use under its own lock (not with a `Once`: a child forked while
-/// another thread was inside a `Once` would wait for that thread forever). Lock 4 of
+/// another thread was inside a `Once` would wait for that thread forever). Place 40 of
 /// `crate::rt::fork`'s order, held across `fork`; nothing is locked under it.
 struct IdPool {
     filled: bool,
@@ -37,24 +38,31 @@ fn free_ids() -> MutexGuard<'static, IdPool> {
     FREE_IDS.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Handed to `crate::rt::fork` (this module is private to `cache`).
-static FORK_HOOKS: crate::rt::fork::LeafHooks = crate::rt::fork::LeafHooks {
-    lock: fork_lock,
-    child: fork_child,
+/// Place 40 of `rt::fork`'s order: `FREE_IDS`, held across `fork` (nothing is locked under it).
+static FORK_HOOK: ForkHook = ForkHook {
+    order: 40,
+    prepare: || {
+        // SAFETY: this hook's prepare, the lock just taken.
+        unsafe { HELD.put(free_ids()) }
+    },
+    parent: || {
+        // SAFETY: this hook's parent.
+        drop(unsafe { HELD.take() })
+    },
+    child: || {
+        // SAFETY: this hook's child.
+        if let Some(mut g) = unsafe { HELD.take() } {
+            fork_child(&mut g);
+        }
+    },
 };
-
-fn fork_lock() -> Box<dyn Any> {
-    Box::new(free_ids())
-}
+static HELD: HeldAcrossFork<MutexGuard<'static, IdPool>> = HeldAcrossFork::new();
 
 /// In a child of `fork` (one thread, the pool locked by it): the ids of the parent's other
 /// threads are free again, since those threads are gone and will never return them. Only this
 /// thread's id stays taken. No allocation: the pool was filled with every id once, so its capacity
 /// holds them all.
-fn fork_child(g: &mut dyn Any) {
-    let Some(g) = g.downcast_mut::<MutexGuard<'static, IdPool>>() else {
-        return;
-    };
+fn fork_child(g: &mut IdPool) {
     if !g.filled || g.free.capacity() < SLOTS - 1 {
         return;
     }
@@ -98,7 +106,7 @@ pub fn my_slot() -> usize {
 #[cold]
 fn assign() -> usize {
     // Before the lock: registering the atfork handlers must not happen under one of our locks.
-    crate::rt::fork::set_ids_hooks(&FORK_HOOKS);
+    fork::register(&FORK_HOOK);
     let id = {
         let mut pool = free_ids();
         if !pool.filled {

@@ -36,6 +36,8 @@ pub(crate) unsafe fn build(
     // The monitor is process-wide and idempotent; with no bits set only `fh_notify_unmapped`
     // invalidates. What is really active shows in `fh_info`.
     if opts.patch_libc || opts.userfaultfd {
+        // Before the hooks go live: every patched unmap is logged for the helper threads.
+        crate::helper::install_unmap_windows();
         monitor::install(opts);
     }
     let helper = HelperSettings {

@@ -42,6 +42,7 @@ pub mod unmap_log;
 use std::sync::Arc;
 
 pub use pin_flag::FlaggingPinner;
+pub use pins_ahead::install_unmap_windows;
 pub use placement::Placement;
 pub use thread::{
     prefetch_checked, Helper, HelperConfig, HelperState, HelperStats, DEFAULT_MIN_BYTES,

@@ -31,8 +31,11 @@
 //! Hook-safe: fixed slots, atomics, `sched_yield`/`nanosleep`/the vDSO clock; no allocation, no
 //! lock, no panic.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::SeqCst};
 
+use super::unmap_log;
+use crate::monitor::{set_unmap_windows, UnmapWindows};
+use crate::rt::fork::{self, ForkHook};
 use crate::rt::monotonic::monotonic_ns;
 
 const SLOTS: usize = 64;
@@ -83,6 +86,7 @@ pub struct PinAhead {
 /// Announce a pin ahead of `[start, end)` by this thread. `None` when all slots are taken (then
 /// do not pin: nothing would make an unmap wait for it).
 pub fn enter(start: usize, end: usize) -> Option<PinAhead> {
+    install_unmap_windows();
     ACTIVE.fetch_add(1, SeqCst);
     for (i, s) in TABLE.iter().enumerate() {
         let g = s.gen.load(SeqCst);
@@ -211,10 +215,52 @@ pub fn waits() -> (u64, u64) {
     (WAITS.load(SeqCst), WAITS_TIMED_OUT.load(SeqCst))
 }
 
+/// What the monitor's hooks call around each patched unmap: the unmap log's window
+/// (`unmap_log.rs`), and the wait for the pins ahead the unmap overlaps.
+static WINDOWS: UnmapWindows = UnmapWindows {
+    begin: unmap_log::begin,
+    end: unmap_log::end,
+    before_unmap,
+};
+
+/// Not for a thread inside the library: it may hold a cache's lock, which the pin needs.
+fn before_unmap(start: usize, end: usize) {
+    // `any` first: one load when no helper pins ahead (every hooked call pays it).
+    if any() && !crate::rt::inside::is_inside() {
+        wait_for_overlapping(start, end);
+    }
+}
+
+/// Place 61 of `rt::fork`'s order (after the locks, with none of its own): the child withdraws
+/// the announcements of the parent's helpers.
+static FORK_HOOK: ForkHook = ForkHook {
+    order: 61,
+    prepare: fork::nothing,
+    parent: fork::nothing,
+    child: fork_child,
+};
+
+static INSTALLED: AtomicBool = AtomicBool::new(false);
+
+/// Make the monitor's patched unmaps log themselves in the unmap log and wait for the pins ahead
+/// they overlap, and the atfork child handler repair both (idempotent). Called before the monitor
+/// is installed (by `ffi` and the preload shim, so that no hooked unmap goes unlogged), by the
+/// helper thread's start and by [`enter`]. Never from hook context, never with a lock of
+/// `rt::fork`'s order held.
+pub fn install_unmap_windows() {
+    if INSTALLED.load(SeqCst) {
+        return;
+    }
+    fork::register(&unmap_log::FORK_HOOK);
+    fork::register(&FORK_HOOK);
+    set_unmap_windows(&WINDOWS);
+    INSTALLED.store(true, SeqCst);
+}
+
 /// In a forked child (the atfork child handler, one thread left): the parent's helper threads
 /// are not here to withdraw their announcements, which would make every unmap of those ranges
 /// wait `MAX_WAIT_NS`. No lock, no allocation.
-pub(crate) fn fork_child() {
+fn fork_child() {
     for s in &TABLE {
         let g = s.gen.load(SeqCst);
         if g % 2 == 1 {

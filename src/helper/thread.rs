@@ -211,6 +211,8 @@ impl Helper {
         };
         // Before the first time is taken (the callers' events, the calibration below).
         clock::select(cfg.clock);
+        // Its pins ahead are safe only while the patched unmaps log themselves and wait for them.
+        super::pins_ahead::install_unmap_windows();
         let unmaps = Arc::new(Unmaps {
             ring: ArrayQueue::new(1024),
             overflow: AtomicBool::new(false),

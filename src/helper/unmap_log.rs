@@ -16,6 +16,8 @@
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::SeqCst};
 
+use crate::rt::fork::{self, ForkHook};
+
 const SLOTS: usize = 64;
 
 struct Slot {
@@ -57,11 +59,21 @@ pub fn end(seq: u64) {
     IN_FLIGHT.fetch_sub(1, SeqCst);
 }
 
+/// Place 60 of `rt::fork`'s order (after the locks, with none of its own): the child ends the
+/// unmaps of the parent's other threads. Registered with the hooks' windows
+/// (`pins_ahead::install_unmap_windows`).
+pub(crate) static FORK_HOOK: ForkHook = ForkHook {
+    order: 60,
+    prepare: fork::nothing,
+    parent: fork::nothing,
+    child: fork_child,
+};
+
 /// In a forked child (the atfork child handler, one thread left): the unmaps that other parent
 /// threads had in flight will never end here. Left counted, they made every range look raced to
 /// the child's helper for good, so it never pinned ahead (`tests/fork_unmap_log.rs`). No lock, no
 /// allocation.
-pub(crate) fn fork_child() {
+fn fork_child() {
     for s in &LOG {
         let begun = s.begun.load(SeqCst);
         if begun != 0 {

@@ -14,8 +14,7 @@ use super::guard::notify_guarded;
 use super::maps;
 use super::ranges::{madvise_drops_pages, mmap_replaces, mremap_ranges, page_span, PAGE};
 use super::registry::done_wanted;
-use crate::helper::pins_ahead;
-use crate::helper::unmap_log;
+use super::unmap_windows::{unmap_windows, UnmapWindows};
 use crate::rt::seam::UnmapEvent;
 
 /// The libc functions we patch; the discriminant is the bit in `MonitorStatus::patched`.
@@ -112,32 +111,32 @@ fn notify_ev(range: Option<(usize, usize)>, ev: UnmapEvent) -> bool {
     ran
 }
 
-/// The unmap window of one hooked call (`unmap_log.rs`, for the helper thread's prefetch): open
+/// The unmap window of one hooked call (`unmap_windows.rs`: the helper thread's unmap log): open
 /// from before the listeners run until the hook returns (the guard is a local of the hook,
 /// dropped after its system call and `done`). Opened before `notify`.
 #[must_use]
-struct Window(Option<u64>);
+struct Window(Option<(&'static UnmapWindows, u64)>);
 
 impl Drop for Window {
     fn drop(&mut self) {
-        if let Some(seq) = self.0 {
-            unmap_log::end(seq);
+        if let Some((w, seq)) = self.0 {
+            (w.end)(seq);
         }
     }
 }
 
-/// Opens the window, then waits for the helpers' pins ahead of the same memory to end
-/// (`pins_ahead.rs`), unless this is libc trimming a heap (`trim`: an arena mutex held) or a
-/// thread inside the library (it may hold a cache's lock, which the pin needs).
+/// Opens the window, then lets the installed windows wait (the helpers' pins ahead of the same
+/// memory), unless this is libc trimming a heap (`trim`: an arena mutex held).
 fn window(range: Option<(usize, usize)>, trim: bool) -> Window {
-    let w = Window(range.map(|(addr, len)| unmap_log::begin(addr, addr.saturating_add(len))));
-    if let Some((addr, len)) = range {
-        // `any` first: one load when no helper pins ahead (every hooked call pays it).
-        if !trim && pins_ahead::any() && !crate::rt::inside::is_inside() {
-            pins_ahead::wait_for_overlapping(addr, addr.saturating_add(len));
-        }
+    let (Some(w), Some((addr, len))) = (unmap_windows(), range) else {
+        return Window(None);
+    };
+    let end = addr.saturating_add(len);
+    let seq = (w.begin)(addr, end);
+    if !trim {
+        (w.before_unmap)(addr, end);
     }
-    w
+    Window(Some((w, seq)))
 }
 
 /// Before the system call. Returns whether the listeners ran (then `done` may follow).

@@ -22,30 +22,37 @@
 //! watched memory (that thread waits for the reader). `Cache::invalidate` (non-blocking, no
 //! allocation) satisfies both.
 //!
-//! fork: the atfork handlers of `crate::rt::fork` hold the monitor's process-wide locks across `fork`
-//! (their order is written there) and tell every listener [`MemoryListener::forked`] in the child.
+//! fork: the monitor registers its process-wide locks with `crate::rt::fork` (`INSTALL` here, the
+//! userfaultfd state, the registry's writers: their places in the order are written next to each
+//! registration), and the registry tells every listener [`MemoryListener::forked`] in the child.
+//!
+//! The helper thread's protocols (its unmap log and pins ahead, `crate::helper`) are not here:
+//! the hooks call whatever [`UnmapWindows`] was installed (`unmap_windows.rs`), and the monitor
+//! imports nothing of the helper.
 //!
 //! Files: `registry.rs` (listener slots), `guard.rs` (re-entrancy), `patch.rs` (code patching),
-//! `hooks.rs` (replacement functions), `caller.rs` (their entries: libc's own calls told apart), `ranges.rs` (what range each call invalidates),
-//! `maps.rs` (allocation-free /proc/self/maps reader), `unmap_log.rs` (patched unmaps in
-//! flight, for the helper thread's prefetch), `pins_ahead.rs` (the helper's pins in flight,
-//! which patched unmaps of the same memory wait for), `uffd.rs` (userfaultfd; live watches per address
-//! are counted with `crate::rt::range_counts`), `prune_ring.rs` (reader -> watch path,
-//! lock-free: ranges that went away), `switches.rs` (test-only disabling of single paths).
+//! `hooks.rs` (replacement functions), `caller.rs` (their entries: libc's own calls told apart),
+//! `ranges.rs` (what range each call invalidates), `maps.rs` (allocation-free /proc/self/maps
+//! reader), `unmap_windows.rs` (who else hears of a patched unmap while it runs), `uffd.rs`
+//! (userfaultfd; live watches per address are counted with `crate::rt::range_counts`),
+//! `prune_ring.rs` (reader -> watch path, lock-free: ranges that went away), `switches.rs`
+//! (test-only disabling of single paths).
 
 mod caller;
 mod guard;
 mod hooks;
 mod maps;
 mod patch;
-
 mod prune_ring;
 pub mod ranges;
 mod registry;
 mod switches;
 mod uffd;
+mod unmap_windows;
 
 use std::sync::{Mutex, MutexGuard};
+
+use crate::rt::fork::{self, ForkHook, HeldAcrossFork};
 
 pub use caller::tells_libc_apart;
 pub use hooks::Hooked;
@@ -54,6 +61,7 @@ pub use registry::{
 };
 pub use switches::test_disable;
 pub use uffd::UffdWatcher;
+pub use unmap_windows::{set_unmap_windows, UnmapWindows};
 
 pub use uffd::quiesce;
 
@@ -126,27 +134,38 @@ pub struct MonitorStatus {
     pub uffd_events: u64,
 }
 
-/// Lock 1 of `crate::rt::fork`'s order: `install` takes the userfaultfd state (2) under it.
+/// Place 10 of `rt::fork`'s order: `install` takes the userfaultfd state (20) under it.
 static INSTALL: Mutex<()> = Mutex::new(());
 
 fn lock_install() -> MutexGuard<'static, ()> {
     INSTALL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-// For the atfork handlers (`crate::rt::fork`, which has the order).
-pub(crate) use registry::{
-    each_listener, fork_child as fork_child_listeners, fork_lock as fork_lock_registry,
-    Writers as RegistryWriters,
+/// `INSTALL`, held across `fork`.
+static FORK_HOOK: ForkHook = ForkHook {
+    order: 10,
+    prepare: || {
+        // SAFETY: this hook's prepare, the lock just taken.
+        unsafe { HELD.put(lock_install()) }
+    },
+    parent: || {
+        // SAFETY: this hook's parent.
+        drop(unsafe { HELD.take() })
+    },
+    child: || {
+        // SAFETY: this hook's child.
+        drop(unsafe { HELD.take() })
+    },
 };
+static HELD: HeldAcrossFork<MutexGuard<'static, ()>> = HeldAcrossFork::new();
 
-/// Lock 1, held across `fork`.
-pub(crate) fn fork_lock_install() -> MutexGuard<'static, ()> {
-    lock_install()
-}
-
-/// Lock 2, held across `fork` (the guard's type is private to `uffd.rs`).
-pub(crate) fn fork_lock_uffd() -> Box<dyn std::any::Any> {
-    Box::new(uffd::fork_lock())
+/// The monitor's places in `rt::fork`'s order: the listeners (1), `INSTALL` (10), the
+/// userfaultfd state (20), the registry's writers (30). Before any of them is first taken, never
+/// with one held.
+fn register_fork_hooks() {
+    registry::register_fork_hooks();
+    fork::register(&FORK_HOOK);
+    fork::register(&uffd::FORK_HOOK);
 }
 
 /// Install once per process (idempotent; later calls may enable more). Returns what is active.
@@ -156,7 +175,7 @@ pub(crate) fn fork_lock_uffd() -> Box<dyn std::any::Any> {
 /// a patched function at the exact moment of the write could see torn instructions.
 pub fn install(opts: MonitorOptions) -> MonitorStatus {
     // Before the lock: registering the atfork handlers must not happen under one of our locks.
-    crate::rt::fork::ensure_handlers();
+    register_fork_hooks();
     let _g = lock_install();
     switches::load_from_env();
     if opts.patch_libc {

@@ -28,6 +28,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::MemoryListener;
 use crate::rt::counted::Counted;
+use crate::rt::fork::{self, ForkHook, HeldAcrossFork};
 use crate::rt::seam::UnmapEvent;
 
 /// Slots per chunk (a chunk is 4 KiB).
@@ -56,7 +57,7 @@ static HIGH: AtomicUsize = AtomicUsize::new(0);
 static DONE_WANTED: AtomicUsize = AtomicUsize::new(0);
 
 /// Writer-side bookkeeping, under `WRITERS` (never taken on the hook path).
-pub(crate) struct Writers {
+pub(super) struct Writers {
     /// Free slots below `HIGH`.
     free: BTreeSet<usize>,
     /// Slots in use.
@@ -75,9 +76,53 @@ fn writers() -> MutexGuard<'static, Writers> {
     WRITERS.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Held by the atfork prepare handler (see `crate::rt::fork`).
-pub(crate) fn fork_lock() -> MutexGuard<'static, Writers> {
-    writers()
+/// Place 1 of `rt::fork`'s order: the listeners hear of the fork on both sides of it, in the
+/// parent: `before_fork` first thing in `prepare`, with none of the order's locks held yet (a
+/// cache may deregister there: its backend calls may reach the hooks, the userfaultfd state and
+/// the registry's readers), and `after_fork_in_parent` last thing in `parent`. What caches do
+/// there: `pin/fork_mode.rs`.
+static LISTENERS_FORK_HOOK: ForkHook = ForkHook {
+    order: 1,
+    prepare: || {
+        each_listener(|l| {
+            // Each on its own: a panic in one cache's backend must not spare the others.
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| l.before_fork()));
+        })
+    },
+    parent: || {
+        each_listener(|l| {
+            let _ =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| l.after_fork_in_parent()));
+        })
+    },
+    child: fork::nothing,
+};
+
+/// Place 30 of `rt::fork`'s order: `WRITERS` held across `fork` (nothing is locked under it); in
+/// the child, with it held, every listener is told it was forked ([`fork_child`]).
+static WRITERS_FORK_HOOK: ForkHook = ForkHook {
+    order: 30,
+    prepare: || {
+        // SAFETY: this hook's prepare, the lock just taken.
+        unsafe { HELD.put(writers()) }
+    },
+    parent: || {
+        // SAFETY: this hook's parent.
+        drop(unsafe { HELD.take() })
+    },
+    child: || {
+        // SAFETY: this hook's child.
+        if let Some(mut g) = unsafe { HELD.take() } {
+            fork_child(&mut g);
+        }
+    },
+};
+static HELD: HeldAcrossFork<MutexGuard<'static, Writers>> = HeldAcrossFork::new();
+
+/// The registry's places in `rt::fork`'s order (1 and 30). Never with one of its locks held.
+pub(super) fn register_fork_hooks() {
+    fork::register(&LISTENERS_FORK_HOOK);
+    fork::register(&WRITERS_FORK_HOOK);
 }
 
 /// The slot with index `i`, whose chunk must be published.
@@ -147,7 +192,7 @@ impl Subscription {
 /// subscription is inactive (check [`Subscription::is_active`]).
 pub fn subscribe(l: Arc<dyn MemoryListener>) -> Subscription {
     // Before the lock: registering the atfork handlers must not happen under one of our locks.
-    crate::rt::fork::ensure_handlers();
+    register_fork_hooks();
     let mut w = writers();
     let none = Subscription {
         slot: None,
@@ -254,7 +299,7 @@ pub(crate) fn each_listener(f: impl Fn(&dyn MemoryListener)) {
 /// notifier may have counted itself in on a slot above `HIGH` that it found emptied): those threads
 /// do not exist here, and unsubscribing in the child must not wait for them forever. No
 /// allocation, no lock.
-pub(crate) fn fork_child(_held: &mut Writers) {
+fn fork_child(_held: &mut Writers) {
     for_each_slot(MAX_LISTENERS, |s| s.in_flight.store(0, SeqCst));
     for_each_slot(HIGH.load(SeqCst), |s| {
         let raw = s.listener.load(SeqCst);

@@ -41,7 +41,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering::SeqCst};
-use std::sync::{Mutex, TryLockError};
+use std::sync::{Mutex, MutexGuard, TryLockError};
 use std::time::Duration;
 
 use libc::{c_int, c_long, c_ulong};
@@ -50,6 +50,7 @@ use super::guard::notify_guarded;
 use super::maps;
 use super::prune_ring::PruneRing;
 use super::MonitorStatus;
+use crate::rt::fork::{ForkHook, HeldAcrossFork};
 use crate::rt::range_counts::RangeCounts;
 use crate::rt::seam::UnmapEvent;
 
@@ -853,11 +854,24 @@ fn retire(fd: c_int, fd_ours: bool, me: libc::pid_t) -> bool {
     true
 }
 
-/// For the atfork handlers (`crate::rt::fork`, lock 2 of its order): `STATE` held across `fork`, so a
-/// child never inherits it locked by a thread that is gone.
-pub(crate) fn fork_lock() -> impl std::any::Any {
-    STATE.lock().unwrap_or_else(|e| e.into_inner())
-}
+/// Place 20 of `rt::fork`'s order (registered by `install`, which takes it under place 10):
+/// `STATE` held across `fork`, so a child never inherits it locked by a thread that is gone.
+pub(super) static FORK_HOOK: ForkHook = ForkHook {
+    order: 20,
+    prepare: || {
+        // SAFETY: this hook's prepare, the lock just taken.
+        unsafe { HELD.put(lock_state()) }
+    },
+    parent: || {
+        // SAFETY: this hook's parent.
+        drop(unsafe { HELD.take() })
+    },
+    child: || {
+        // SAFETY: this hook's child.
+        drop(unsafe { HELD.take() })
+    },
+};
+static HELD: HeldAcrossFork<MutexGuard<'static, Option<State>>> = HeldAcrossFork::new();
 
 #[cfg(test)]
 mod tests {

@@ -12,9 +12,10 @@
 //! application's `mremap` of it failed with EFAULT (seen in `case6_stale_threads`).
 
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard};
 
 use super::{Access, PinError, Pinned, Pinner};
+use crate::rt::fork::{self, ForkHook, HeldAcrossFork};
 use crate::rt::range_counts::RangeCounts;
 
 #[derive(Default)]
@@ -31,15 +32,32 @@ fn locked() -> std::sync::MutexGuard<'static, RangeCounts> {
     LOCKED.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Lock 5 of `crate::rt::fork`'s order, held across `fork` by its handlers.
-pub(crate) fn fork_lock() -> std::sync::MutexGuard<'static, RangeCounts> {
-    locked()
-}
+/// Place 50 of `rt::fork`'s order: `LOCKED`, held across `fork` (nothing is locked under it).
+/// The child starts with no page locked (mlock is not inherited), so it starts with no count
+/// either.
+static FORK_HOOK: ForkHook = ForkHook {
+    order: 50,
+    prepare: || {
+        // SAFETY: this hook's prepare, the lock just taken.
+        unsafe { HELD.put(locked()) }
+    },
+    parent: || {
+        // SAFETY: this hook's parent.
+        drop(unsafe { HELD.take() })
+    },
+    child: || {
+        // SAFETY: this hook's child.
+        if let Some(mut g) = unsafe { HELD.take() } {
+            *g = RangeCounts::new();
+        }
+    },
+};
+static HELD: HeldAcrossFork<MutexGuard<'static, RangeCounts>> = HeldAcrossFork::new();
 
 impl MlockPinner {
     pub fn new() -> Self {
         // A child forked while another thread held `LOCKED` would hang in its first pin.
-        crate::rt::fork::ensure_handlers();
+        fork::register(&FORK_HOOK);
         Self::default()
     }
 }

@@ -3,127 +3,147 @@
 //! A child of `fork` has one thread. A lock that another thread of the parent held at that instant
 //! stays locked forever in the child, so the child's first registration would hang (seen with
 //! the monitor's install mutex: `tests/fork_threads.rs`). The prepare handler takes every
-//! process-wide lock, in the one order below; the parent and child handlers release them. Then,
-//! in the child, every subscribed listener is told [`MemoryListener::forked`]: a cache does not
-//! cross fork (its own locks may be held by threads that are gone, and its registrations are the
-//! parent's: the child shares the parent's verbs objects), so an inherited cache quarantines
-//! itself and the child builds new ones.
+//! process-wide lock, in one order; the parent and child handlers release them. Then, in the
+//! child, every subscribed listener is told `MemoryListener::forked`: a cache does not cross fork
+//! (its own locks may be held by threads that are gone, and its registrations are the parent's:
+//! the child shares the parent's verbs objects), so an inherited cache quarantines itself and the
+//! child builds new ones.
 //!
-//! In the parent, listeners hear of the fork on both sides of it: [`MemoryListener::before_fork`]
-//! first thing in `prepare`, with none of these locks held yet (a cache may deregister there), and
-//! [`MemoryListener::after_fork_in_parent`] last thing in `parent`. What caches do there:
-//! `pin/fork_mode.rs`.
+//! This file names none of those locks: each owner registers a [`ForkHook`] (a static of plain
+//! function pointers) with its place in the order, and the handlers walk the table. Nothing is
+//! allocated in the handlers, nothing is locked to read the table (one atomic pointer per place).
 //!
-//! Lock order. Every path that holds two of these takes them in this order, and `prepare` takes
-//! all of them in it:
+//! - `prepare` runs every registered hook's `prepare` in ascending order: the order is the lock
+//!   order, so the first ones may still take whatever the later ones hold (the listeners'
+//!   `before_fork` comes first, with no lock of ours held yet);
+//! - `parent` runs the `parent` hooks in descending order (the listeners' `after_fork_in_parent`
+//!   comes last, after every lock is released);
+//! - `child` runs the `child` hooks in ascending order: each repairs what the threads that are gone
+//!   left behind under its own lock, then releases it. (The child has one thread, so releasing
+//!   one before the next is repaired changes nothing.)
 //!
-//! 1. `monitor::INSTALL` (`monitor/mod.rs`): `install` holds it while patching libc and opening
-//!    the userfaultfd, which takes 2;
-//! 2. the userfaultfd `STATE` (`monitor/uffd.rs`);
-//! 3. the listener registry's `WRITERS` (`monitor/registry.rs`): nothing is locked under it;
-//! 4. the reader-slot id pool `FREE_IDS` (`cache/readers.rs`): nothing is locked under it. The
-//!    cache module keeps that file private, so it hands its lock over at its first use
-//!    ([`set_ids_hooks`]);
-//! 5. the mlock pinner's count of locked pages `LOCKED` (`pin/mlock.rs`): nothing is locked under
-//!    it. The child starts with no page locked (mlock is not inherited), so it starts with no
-//!    count either.
+//! The order (see [`order`]; every path that holds two of these locks takes them in this order):
+//!
+//! | order | owner | prepare | child |
+//! |---|---|---|---|
+//! | 0 `INSIDE` | `rt/inside.rs` | - | free the gone threads' slots |
+//! | 1 `LISTENERS` | `monitor/registry.rs` | `before_fork` of every listener | - |
+//! | 10 `MONITOR_INSTALL` | `monitor/mod.rs` | `INSTALL` (`install` takes 20 under it) | |
+//! | 20 `UFFD_STATE` | `monitor/uffd.rs` | the userfaultfd `STATE` | |
+//! | 30 `LISTENER_WRITERS` | `monitor/registry.rs` | `WRITERS` (nothing under it) | `forked` of every listener |
+//! | 40 `READER_IDS` | `cache/readers.rs` | `FREE_IDS` (nothing under it) | free the gone threads' ids |
+//! | 50 `MLOCK_COUNTS` | `pin/mlock.rs` | `LOCKED` (nothing under it) | no page is locked: no count |
+//! | 60 `UNMAP_LOG` | `helper/unmap_log.rs` | - | end the gone threads' unmaps |
+//! | 61 `PINS_AHEAD` | `helper/pins_ahead.rs` | - | withdraw the gone helpers' pins |
 //!
 //! Per-cache locks (the writer mutex, the slab's spin lock, the handle tables) are not taken:
 //! only the quarantined inherited caches have them, and they never touch them again.
 //!
-//! The handlers are registered once, at the first monitor install, listener subscription or
-//! reader-slot id, and never while one of the locks above is held: `pthread_atfork` takes glibc's
-//! atfork lock, which a concurrent `fork` holds while its prepare handler waits for our locks.
-//!
-//! [`MemoryListener::forked`]: crate::rt::seam::MemoryListener::forked
-//! [`MemoryListener::before_fork`]: crate::rt::seam::MemoryListener::before_fork
-//! [`MemoryListener::after_fork_in_parent`]: crate::rt::seam::MemoryListener::after_fork_in_parent
+//! Owners register before they first take their lock, and never while holding one of the locks
+//! above: the first registration calls `pthread_atfork`, which takes glibc's atfork lock, which a
+//! concurrent `fork` holds while its prepare handler waits for our locks. The lock a hook takes
+//! in `prepare` stays held until its `parent` or `child`: the owner keeps the guard in a
+//! [`HeldAcrossFork`].
 
-use std::any::Any;
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
-use std::sync::MutexGuard;
 
-use crate::monitor;
-
-/// A leaf lock of another module, as the handlers see it.
-pub(crate) struct LeafHooks {
-    /// Take the lock; the guard is held across `fork`.
-    pub lock: fn() -> Box<dyn Any>,
-    /// In the child, with the guard (still locked): repair what the threads that are gone left
-    /// behind. No allocation, no lock.
-    pub child: fn(&mut dyn Any),
+/// One owner's part in the atfork handlers. Each function must not allocate (the child's
+/// may free: glibc's malloc is usable in a child's atfork handler), and must not take a lock of a
+/// later place in the order but its own. A panic is caught (and only spares this hook).
+pub(crate) struct ForkHook {
+    /// The place in the order (the table above): the key of the table, so unique, below
+    /// [`PLACES`].
+    pub order: u8,
+    /// In the parent, before `fork`: take the lock (keep the guard in a [`HeldAcrossFork`]).
+    pub prepare: fn(),
+    /// In the parent, after `fork`: release it.
+    pub parent: fn(),
+    /// In the child (one thread): repair what the threads that are gone left, and release.
+    pub child: fn(),
 }
 
-/// Lock 4 (the reader-slot id pool), once `cache/readers.rs` has handed it over.
-static IDS_HOOKS: AtomicPtr<LeafHooks> = AtomicPtr::new(std::ptr::null_mut());
+/// For a [`ForkHook`] with nothing to do at one of the three points.
+pub(crate) fn nothing() {}
 
-/// Called by `cache/readers.rs` before it first takes its lock (never with a lock held).
-pub(crate) fn set_ids_hooks(h: &'static LeafHooks) {
-    IDS_HOOKS.store(h as *const LeafHooks as *mut LeafHooks, SeqCst);
+/// Places in the order (one hook each).
+const PLACES: usize = 64;
+
+/// The registered hooks by place; null where none.
+static TABLE: [AtomicPtr<ForkHook>; PLACES] =
+    [const { AtomicPtr::new(std::ptr::null_mut()) }; PLACES];
+
+/// Register `h` at its place (idempotent), and the atfork handlers if they are not yet. Call it
+/// before first taking the lock it protects, never with one of the order's locks held.
+pub(crate) fn register(h: &'static ForkHook) {
+    let place = &TABLE[usize::from(h.order)];
+    let p = h as *const ForkHook as *mut ForkHook;
+    if place.load(SeqCst) != p {
+        let was = place.swap(p, SeqCst);
+        debug_assert!(
+            was.is_null() || was == p,
+            "two fork hooks at place {}",
+            h.order
+        );
+    }
     ensure_handlers();
 }
 
-fn ids_hooks() -> Option<&'static LeafHooks> {
-    // SAFETY: null or from a `&'static` in `set_ids_hooks`.
-    unsafe { IDS_HOOKS.load(SeqCst).as_ref() }
+/// The hooks in ascending order.
+fn each_hook(f: impl Fn(&'static ForkHook)) {
+    for place in TABLE.iter() {
+        // SAFETY: null or from a `&'static` in `register`.
+        if let Some(h) = unsafe { place.load(SeqCst).as_ref() } {
+            f(h);
+        }
+    }
 }
 
-/// The locks held between prepare and parent/child, in acquisition order (dropped in this order
-/// too, which does not matter for releasing).
-struct Guards {
-    _install: MutexGuard<'static, ()>,
-    /// The userfaultfd state's guard (its type is private to `uffd.rs`).
-    _uffd: Box<dyn Any>,
-    writers: MutexGuard<'static, monitor::RegistryWriters>,
-    ids: Option<Box<dyn Any>>,
-    mlock: MutexGuard<'static, crate::rt::range_counts::RangeCounts>,
-}
-
+/// A guard a [`ForkHook`] holds from its `prepare` to its `parent` or `child`.
+///
 /// Only touched by the thread that runs the handlers of one `fork` call: `prepare` fills it after
-/// taking `INSTALL`, and parent/child empty it before releasing it, so concurrent forks are
-/// serialised by that mutex (and by glibc's atfork lock).
-struct Held(UnsafeCell<Option<Guards>>);
+/// taking the lock, and parent/child empty it before releasing it, so concurrent forks are
+/// serialised by that lock (and by glibc's atfork lock).
+pub(crate) struct HeldAcrossFork<G>(UnsafeCell<Option<G>>);
 
-// SAFETY: see `Held`.
-unsafe impl Sync for Held {}
+// SAFETY: see `HeldAcrossFork`.
+unsafe impl<G> Sync for HeldAcrossFork<G> {}
 
-static HELD: Held = Held(UnsafeCell::new(None));
+impl<G> HeldAcrossFork<G> {
+    pub const fn new() -> Self {
+        Self(UnsafeCell::new(None))
+    }
+
+    /// Keep the guard taken in a `prepare` handler.
+    ///
+    /// # Safety
+    /// Only from the `prepare` of the hook that owns this, with its lock just taken.
+    pub unsafe fn put(&self, g: G) {
+        *self.0.get() = Some(g);
+    }
+
+    /// The guard kept by `prepare`, in the `parent` or `child` handler.
+    ///
+    /// # Safety
+    /// Only from the `parent` or `child` of the hook that owns this.
+    pub unsafe fn take(&self) -> Option<G> {
+        (*self.0.get()).take()
+    }
+}
 
 extern "C" fn prepare() {
-    // First, with none of our locks held: caches release what must not cross the fork (their
-    // backend calls may reach the hooks, the userfaultfd state and the registry's readers).
-    monitor::each_listener(|l| {
-        // Each on its own: a panic in one cache's backend must not spare the others.
-        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| l.before_fork()));
-    });
-    let _ = std::panic::catch_unwind(|| {
-        let install = monitor::fork_lock_install();
-        let uffd = monitor::fork_lock_uffd();
-        let writers = monitor::fork_lock_registry();
-        let ids = ids_hooks().map(|h| (h.lock)());
-        let mlock = crate::pin::mlock::fork_lock();
-        // SAFETY: see `Held`.
-        unsafe {
-            *HELD.0.get() = Some(Guards {
-                _install: install,
-                _uffd: uffd,
-                writers,
-                ids,
-                mlock,
-            })
-        };
+    each_hook(|h| {
+        let _ = std::panic::catch_unwind(h.prepare);
     });
 }
 
 extern "C" fn parent() {
-    let _ = std::panic::catch_unwind(|| {
-        // SAFETY: see `Held`; dropping the guards unlocks.
-        drop(unsafe { (*HELD.0.get()).take() });
-    });
-    monitor::each_listener(|l| {
-        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| l.after_fork_in_parent()));
-    });
+    for place in TABLE.iter().rev() {
+        // SAFETY: null or from a `&'static` in `register`.
+        if let Some(h) = unsafe { place.load(SeqCst).as_ref() } {
+            let _ = std::panic::catch_unwind(h.parent);
+        }
+    }
 }
 
 /// How many forks this process's line has gone through (this process and its ancestors since
@@ -138,26 +158,11 @@ pub(crate) fn generation() -> u64 {
 
 extern "C" fn child() {
     GENERATION.fetch_add(1, Relaxed);
-    // The other threads' slots of "inside the library" go with them (atomics only).
-    crate::rt::inside::fork_child();
     // This handler ran, so the handlers are registered in this process, whatever state a parent
     // thread that was registering them left behind.
     STATE.store(REGISTERED, SeqCst);
-    let _ = std::panic::catch_unwind(|| {
-        // SAFETY: see `Held`. This process has one thread now.
-        let Some(mut g) = (unsafe { (*HELD.0.get()).take() }) else {
-            return;
-        };
-        monitor::fork_child_listeners(&mut g.writers);
-        if let (Some(h), Some(ids)) = (ids_hooks(), g.ids.as_mut()) {
-            (h.child)(&mut **ids);
-        }
-        *g.mlock = crate::rt::range_counts::RangeCounts::new();
-        crate::helper::unmap_log::fork_child();
-        crate::helper::pins_ahead::fork_child();
-        // Unlock this process's copies of the mutexes. (Freeing the uffd guard's box is fine:
-        // glibc's malloc is usable in a child's atfork handler.)
-        drop(g);
+    each_hook(|h| {
+        let _ = std::panic::catch_unwind(h.child);
     });
 }
 

@@ -123,7 +123,7 @@ fn find(id: usize) -> Option<usize> {
 #[inline(never)]
 fn claim() -> usize {
     // The atfork child handler frees the slots of the threads a fork leaves behind.
-    crate::rt::fork::ensure_handlers();
+    super::fork::register(&FORK_HOOK);
     let id = me();
     let w = window(id);
     let b = w * WINDOW;
@@ -245,6 +245,14 @@ pub fn is_inside() -> bool {
         None => OVERFLOW[window(id)].load(Relaxed) != 0,
     }
 }
+
+/// Place 0 of the fork order (`fork.rs`): no lock; the child's slots are repaired first.
+static FORK_HOOK: super::fork::ForkHook = super::fork::ForkHook {
+    order: 0,
+    prepare: super::fork::nothing,
+    parent: super::fork::nothing,
+    child: fork_child,
+};
 
 /// In the child of a fork (atfork child handler, one thread): the other threads are gone, so
 /// their slots and overflow counts are freed; the calling thread keeps its own.
