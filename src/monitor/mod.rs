@@ -42,6 +42,7 @@ mod caller;
 mod guard;
 mod hooks;
 mod maps;
+mod options;
 mod patch;
 mod prune_ring;
 pub mod ranges;
@@ -56,6 +57,7 @@ use crate::rt::fork::{self, ForkHook, HeldAcrossFork};
 
 pub use caller::tells_libc_apart;
 pub use hooks::Hooked;
+pub use options::{MonitorOptions, MonitorStatus};
 pub use registry::{
     listener_count, set_listener_limit_for_tests, subscribe, Subscription, MAX_LISTENERS,
 };
@@ -98,40 +100,6 @@ pub fn notify_unmapped(addr: usize, len: usize) {
 #[doc(hidden)]
 pub fn notify_event_for_tests(addr: usize, len: usize, ev: UnmapEvent) {
     guard::notify_guarded(addr, len, ev);
-}
-
-/// Which event sources to turn on.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct MonitorOptions {
-    /// Patch the entry of libc's unmap-family functions (x86_64 only).
-    pub patch_libc: bool,
-    /// Open a userfaultfd; [`UffdWatcher`] then registers pinned ranges with it while pinned.
-    pub userfaultfd: bool,
-}
-
-/// What is actually active (process-wide).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct MonitorStatus {
-    /// Bitmask of [`Hooked`] functions whose libc entry is patched.
-    pub patched: u32,
-    /// Bitmask of [`Hooked`] functions we tried to patch and could not (symbol missing, mprotect...).
-    pub patch_failed: u32,
-    /// Patching was requested but this architecture is not supported.
-    pub patch_unsupported: bool,
-    /// A userfaultfd is open and its events are dispatched.
-    pub uffd: bool,
-    /// `UFFD_FEATURE_*` bits enabled on the fd.
-    pub uffd_features: u64,
-    /// errno of the failed userfaultfd setup step, or of the reader's failure (0 = none).
-    pub uffd_errno: i32,
-    /// Ranges registered with userfaultfd so far (one per watch, more if it spanned mappings the
-    /// kernel only took one by one).
-    pub uffd_registered: u64,
-    /// Mappings that userfaultfd refused when watched (file-backed, other uffd owner...): hooks
-    /// only there.
-    pub uffd_unsupported: u64,
-    /// Events read from the userfaultfd so far.
-    pub uffd_events: u64,
 }
 
 /// Place 10 of `rt::fork`'s order: `install` takes the userfaultfd state (20) under it.

@@ -28,8 +28,8 @@
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering::SeqCst};
 
 use super::hooks::Hooked;
+use super::options::MonitorStatus;
 use super::switches;
-use super::MonitorStatus;
 
 static PATCHED: AtomicU32 = AtomicU32::new(0);
 static FAILED: AtomicU32 = AtomicU32::new(0);

@@ -48,8 +48,8 @@ use libc::{c_int, c_long, c_ulong};
 
 use super::guard::notify_guarded;
 use super::maps;
+use super::options::MonitorStatus;
 use super::prune_ring::PruneRing;
-use super::MonitorStatus;
 use crate::rt::fork::{ForkHook, HeldAcrossFork};
 use crate::rt::range_counts::RangeCounts;
 use crate::rt::seam::UnmapEvent;
