@@ -17,7 +17,7 @@
 
 use super::pinned::Overlap;
 use super::queue::Waited;
-use super::Shared;
+use super::shared::Shared;
 use crate::rt::seam::{MemoryListener, UnmapEvent};
 use std::sync::atomic::Ordering::{Relaxed, SeqCst};
 use std::sync::Arc;

@@ -16,7 +16,7 @@
 //! context alive), so the loop is tested with a fake driver. It is marked as inside the library
 //! (its own frees never wait for itself).
 
-use super::Shared;
+use super::shared::Shared;
 use crate::firehose::InvalId;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
