@@ -32,7 +32,6 @@ use std::sync::{Arc, Mutex, OnceLock};
 use crossbeam_queue::ArrayQueue;
 
 use super::counters::{Locked, PinCount};
-use super::exclusion::WriterState;
 use super::gate::Gate;
 use super::handles::Handles;
 use super::index::Index;
@@ -41,6 +40,7 @@ use super::membarrier;
 use super::readers::{ReaderSlot, SLOTS};
 use super::region::Region;
 use super::slab::Slab;
+use super::writer_state::WriterState;
 use super::{Limits, RangeWatcher};
 use crate::pin::fork_mode::ForkMode;
 use crate::pin::Pinner;

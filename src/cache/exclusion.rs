@@ -7,21 +7,11 @@ use std::sync::MutexGuard;
 
 use super::core::Cache;
 use super::counters::HoldsMutex;
-use super::index::{Index, RegionPtr};
+use super::index::Index;
 use super::membarrier;
 use super::readers::my_slot;
 use super::spinlock::wait_while;
-use super::Limits;
-
-/// What the cache mutex guards.
-pub(super) struct WriterState {
-    pub(super) limits: Limits,
-    /// Storage for the unpin lists of misses and `trim`, kept between calls: a miss or a release
-    /// that trims (every miss under tight bounds) then pays no malloc/free pair.
-    pub(super) spare: Vec<RegionPtr>,
-    /// Storage for a miss's list of overlapping regions.
-    pub(super) overlaps: Vec<RegionPtr>,
-}
+use super::writer_state::WriterState;
 
 /// Proof that the cache mutex is held.
 pub(super) struct Writer<'a> {

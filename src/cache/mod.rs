@@ -30,6 +30,7 @@ mod slab;
 mod sorted;
 mod spinlock;
 mod stats;
+mod writer_state;
 
 pub use self::core::Cache;
 pub use self::inval_queue::QUEUE_CAPACITY;
