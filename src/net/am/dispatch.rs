@@ -2,8 +2,9 @@
 //! handlers with no lock held, and settles credits once a message's slot is free again.
 //! Also loopback delivery and finalize.
 
-use super::endpoint::{map_link_err, Inner, Replier};
+use super::endpoint::{map_link_err, Inner};
 use super::handlers::Handler;
+use super::replier::Replier;
 use crate::net::wire::{Header, Kind, Reject, HEADER_LEN};
 use crate::net::{LinkError, LinkEvent, Rank};
 use crate::rt::status::{fh_status, FhResult};

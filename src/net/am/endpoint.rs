@@ -3,7 +3,8 @@
 
 use super::handlers::{Handler, Handlers, LostFn, RdmaFn};
 use super::peer::{Out, Peer};
-use super::progress_thread::ProgressThread;
+use super::progress_thread::{Progress, ProgressThread};
+use super::replier::{Replier, SendReply};
 use super::tickets::Tickets;
 use crate::net::credits::PeerFlow;
 use crate::net::settings::NetSettings;
@@ -38,27 +39,24 @@ impl Ticket {
     }
 }
 
-/// The way back to a requester, handed to a request handler. It may be kept and used after the
-/// handler returned (a reply that needs other messages first). Dropped without `reply`, the
-/// requester's ticket ends in `FH_ERR_TIMEOUT` (or `PEER_LOST`/`FINALIZED`).
-#[derive(Debug)]
-pub struct Replier {
-    pub(super) inner: Weak<Inner>,
-    pub(super) peer: Rank,
-    pub(super) token: u32,
+impl SendReply for Inner {
+    fn send_reply(&self, peer: Rank, token: u32, payload: &[u8]) -> FhResult<()> {
+        self.send_msg(peer, Kind::Reply, 0, token, payload)
+    }
 }
 
-impl Replier {
-    /// The requester.
-    pub fn peer(&self) -> Rank {
-        self.peer
+impl Progress for Inner {
+    fn progress(&self) -> FhResult<usize> {
+        Inner::progress(self)
     }
-
-    /// Sends the reply (non-blocking: queued if no credit is free). `FH_ERR_FINALIZED` if the
-    /// endpoint is finalized or gone.
-    pub fn reply(self, payload: &[u8]) -> FhResult<()> {
-        let inner = self.inner.upgrade().ok_or(fh_status::FH_ERR_FINALIZED)?;
-        inner.send_msg(self.peer, Kind::Reply, 0, self.token, payload)
+    fn link(&self) -> &Arc<dyn Link> {
+        &self.link
+    }
+    fn spin(&self) -> Option<Duration> {
+        self.settings.progress_spin
+    }
+    fn woke(&self) {
+        self.stats.progress_wakeup();
     }
 }
 

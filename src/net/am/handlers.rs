@@ -1,7 +1,7 @@
 //! The handler table: `u16` id -> request or one-way handler. Lookups clone an `Arc` under a
 //! read lock and call it after the lock is gone, so a handler may register handlers or send.
 
-use super::endpoint::Replier;
+use super::replier::Replier;
 use super::small_key::SmallKeyMap;
 use crate::net::{LinkError, Rank};
 use std::sync::{Arc, RwLock};

@@ -12,10 +12,12 @@ mod handlers;
 mod peer;
 mod progress_thread;
 pub mod queue_bound;
+mod replier;
 mod small_key;
 #[cfg(test)]
 mod tests;
 mod tickets;
 
-pub use endpoint::{Am, Replier, Ticket};
+pub use endpoint::{Am, Ticket};
 pub use handlers::RdmaFn;
+pub use replier::Replier;

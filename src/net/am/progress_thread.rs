@@ -25,7 +25,8 @@
 //! VM: a rank sleeping 10 s had its thread use 3.6-3.9 % of a core with a 10 ms tick and a spin
 //! after every wake-up, and ~0 after (`scripts/bench-attentive`).
 
-use super::endpoint::Inner;
+use crate::net::link::Link;
+use crate::rt::status::FhResult;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -42,10 +43,23 @@ const CLOCK_EVERY: u32 = 64;
 /// application a yield hands the CPU over until the next scheduler tick (~4 ms at HZ=250).
 const YIELD_EVERY_FOREVER: u32 = 1024;
 
+/// What the thread polls: the endpoint's shared state (`endpoint.rs`), seen through this so that
+/// the thread needs nothing else of the endpoint.
+pub(super) trait Progress: Send + Sync + 'static {
+    /// Deliver what arrived, send what credits allow; the number of events handled.
+    fn progress(&self) -> FhResult<usize>;
+    /// The link the thread sleeps on.
+    fn link(&self) -> &Arc<dyn Link>;
+    /// How long to keep polling after an event (`None`: forever).
+    fn spin(&self) -> Option<Duration>;
+    /// Counts a wake-up.
+    fn woke(&self);
+}
+
 pub(super) struct ProgressThread {
     stop: Arc<AtomicBool>,
     /// To end the thread's sleep when stopping it.
-    link: Arc<dyn crate::net::link::Link>,
+    link: Arc<dyn Link>,
     handle: Option<crate::rt::raw_thread::RawThread>,
 }
 
@@ -53,7 +67,12 @@ pub(super) struct ProgressThread {
 /// a stop or a progress error (the caller's wait then reports a closed link by failing).
 /// `busy`: spin even if the first poll finds nothing (the thread's start: requests may be about
 /// to come); after a wake-up it is false, so a wake-up that brought nothing sleeps again at once.
-fn poll_while_busy(inner: &Inner, stop: &AtomicBool, spin: Option<Duration>, mut busy: bool) {
+fn poll_while_busy(
+    inner: &impl Progress,
+    stop: &AtomicBool,
+    spin: Option<Duration>,
+    mut busy: bool,
+) {
     let mut idle = 0u32;
     let mut idle_since: Option<Instant> = None;
     while !stop.load(Ordering::Acquire) {
@@ -95,27 +114,31 @@ fn poll_while_busy(inner: &Inner, stop: &AtomicBool, spin: Option<Duration>, mut
 }
 
 impl ProgressThread {
-    pub fn start(inner: Arc<Inner>) -> std::io::Result<ProgressThread> {
+    pub fn start(inner: Arc<impl Progress>) -> std::io::Result<ProgressThread> {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
-        let spin = inner.settings.progress_spin;
-        let sleep = if inner.link.wakes() { IDLE_SLEEP } else { TICK };
-        let link = inner.link.clone();
+        let spin = inner.spin();
+        let sleep = if inner.link().wakes() {
+            IDLE_SLEEP
+        } else {
+            TICK
+        };
+        let link = inner.link().clone();
         // A plain pthread: see `raw_thread.rs`.
         let handle = crate::rt::raw_thread::spawn(c"fh-progress", move || {
             // A memory hook firing on this thread must never wait for the library.
             crate::rt::inside::mark_thread();
             let mut started = true;
             while !flag.load(Ordering::Acquire) {
-                poll_while_busy(&inner, &flag, spin, std::mem::take(&mut started));
+                poll_while_busy(&*inner, &flag, spin, std::mem::take(&mut started));
                 if flag.load(Ordering::Acquire) {
                     break;
                 }
                 // A failed wait (link closed) must not become a hot loop.
-                if inner.link.wait(sleep).is_err() {
+                if inner.link().wait(sleep).is_err() {
                     std::thread::sleep(TICK);
                 }
-                inner.stats.progress_wakeup();
+                inner.woke();
             }
         })?;
         Ok(ProgressThread {
