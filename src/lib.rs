@@ -10,7 +10,6 @@ pub mod assembly;
 pub mod cache;
 pub mod config;
 pub mod ffi;
-pub mod firehose;
 pub mod helper;
 pub mod log;
 pub mod monitor;

@@ -27,8 +27,8 @@ mod monitor_util;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use firehose::firehose::InvalId;
 use firehose::rma::revoke::{Driver, PinnedRanges, Revocation};
+use firehose_proto::InvalId;
 use monitor_util::{
     in_child, map, patch_libc_telling_callers_apart, revocation, run_in_child, PAGE,
 };

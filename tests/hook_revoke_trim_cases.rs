@@ -21,9 +21,9 @@ use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use firehose::firehose::InvalId;
 use firehose::monitor::{self, MemoryListener, UnmapEvent};
 use firehose::rma::revoke::{Driver, PinnedRanges, Revocation};
+use firehose_proto::InvalId;
 use monitor_util::{in_child, patch_libc_telling_callers_apart, revocation, run_in_child, PAGE};
 
 const STALL: Duration = Duration::from_millis(100);

@@ -9,7 +9,6 @@
 
 use firehose::cache::{Cache, Limits};
 use firehose::ffi::{ctx::fh_net_stats, rma::fh_rma_stats};
-use firehose::firehose::FirehoseConfig;
 use firehose::net::settings::NetSettings;
 use firehose::net::sim::{Delivery, SimConfig, SimNet};
 use firehose::net::{Link, Peers, Rank, RdmaKind};
@@ -17,6 +16,7 @@ use firehose::pin::null::NullPinner;
 use firehose::rma::sim_pins::SimPins;
 use firehose::rma::Rma;
 use firehose::status::fh_status;
+use firehose_proto::FirehoseConfig;
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
@@ -334,8 +334,8 @@ fn raw_oneway(handler: u16, payload: &[u8]) -> Vec<u8> {
 
 #[test]
 fn a_peer_withholding_credits_costs_bounded_memory() {
-    use firehose::firehose::wire::{encode, Msg};
     use firehose::rma::FIREHOSE_AM;
+    use firehose_proto::wire::{encode, Msg};
     let job = job(2, Duration::from_secs(10));
     let rma = &job.rmas[0];
     let limit = 64 << 10;
@@ -374,8 +374,8 @@ fn a_peer_withholding_credits_costs_bounded_memory() {
 
 #[test]
 fn forged_quota_sets_are_refused_and_counted() {
-    use firehose::firehose::wire::{encode, Msg};
     use firehose::rma::FIREHOSE_AM;
+    use firehose_proto::wire::{encode, Msg};
     let ns = NetSettings {
         timeout: Some(Duration::from_secs(10)),
         ..NetSettings::default()

@@ -10,9 +10,9 @@ mod monitor_util;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
-use firehose::firehose::InvalId;
 use firehose::monitor::{self, MonitorOptions, MonitorStatus};
 use firehose::rma::revoke::{Driver, Overlap, PinnedRanges, Revocation, RevokeSettings};
+use firehose_proto::InvalId;
 use monitor_util::{map, serial, PAGE};
 
 #[derive(Default)]

@@ -23,7 +23,6 @@
 //! nothing is leaked at the end.
 
 use firehose::cache::{Cache, Limits};
-use firehose::firehose::{FirehoseConfig, PinFailure, RegionPins};
 use firehose::net::settings::NetSettings;
 use firehose::net::sim::{Delivery, PostFault, SimConfig, SimNet};
 use firehose::net::{Link, Peers, Rank, RdmaKind};
@@ -31,6 +30,7 @@ use firehose::pin::null::NullPinner;
 use firehose::rma::sim_pins::SimPins;
 use firehose::rma::Rma;
 use firehose::status::fh_status;
+use firehose_proto::{FirehoseConfig, PinFailure, RegionPins};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::SeqCst};
 use std::sync::{mpsc, Arc, Mutex};
@@ -86,7 +86,7 @@ impl RegionPins for Logged {
         &mut self,
         addr: u64,
         len: usize,
-        rights: firehose::firehose::Rights,
+        rights: firehose_proto::Rights,
     ) -> Result<u32, PinFailure> {
         let rkey = self.inner.pin(addr, len, rights)?;
         let mut l = self.log.lock().unwrap();

@@ -14,7 +14,6 @@
 //! with `FH_ERR_REMOTE_FAULT`.
 
 use firehose::cache::{Cache, Limits};
-use firehose::firehose::{FirehoseConfig, PinFailure, RegionPins, Rights};
 use firehose::net::settings::NetSettings;
 use firehose::net::sim::{Delivery, SimConfig, SimNet};
 use firehose::net::{Link, Peers, Rank, RdmaKind};
@@ -22,6 +21,7 @@ use firehose::pin::null::NullPinner;
 use firehose::rma::sim_pins::SimPins;
 use firehose::rma::Rma;
 use firehose::status::fh_status;
+use firehose_proto::{FirehoseConfig, PinFailure, RegionPins, Rights};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -7,7 +7,6 @@
 //! `Link::own_buffers`, a stand-in ring on the simulator) are never a target.
 
 use firehose::cache::{Cache, Limits};
-use firehose::firehose::{FirehoseConfig, Rights};
 use firehose::net::settings::NetSettings;
 use firehose::net::sim::{Delivery, SimConfig, SimNet};
 use firehose::net::{Link, Peers, RdmaKind};
@@ -16,6 +15,7 @@ use firehose::rma::expose::ExposeMode;
 use firehose::rma::sim_pins::SimPins;
 use firehose::rma::Rma;
 use firehose::status::fh_status::{self, FH_ERR_REMOTE_DENIED};
+use firehose_proto::{FirehoseConfig, Rights};
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::Arc;
 

@@ -6,13 +6,13 @@
 //! does the same (`VerbsLike`), so an op that asks for more rights than it needs fails here.
 
 use firehose::cache::{Cache, Limits};
-use firehose::firehose::{FirehoseConfig, PinFailure, RegionPins, Rights};
 use firehose::net::settings::NetSettings;
 use firehose::net::sim::{Delivery, SimConfig, SimNet};
 use firehose::net::{Link, Peers, RdmaKind};
 use firehose::pin::{Access, PinError, Pinned, Pinner};
 use firehose::rma::sim_pins::{writable, SimPins};
 use firehose::rma::Rma;
+use firehose_proto::{FirehoseConfig, PinFailure, RegionPins, Rights};
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 

@@ -8,13 +8,13 @@
 //! `Rma`, 2 is a bare link that replays rank 1's keys.
 
 use firehose::cache::{Cache, Limits};
-use firehose::firehose::{FirehoseConfig, PinFailure, RegionPins, Rights};
 use firehose::net::settings::NetSettings;
 use firehose::net::sim::{Delivery, SimConfig, SimLink, SimNet};
 use firehose::net::{Link, LinkError, LinkEvent, Peers, Rank, RdmaKind, RdmaOp};
 use firehose::pin::null::NullPinner;
 use firehose::rma::sim_pins::SimPins;
 use firehose::rma::Rma;
+use firehose_proto::{FirehoseConfig, PinFailure, RegionPins, Rights};
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

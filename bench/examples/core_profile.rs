@@ -12,7 +12,7 @@
 //! prints is a sanity check only; `fh_core` is the benchmark.
 use std::time::Instant;
 
-use firehose::firehose::{Acquire, Firehose, FirehoseConfig};
+use firehose_proto::{Acquire, Firehose, FirehoseConfig};
 
 #[path = "../src/null_pins.rs"]
 mod null_pins;

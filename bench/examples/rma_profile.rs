@@ -21,13 +21,13 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use firehose::cache::{Cache, Limits};
-use firehose::firehose::FirehoseConfig;
 use firehose::net::settings::NetSettings;
 use firehose::net::sim::{Delivery, SimConfig, SimNet};
 use firehose::net::{Link, LinkError, Peers, RdmaKind, RdmaOp};
 use firehose::pin::null::NullPinner;
 use firehose::rma::sim_pins::SimPins;
 use firehose::rma::Rma;
+use firehose_proto::FirehoseConfig;
 
 /// Token bit of the floor's own writes (Rma's op ids never have it).
 const TAG: u64 = 1 << 63;

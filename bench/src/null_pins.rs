@@ -1,12 +1,12 @@
 //! A Firehose target that pins nothing (`fh_core`, `examples/core_profile`): it hands out
 //! keys, so the core's bookkeeping is measured without the device.
 
-use firehose::firehose::{PinFailure, RegionPins};
+use firehose_proto::{PinFailure, RegionPins};
 
 pub struct NullPins(pub u32);
 
 impl RegionPins for NullPins {
-    fn pin(&mut self, _: u64, _: usize, _: firehose::firehose::Rights) -> Result<u32, PinFailure> {
+    fn pin(&mut self, _: u64, _: usize, _: firehose_proto::Rights) -> Result<u32, PinFailure> {
         self.0 += 1;
         Ok(self.0)
     }

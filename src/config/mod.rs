@@ -234,23 +234,9 @@ fn parse_backend(v: &str) -> Option<Backend> {
     }
 }
 
-/// `123`, `64k`, `512M`, `4g`, `1t` (binary multiples), `inf`/`unlimited` -> usize::MAX.
-pub fn parse_size(v: &str) -> Option<usize> {
-    let v = v.trim().to_ascii_lowercase();
-    if v == "inf" || v == "unlimited" {
-        return Some(usize::MAX);
-    }
-    let (digits, shift) = match v.strip_suffix(['k', 'm', 'g', 't']) {
-        Some(d) => (d, 10 * (1 + "kmgt".find(v.chars().last()?)?)),
-        None => (v.as_str(), 0),
-    };
-    let digits = digits.strip_suffix('i').unwrap_or(digits); // tolerate "ki" typed as "kib"-ish
-    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    let n: usize = digits.parse().ok()?;
-    n.checked_mul(1usize.checked_shl(shift as u32)?)
-}
+/// `123`, `64k`, `512M`, `4g`, `1t` (binary multiples), `inf`/`unlimited` -> usize::MAX. Shared
+/// with the Firehose core's settings, which parse the same sizes without depending on this crate.
+pub use firehose_proto::config::parse_size;
 
 /// Cores a `cpu_set_t` can name (glibc's CPU_SETSIZE).
 pub const MAX_CPU: usize = 1024;

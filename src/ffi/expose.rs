@@ -3,8 +3,8 @@
 
 use std::ffi::c_void;
 
-use crate::firehose::Rights;
 use crate::rt::status::fh_status;
+use firehose_proto::Rights;
 
 use super::ctx::{fh_ctx, here};
 use super::guard::{ffi_guard, status_of};

@@ -26,12 +26,13 @@ use super::self_copy::{self, Dir};
 use super::target_pins::TargetPins;
 use super::windows::{WindowCounters, WindowMode, WindowStats, Windows};
 use crate::cache::Cache;
-use crate::firehose::{
-    Acquire, Event, FhError, Firehose, FirehoseConfig, InvalId, RegionPins, Rights, Seg,
-};
 use crate::net::{LinkError, Peers, Rank, RdmaKind, RdmaOp};
 use crate::pin::Access;
 use crate::rt::status::{fh_status, FhResult};
+use firehose_proto::{
+    Acquire, Event, FhError, Firehose, FirehoseConfig, InvalId, RegionPins, RemoteError, Rights,
+    Seg,
+};
 
 /// The active-message id of every Firehose message.
 pub const FIREHOSE_AM: u16 = 0xFE00;
@@ -53,7 +54,7 @@ struct Counters {
 /// A snapshot of `Rma::stats`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RmaStats {
-    pub fh: crate::firehose::FirehoseStats,
+    pub fh: firehose_proto::FirehoseStats,
     pub puts: u64,
     pub gets: u64,
     /// Operations on this rank's own memory (copied, no network).
@@ -98,13 +99,13 @@ impl RegionPins for NoPins {
         &mut self,
         _: u64,
         _: usize,
-        _: crate::firehose::Rights,
-    ) -> Result<u32, crate::firehose::PinFailure> {
-        Err(crate::firehose::PinFailure::Other)
+        _: firehose_proto::Rights,
+    ) -> Result<u32, firehose_proto::PinFailure> {
+        Err(firehose_proto::PinFailure::Other)
     }
     fn unpin(&mut self, _: u64, _: usize, _: u32) {}
-    fn write(&mut self, _: u64, _: &[u8]) -> Result<(), crate::firehose::PinFailure> {
-        Err(crate::firehose::PinFailure::Other)
+    fn write(&mut self, _: u64, _: &[u8]) -> Result<(), firehose_proto::PinFailure> {
+        Err(firehose_proto::PinFailure::Other)
     }
 }
 
@@ -138,9 +139,23 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// The C status of a failed op.
+/// The C status of a failed op (the Firehose core knows nothing of the C ABI).
 fn status_of(e: FhError) -> fh_status {
-    e.status()
+    use fh_status::*;
+    match e {
+        FhError::ZeroLength => FH_ERR_ZERO_LENGTH,
+        FhError::Overflow => FH_ERR_OVERFLOW,
+        FhError::BadRank(_) | FhError::SelfRank => FH_ERR_BAD_RANK,
+        FhError::TooLong { .. } => FH_ERR_TOO_LARGE,
+        FhError::PutLength | FhError::BadRights => FH_ERR_BAD_ACCESS,
+        FhError::DuplicateOp | FhError::UnknownOp => FH_ERR_UNKNOWN_HANDLE,
+        FhError::PeerLost(_) => FH_ERR_PEER_LOST,
+        FhError::Remote(RemoteError::NoMemory) => FH_ERR_NO_MEMORY,
+        FhError::Remote(RemoteError::Unmapped) => FH_ERR_REMOTE_FAULT,
+        FhError::Remote(RemoteError::Denied) => FH_ERR_REMOTE_DENIED,
+        // `PinFailed`, and `Refused` (the target's settings do not take the move).
+        FhError::Remote(_) => FH_ERR_PIN_FAILED,
+    }
 }
 
 fn link_status(e: &LinkError) -> fh_status {

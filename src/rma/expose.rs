@@ -16,7 +16,7 @@
 
 use std::sync::{Arc, RwLock};
 
-use crate::firehose::{PinFailure, RegionPins, Rights};
+use firehose_proto::{PinFailure, RegionPins, Rights};
 
 /// `FH_EXPOSE`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

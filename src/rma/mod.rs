@@ -1,5 +1,5 @@
 //! Remote memory access: `fh_put` / `fh_get` to any address of any rank. The I/O half of
-//! Firehose: it feeds the sans-IO algorithm (`crate::firehose`) with requests, messages and
+//! Firehose: it feeds the sans-IO algorithm (`firehose_proto`) with requests, messages and
 //! completions, and carries out what it asks for (active messages, RDMA, pins at the target).
 //!
 //! Owns: the operation table (non-blocking handles), the target's remote-pinned regions, the

@@ -12,9 +12,9 @@
 
 use std::collections::HashMap;
 
-use crate::firehose::{PinFailure, RegionPins, Rights};
 use crate::net::sim::SimNet;
 use crate::net::Rank;
+use firehose_proto::{PinFailure, RegionPins, Rights};
 
 /// One rank's regions registered on the simulator for its peers.
 pub struct SimPins {

@@ -24,10 +24,10 @@ use std::sync::Arc;
 use super::revoke::PinnedRanges;
 use super::self_copy;
 use super::windows::{WindowCounters, Windows};
-use crate::firehose::{PinFailure, RegionPins, Rights};
 use crate::net::Rank;
 use crate::pin::verbs::{Mr, Pd, VerbsError};
 use crate::pin::Access;
+use firehose_proto::{PinFailure, RegionPins, Rights};
 
 /// The verbs rights of a region pinned with `rights`: remote read for a get, remote write for a
 /// put (with local write, which verbs requires alongside it). Nothing else: a region pinned for

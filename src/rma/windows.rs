@@ -13,11 +13,11 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use crate::firehose::PinFailure;
 use crate::net::verbs::VerbsLink;
 use crate::net::{LinkError, Rank};
 use crate::pin::verbs::{Mr, Mw, Pd};
 use crate::pin::Access;
+use firehose_proto::PinFailure;
 
 /// The environment variable.
 pub const MW_ENV: &str = "FH_MW";

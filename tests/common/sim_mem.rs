@@ -1,7 +1,7 @@
 //! Test scaffolding shared by the simulator tests (`tests/net_sim.rs`, `tests/net_rdma_sim.rs`,
-//! `tests/rma_sim.rs`, `tests/rma_seg_fail.rs`, `tests/firehose_sim.rs`): a seeded RNG
-//! (splitmix64: the same seed gives the same run) and a buffer the simulator writes through raw
-//! pointers. Included with `#[path]`; not every test uses every item.
+//! `tests/rma_sim.rs`, `tests/rma_seg_fail.rs`, and `tests/firehose_sim.rs` of
+//! `crates/firehose-proto`): a seeded RNG (splitmix64: the same seed gives the same run) and a
+//! buffer the simulator writes through raw pointers. Included with `#[path]`; not every test uses every item.
 
 pub struct Rng(pub u64);
 impl Rng {

@@ -9,7 +9,7 @@
 //! | `FH_ADAPTIVE`    | `1`/`on`: lend idle peers' share to busy ones     | off                          |
 //! | `FH_SMALL_PUT_PINS` | `auto`: a small put that misses while a peer's firehoses are evicted unused rides in its move without pinning; `always`: every such move pins (the paper) | `auto` |
 //!
-//! Sizes take `k`/`m`/`g` suffixes (`crate::config::parse_size`). Defaults: GASNet splits a
+//! Sizes take `k`/`m`/`g` suffixes ([`parse_size`]). Defaults: GASNet splits a
 //! pinnable budget 75 % M / 25 % MAXVICTIM; we take a 64 MiB budget (48 + 16 MiB), which fits
 //! comfortably in RAM of any node and well inside what root (CAP_IPC_LOCK, the usual case under
 //! a launcher) may lock, and leaves the pin-down cache of the local side its own budget. A job
@@ -19,8 +19,7 @@
 //! region size and per-peer quota, and refuses what does not fit (`RemoteError::Refused`).
 //! `fh_init` compares them across ranks (`net::agree`) and fails on every rank if they differ.
 
-use crate::config::parse_size;
-use crate::net::Rank;
+use crate::Rank;
 
 /// Largest AM payload of the net layer (4 KiB message minus its 16-byte header).
 pub const DEFAULT_MAX_MSG: usize = 4096 - 16;
@@ -67,6 +66,24 @@ impl std::fmt::Display for FhConfigError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "firehose: invalid {}: {}", self.var, self.msg)
     }
+}
+
+/// `123`, `64k`, `512M`, `4g`, `1t` (binary multiples), `inf`/`unlimited` -> usize::MAX.
+pub fn parse_size(v: &str) -> Option<usize> {
+    let v = v.trim().to_ascii_lowercase();
+    if v == "inf" || v == "unlimited" {
+        return Some(usize::MAX);
+    }
+    let (digits, shift) = match v.strip_suffix(['k', 'm', 'g', 't']) {
+        Some(d) => (d, 10 * (1 + "kmgt".find(v.chars().last()?)?)),
+        None => (v.as_str(), 0),
+    };
+    let digits = digits.strip_suffix('i').unwrap_or(digits); // tolerate "ki" typed as "kib"-ish
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let n: usize = digits.parse().ok()?;
+    n.checked_mul(1usize.checked_shl(shift as u32)?)
 }
 
 fn err(var: &'static str, msg: impl Into<String>) -> FhConfigError {
@@ -218,13 +235,11 @@ impl FirehoseConfig {
             ));
         }
         // Wire room: a move with one pin and a small put, and a reply with one pin, must fit.
-        let need = crate::firehose::wire::MOVE_FIXED
-            + crate::firehose::wire::PIN_LEN
-            + crate::firehose::wire::PUT_FIXED
+        let need = crate::wire::MOVE_FIXED
+            + crate::wire::PIN_LEN
+            + crate::wire::PUT_FIXED
             + self.small_put_max;
-        if self.max_msg
-            < need.max(crate::firehose::wire::REPLY_FIXED + 4 * crate::firehose::wire::GRANT_LEN)
-        {
+        if self.max_msg < need.max(crate::wire::REPLY_FIXED + 4 * crate::wire::GRANT_LEN) {
             return Err(err(
                 "max_msg",
                 format!(
@@ -285,6 +300,44 @@ impl FirehoseConfig {
 mod tests {
     use super::*;
     use std::collections::HashMap;
+
+    #[test]
+    fn wire_bounds_fit_max_msg() {
+        use crate::wire::{
+            encode, handles_per_msg, pins_per_move, Msg, PinReq, RemoteError, Rights,
+        };
+        let max = DEFAULT_MAX_MSG;
+        let n = pins_per_move(max);
+        let pins = vec![
+            PinReq {
+                start: 0,
+                nb: 1,
+                need_off: 0,
+                need_n: 1,
+                rights: Rights::WRITE,
+            };
+            n
+        ];
+        let m = Msg::Move {
+            req: 1,
+            releases: vec![],
+            pins,
+            put: None,
+        };
+        assert!(encode(&m).len() <= max);
+        let grants = vec![Err(RemoteError::Unmapped); n];
+        assert!(
+            encode(&Msg::Reply {
+                req: 1,
+                grants,
+                put: Some(Ok(()))
+            })
+            .len()
+                <= max
+        );
+        let hs = vec![0; handles_per_msg(max)];
+        assert!(encode(&Msg::Revoke(hs)).len() <= max);
+    }
 
     fn with(size: u32, vars: &[(&str, &str)]) -> Result<FirehoseConfig, FhConfigError> {
         let m: HashMap<String, String> = vars

@@ -3,9 +3,7 @@
 //! that does not parse or does not fit the protocol (`WireError`, nothing changed), and why the
 //! driver's pinning backend refused a range (`PinFailure`).
 
-use super::wire::RemoteError;
-use crate::net::Rank;
-use crate::rt::status::fh_status;
+use crate::Rank;
 
 /// An op refused by `acquire`/`release`, or failed later (`Event::Failed`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,27 +31,6 @@ pub enum FhError {
     PeerLost(Rank),
     /// The target could not pin or write part of the range (see `RemoteError`).
     Remote(RemoteError),
-}
-
-impl FhError {
-    /// The C status the driver reports for this error.
-    pub fn status(self) -> fh_status {
-        use fh_status::*;
-        match self {
-            FhError::ZeroLength => FH_ERR_ZERO_LENGTH,
-            FhError::Overflow => FH_ERR_OVERFLOW,
-            FhError::BadRank(_) | FhError::SelfRank => FH_ERR_BAD_RANK,
-            FhError::TooLong { .. } => FH_ERR_TOO_LARGE,
-            FhError::PutLength | FhError::BadRights => FH_ERR_BAD_ACCESS,
-            FhError::DuplicateOp | FhError::UnknownOp => FH_ERR_UNKNOWN_HANDLE,
-            FhError::PeerLost(_) => FH_ERR_PEER_LOST,
-            FhError::Remote(RemoteError::NoMemory) => FH_ERR_NO_MEMORY,
-            FhError::Remote(RemoteError::Unmapped) => FH_ERR_REMOTE_FAULT,
-            FhError::Remote(RemoteError::Denied) => FH_ERR_REMOTE_DENIED,
-            // `PinFailed`, and `Refused` (the target's settings do not take the move).
-            FhError::Remote(_) => FH_ERR_PIN_FAILED,
-        }
-    }
 }
 
 /// A message from a peer that was dropped; the state machine did not change.
@@ -106,6 +83,36 @@ impl From<PinFailure> for RemoteError {
             PinFailure::NoMemory => RemoteError::NoMemory,
             PinFailure::Denied => RemoteError::Denied,
             PinFailure::Other => RemoteError::PinFailed,
+        }
+    }
+}
+
+/// Why a target could not pin (or write a put): the reply's code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RemoteError {
+    /// Part of the range is not mapped in the target (EFAULT).
+    Unmapped = 1,
+    /// The target is out of pinnable memory or keys.
+    NoMemory = 2,
+    /// Any other failure of the target's pinning backend.
+    PinFailed = 3,
+    /// The target refused the move: it does not fit the target's settings (bucket or region
+    /// size, quota) or asks for what the sender does not hold. Answered, so nothing waits.
+    Refused = 4,
+    /// The target does not let peers reach this range with these rights: not exposed
+    /// (`FH_EXPOSE=declared`), exposed without them, or the library's own memory.
+    Denied = 5,
+}
+
+impl RemoteError {
+    pub(crate) fn from_u8(c: u8) -> Option<Self> {
+        match c {
+            1 => Some(RemoteError::Unmapped),
+            2 => Some(RemoteError::NoMemory),
+            3 => Some(RemoteError::PinFailed),
+            4 => Some(RemoteError::Refused),
+            5 => Some(RemoteError::Denied),
+            _ => None,
         }
     }
 }

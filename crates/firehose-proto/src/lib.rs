@@ -5,9 +5,10 @@
 //! Owns: this rank's firehoses on its peers (initiator side, `initiator/`), the regions peers
 //! pinned here (target side, `target/`: region table, victim FIFO, revocations, adaptive
 //! quotas), the message format (`wire.rs`), the settings (`config.rs`).
-//! May call: `crate::net::Rank`, `crate::config::parse_size`, `crate::rt::status`. Never: `net::am`,
-//! verbs, `cache`, clocks, threads. A driver (the net layer) feeds events in and carries
-//! messages and RDMA out; it wraps a `Firehose` in a Mutex (`Firehose: Send`).
+//! May call: `std` and `libc` (the page size) only: no network, verbs, cache, clocks or threads,
+//! and nothing of the `firehose` crate that drives it (as quinn-proto is to quinn). A driver
+//! (`firehose::rma`) feeds events in and carries messages and RDMA out; it wraps a `Firehose` in
+//! a Mutex (`Firehose: Send`).
 //!
 //! # API (one `Firehose` per rank, every call `&mut self`, none blocks)
 //!
@@ -30,7 +31,7 @@
 //!   locally), longer than `max_op_len` (the driver splits), duplicate op id, lost peer.
 //! - `release(op)` after the RDMA of a `Hit`/`Ready` completed; unknown or repeated: error.
 //! - `poll_event()`: `Ready`, `Failed { error }` (`FhError::Remote(Unmapped)` when the target
-//!   could not pin: `FH_ERR_REMOTE_FAULT` via `FhError::status`; `PeerLost`), `PutDone`.
+//!   could not pin: the driver reports `FH_ERR_REMOTE_FAULT`; `PeerLost`), `PutDone`.
 //!
 //! Target and both:
 //! - `handle_message(from, bytes, pins)`: every Firehose message. A malformed or
@@ -67,85 +68,25 @@ mod bucket_map;
 pub mod config;
 pub mod error;
 mod fifo;
+mod ids;
 mod initiator;
 mod small;
 pub mod stats;
 mod target;
+mod types;
 pub mod wire;
 
 pub use config::{FhConfigError, FirehoseConfig};
 pub use error::{FhError, PinFailure, WireError};
+pub use ids::{OpId, Rank};
 pub use small::{Inline2, IntMap};
 pub use stats::FirehoseStats;
 pub use target::InvalId;
+pub(crate) use types::Outbox;
+pub use types::{Acquire, Event, RegionPins, Seg, Segs};
 pub use wire::{RemoteError, Rights};
 
-use crate::net::Rank;
 use std::collections::VecDeque;
-
-/// The driver's name for an op (unique among its unfinished ops).
-pub type OpId = u64;
-
-/// One RDMA to post: `len` bytes at the target's `raddr`, through key `rkey`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Seg {
-    pub raddr: u64,
-    pub len: usize,
-    pub rkey: u32,
-}
-
-/// Segments of an op, in address order (one or two inline).
-pub type Segs = Inline2<Seg>;
-
-/// What `acquire` decided.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Acquire {
-    Hit(Segs),
-    Pending,
-    DoneInMove,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Event {
-    Ready { op: OpId, segs: Segs },
-    Failed { op: OpId, error: FhError },
-    PutDone { op: OpId },
-}
-
-/// What the driver does for the target side: pin/unpin with the device, and write the
-/// payload of a put that rode in a move (the range may be unpinned; unmapped is an error).
-/// `pin` gives the key exactly `rights` (`READ`: peers may only read through it; a region
-/// that must be writable is asked for with `WRITE`); `write` is a put's, so it may write only
-/// where a pin with `Rights::WRITE` would be allowed.
-pub trait RegionPins {
-    fn pin(&mut self, addr: u64, len: usize, rights: Rights) -> Result<u32, PinFailure>;
-    fn unpin(&mut self, addr: u64, len: usize, rkey: u32);
-    fn write(&mut self, addr: u64, data: &[u8]) -> Result<(), PinFailure>;
-
-    /// The key `peer` is granted for the region `[addr, addr + len)` pinned as `rkey` (what
-    /// `pin` returned), with the region's `rights`. By default the region's own key, which any
-    /// peer could use; a driver with per-peer keys (memory windows) makes one that serves `peer`
-    /// alone. A failure refuses this grant and leaves the region pinned.
-    fn key_for(
-        &mut self,
-        peer: Rank,
-        addr: u64,
-        len: usize,
-        rights: Rights,
-        rkey: u32,
-    ) -> Result<u32, PinFailure> {
-        let _ = (peer, addr, len, rights);
-        Ok(rkey)
-    }
-
-    /// `peer` no longer holds the region pinned as `rkey`, and `key` (what `key_for` gave it)
-    /// must stop working now. Always called before the region is unpinned.
-    fn drop_key(&mut self, peer: Rank, rkey: u32, key: u32) {
-        let _ = (peer, rkey, key);
-    }
-}
-
-pub(crate) type Outbox = VecDeque<(Rank, Vec<u8>)>;
 
 /// One rank's Firehose state machine.
 #[derive(Debug)]

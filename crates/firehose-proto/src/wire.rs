@@ -27,7 +27,8 @@
 //! bytes; semantic checks (known ids, quotas) belong to the receiving side. Encoding is
 //! infallible: callers bound counts so messages stay under `max_msg`.
 
-use super::error::WireError;
+pub use crate::error::RemoteError;
+use crate::error::WireError;
 
 pub const VERSION: u8 = 2;
 pub const MOVE_FIXED: usize = 2 + 4 + 2 + 2 + 1;
@@ -92,36 +93,6 @@ pub struct PinReq {
     pub need_off: u32,
     pub need_n: u32,
     pub rights: Rights,
-}
-
-/// Why a target could not pin (or write a put): the reply's code.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RemoteError {
-    /// Part of the range is not mapped in the target (EFAULT).
-    Unmapped = 1,
-    /// The target is out of pinnable memory or keys.
-    NoMemory = 2,
-    /// Any other failure of the target's pinning backend.
-    PinFailed = 3,
-    /// The target refused the move: it does not fit the target's settings (bucket or region
-    /// size, quota) or asks for what the sender does not hold. Answered, so nothing waits.
-    Refused = 4,
-    /// The target does not let peers reach this range with these rights: not exposed
-    /// (`FH_EXPOSE=declared`), exposed without them, or the library's own memory.
-    Denied = 5,
-}
-
-impl RemoteError {
-    fn from_u8(c: u8) -> Option<Self> {
-        match c {
-            1 => Some(RemoteError::Unmapped),
-            2 => Some(RemoteError::NoMemory),
-            3 => Some(RemoteError::PinFailed),
-            4 => Some(RemoteError::Refused),
-            5 => Some(RemoteError::Denied),
-            _ => None,
-        }
-    }
 }
 
 /// A region granted for a pin: the target's handle (never reused), its buckets, key and rights.
@@ -541,40 +512,5 @@ mod tests {
         let mut b = encode(&Msg::QuotaAck(1));
         b[0] = 1;
         assert_eq!(decode(&b), Err(WireError::BadVersion));
-    }
-
-    #[test]
-    fn bounds_fit_max_msg() {
-        let max = super::super::config::DEFAULT_MAX_MSG;
-        let n = pins_per_move(max);
-        let pins = vec![
-            PinReq {
-                start: 0,
-                nb: 1,
-                need_off: 0,
-                need_n: 1,
-                rights: Rights::WRITE,
-            };
-            n
-        ];
-        let m = Msg::Move {
-            req: 1,
-            releases: vec![],
-            pins,
-            put: None,
-        };
-        assert!(encode(&m).len() <= max);
-        let grants = vec![Err(RemoteError::Unmapped); n];
-        assert!(
-            encode(&Msg::Reply {
-                req: 1,
-                grants,
-                put: Some(Ok(()))
-            })
-            .len()
-                <= max
-        );
-        let hs = vec![0; handles_per_msg(max)];
-        assert!(encode(&Msg::Revoke(hs)).len() <= max);
     }
 }

@@ -6,13 +6,13 @@
 //! no older than the invalidations finished before the op was acquired, no unpin while an
 //! RDMA uses a key, the core's own bookkeeping invariants. At the end every op completed.
 
-#[path = "common/sim_mem.rs"]
+#[path = "../../../tests/common/sim_mem.rs"]
 #[allow(dead_code)]
 mod sim_mem;
 #[path = "firehose_sim/world.rs"]
 mod world;
 
-use firehose::firehose::{Acquire, FhError, Firehose, FirehoseConfig, WireError};
+use firehose_proto::{Acquire, FhError, Firehose, FirehoseConfig, WireError};
 use world::{Params, Rng, World, BASE};
 
 fn params(seed: u64) -> (Params, u64) {
@@ -128,7 +128,7 @@ fn snapshot(w: &World, r: u32) -> String {
 
 /// One malformed or forged message for `to` (from `from`), drawn from `g`.
 fn garbage(w: &World, g: &mut Rng) -> Vec<u8> {
-    use firehose::firehose::wire::{encode, Grant, Msg, PinReq};
+    use firehose_proto::wire::{encode, Grant, Msg, PinReq};
     match g.below(8) {
         0 => (0..g.below(64)).map(|_| g.next() as u8).collect(),
         1 => {
@@ -143,7 +143,7 @@ fn garbage(w: &World, g: &mut Rng) -> Vec<u8> {
                             nb: g.below(9) as u32,
                             need_off: g.below(5) as u32,
                             need_n: g.below(5) as u32,
-                            rights: firehose::firehose::Rights(1 + g.below(3) as u8),
+                            rights: firehose_proto::Rights(1 + g.below(3) as u8),
                         })
                         .collect(),
                     put: g.chance(30).then_some((g.next(), &[7u8; 9][..])),
@@ -155,7 +155,7 @@ fn garbage(w: &World, g: &mut Rng) -> Vec<u8> {
                         start: g.below(100),
                         nb: 4,
                         rkey: 1,
-                        rights: firehose::firehose::Rights::BOTH,
+                        rights: firehose_proto::Rights::BOTH,
                     })],
                     put: None,
                 },
@@ -243,7 +243,7 @@ fn malformed_messages_change_nothing() {
 
 #[test]
 fn replayed_and_out_of_protocol_moves_are_refused() {
-    use firehose::firehose::wire::{decode, Msg};
+    use firehose_proto::wire::{decode, Msg};
     let mut w = busy_world(5);
     // Replay every move in flight right after its delivery: refused (request ids, handles).
     let mut refused = 0;
@@ -343,7 +343,7 @@ fn hit_after_move_and_double_release() {
     w.deliver();
     let mut ready = 0;
     while let Some(e) = w.fh[0].poll_event() {
-        assert!(matches!(e, firehose::firehose::Event::Ready { .. }));
+        assert!(matches!(e, firehose_proto::Event::Ready { .. }));
         ready += 1;
     }
     assert_eq!(ready, 2);
@@ -448,14 +448,14 @@ fn adaptive_vs_fixed_split() {
 /// move in sequence is served (a refused move does not desynchronise the request ids).
 #[test]
 fn over_quota_move_is_refused() {
-    use firehose::firehose::wire::{decode, encode, Msg, PinReq, RemoteError};
+    use firehose_proto::wire::{decode, encode, Msg, PinReq, RemoteError};
     let mut w = busy_world(11);
     let pin = |i: u64| PinReq {
         start: (BASE >> 12) + 4 * i,
         nb: 4,
         need_off: 0,
         need_n: 1,
-        rights: firehose::firehose::Rights::BOTH,
+        rights: firehose_proto::Rights::BOTH,
     };
     // Rank 1's replies to rank 2 queued so far (the world sends them at its next step).
     let replies = |w: &mut World| -> Vec<Vec<u8>> {
@@ -522,19 +522,19 @@ struct CountPins {
     next: u32,
 }
 
-impl firehose::firehose::RegionPins for CountPins {
+impl firehose_proto::RegionPins for CountPins {
     fn pin(
         &mut self,
         _: u64,
         _: usize,
-        _: firehose::firehose::Rights,
-    ) -> Result<u32, firehose::firehose::PinFailure> {
+        _: firehose_proto::Rights,
+    ) -> Result<u32, firehose_proto::PinFailure> {
         self.pins += 1;
         self.next += 1;
         Ok(self.next)
     }
     fn unpin(&mut self, _: u64, _: usize, _: u32) {}
-    fn write(&mut self, _: u64, _: &[u8]) -> Result<(), firehose::firehose::PinFailure> {
+    fn write(&mut self, _: u64, _: &[u8]) -> Result<(), firehose_proto::PinFailure> {
         Ok(())
     }
 }
@@ -544,7 +544,7 @@ impl firehose::firehose::RegionPins for CountPins {
 /// MAXVICTIM 512 KiB. Returns (hit rate, target pins, unpinned puts in moves) over the last
 /// 4000 puts.
 fn small_puts(auto: bool, phases: &[(u64, u64)], seed: u64) -> (f64, u64, u64) {
-    use firehose::firehose::Event;
+    use firehose_proto::Event;
     let mk = |r| {
         let mut c = FirehoseConfig::new(r, 2);
         c.bucket_size = 4096;
@@ -650,7 +650,7 @@ fn page_mode_pair(m_buckets: usize) -> (Firehose, Firehose) {
 
 /// Carries messages between `a` (rank 0) and `b` (rank 1) until op `op` of `a` is Ready.
 fn until_ready(a: &mut Firehose, b: &mut Firehose, op: u64) {
-    use firehose::firehose::Event;
+    use firehose_proto::Event;
     let mut pins = CountPins::default();
     loop {
         while let Some((_, m)) = a.poll_transmit() {

@@ -4,9 +4,7 @@
 //! only for pins it has the rights for; the bound, the refcounts and the invariants hold all
 //! along. The driver's side (verbs access flags, read-only memory) is in `tests/rma_sim_rights.rs`.
 
-use firehose::firehose::{
-    Acquire, Event, Firehose, FirehoseConfig, PinFailure, RegionPins, Rights,
-};
+use firehose_proto::{Acquire, Event, Firehose, FirehoseConfig, PinFailure, RegionPins, Rights};
 
 const BASE: u64 = 0x4000_0000;
 const PAGE: u64 = 4096;
@@ -203,7 +201,7 @@ fn a_region_serves_only_pins_it_has_the_rights_for() {
     assert_eq!(f[1].stats().shared_hits, 1);
 }
 
-#[path = "common/sim_mem.rs"]
+#[path = "../../../tests/common/sim_mem.rs"]
 #[allow(dead_code)]
 mod sim_mem;
 #[path = "firehose_sim/world.rs"]

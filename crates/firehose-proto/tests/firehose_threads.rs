@@ -2,7 +2,7 @@
 //! each pumping messages between the two ranks when its op is pending. Every op completes, every
 //! segment covers its op, the bound holds, and nothing is left in flight.
 
-use firehose::firehose::{Acquire, Event, Firehose, FirehoseConfig, OpId, PinFailure, RegionPins};
+use firehose_proto::{Acquire, Event, Firehose, FirehoseConfig, OpId, PinFailure, RegionPins};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -12,12 +12,7 @@ struct Pins {
     pinned: u64,
 }
 impl RegionPins for Pins {
-    fn pin(
-        &mut self,
-        _: u64,
-        len: usize,
-        _: firehose::firehose::Rights,
-    ) -> Result<u32, PinFailure> {
+    fn pin(&mut self, _: u64, len: usize, _: firehose_proto::Rights) -> Result<u32, PinFailure> {
         self.next += 1;
         self.pinned += len as u64;
         Ok(self.next)

@@ -4,8 +4,8 @@
 
 use super::listener::{RevokeListener, Wait};
 use super::*;
-use crate::firehose::InvalId;
 use crate::rt::seam::UnmapEvent;
+use firehose_proto::InvalId;
 use std::collections::HashSet;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};

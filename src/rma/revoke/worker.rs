@@ -17,7 +17,7 @@
 //! (its own frees never wait for itself).
 
 use super::shared::Shared;
-use crate::firehose::InvalId;
+use firehose_proto::InvalId;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};

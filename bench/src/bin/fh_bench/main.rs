@@ -25,11 +25,11 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use firehose::cache::{Cache, Limits};
-use firehose::firehose::FirehoseConfig;
 use firehose::net::bootstrap;
 use firehose::net::{Peers, PeersConfig};
 use firehose::pin::verbs::VerbsPinner;
 use firehose::rma::Rma;
+use firehose_proto::FirehoseConfig;
 
 use served::Served;
 use transport::{LocalKeys, Raw};

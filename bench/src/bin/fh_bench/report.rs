@@ -3,7 +3,7 @@
 
 use serde_json::{json, Value};
 
-use firehose::firehose::FirehoseStats;
+use firehose_proto::FirehoseStats;
 
 use crate::args::{Args, Test};
 use crate::served::TargetStats;

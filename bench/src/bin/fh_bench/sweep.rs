@@ -10,7 +10,7 @@
 
 use std::time::Instant;
 
-use firehose::firehose::{FirehoseConfig, FirehoseStats};
+use firehose_proto::{FirehoseConfig, FirehoseStats};
 
 use crate::args::{Args, Test};
 use crate::clock::{ns_per_tick, Clock, Kind};

@@ -16,7 +16,7 @@ mod cli;
 #[path = "../../null_pins.rs"]
 mod null_pins;
 
-use firehose::firehose::{Acquire, Event, Firehose, FirehoseConfig};
+use firehose_proto::{Acquire, Event, Firehose, FirehoseConfig};
 use null_pins::NullPins;
 use serde_json::json;
 use std::time::Instant;

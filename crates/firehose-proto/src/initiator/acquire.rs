@@ -1,11 +1,11 @@
 //! The hot path: `acquire` on a hit and `release`, plus the refcount helpers everything uses.
 
 use super::{Front, Initiator, Op, OpState};
-use crate::firehose::error::FhError;
-use crate::firehose::small::Inline2;
-use crate::firehose::stats::FirehoseStats;
-use crate::firehose::{Acquire, OpId, Outbox, Rights, Seg, Segs};
-use crate::net::Rank;
+use crate::error::FhError;
+use crate::small::Inline2;
+use crate::stats::FirehoseStats;
+use crate::Rank;
+use crate::{Acquire, OpId, Outbox, Rights, Seg, Segs};
 
 /// Appends `[cur, seg_end)` with `rkey`, merged into the previous segment when contiguous with
 /// the same key.

@@ -3,12 +3,12 @@
 //! building the move messages, puts riding in a move, and ops blocked for quota.
 
 use super::{Initiator, OpState, Pin};
-use crate::firehose::initiator::acquire::push_seg;
-use crate::firehose::small::Inline2;
-use crate::firehose::stats::FirehoseStats;
-use crate::firehose::wire::{self, Msg, PinReq};
-use crate::firehose::{Event, OpId, Outbox, Rights, Segs};
-use crate::net::Rank;
+use crate::initiator::acquire::push_seg;
+use crate::small::Inline2;
+use crate::stats::FirehoseStats;
+use crate::wire::{self, Msg, PinReq};
+use crate::Rank;
+use crate::{Event, OpId, Outbox, Rights, Segs};
 
 /// Missing buckets of one chunk: `[lo, hi)`.
 #[derive(Debug, Clone, Copy)]

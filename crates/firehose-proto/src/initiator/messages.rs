@@ -8,11 +8,11 @@
 //! longer know means our release is on its way, and is ignored.
 
 use super::{Fh, Initiator, OpState};
-use crate::firehose::error::{FhError, WireError};
-use crate::firehose::stats::FirehoseStats;
-use crate::firehose::wire::{self, Grant, Msg, RemoteError};
-use crate::firehose::{Event, OpId, Outbox};
-use crate::net::Rank;
+use crate::error::{FhError, WireError};
+use crate::stats::FirehoseStats;
+use crate::wire::{self, Grant, Msg, RemoteError};
+use crate::Rank;
+use crate::{Event, OpId, Outbox};
 
 impl Initiator {
     pub fn handle_reply(

@@ -26,7 +26,7 @@ use super::bucket_map::BucketMap;
 use super::fifo::{Links, List};
 use super::small::{Inline2, IntMap};
 use super::{Event, FirehoseConfig, OpId, Rights};
-use crate::net::Rank;
+use crate::Rank;
 use std::collections::{HashMap, VecDeque};
 
 /// One firehose: what a hit reads and writes, in 32 bytes aligned to 32, so a hit touches one

@@ -18,7 +18,7 @@
 //! workload scores "unused" whether or not it is pinning.
 
 use super::Initiator;
-use crate::net::Rank;
+use crate::Rank;
 
 /// Score at which a peer's small puts stop pinning.
 const THRASH: u8 = 8;
@@ -56,7 +56,7 @@ impl Initiator {
 
 #[cfg(test)]
 mod tests {
-    use crate::firehose::FirehoseConfig;
+    use crate::FirehoseConfig;
 
     use super::super::Initiator;
     use super::*;

@@ -12,6 +12,7 @@
 //! referenced bytes <= M; unreferenced bytes (victims) are trimmed to MAXVICTIM; pinned bytes
 //! <= M + MAXVICTIM at all times.
 
+mod invalidations;
 mod moves;
 mod quota;
 mod revoke;
@@ -20,10 +21,10 @@ mod victims;
 use super::fifo::{Links, List};
 use super::stats::FirehoseStats;
 use super::Rights;
-use crate::net::Rank;
+use crate::Rank;
 use std::collections::{BTreeSet, HashMap};
 
-pub use revoke::InvalId;
+pub use invalidations::InvalId;
 
 #[derive(Debug)]
 pub(crate) struct Region {
@@ -81,7 +82,7 @@ pub(crate) struct Target {
     pub victim_buckets: u64,
     pub pinned_buckets: u64,
     next_handle: u64,
-    pub inval: revoke::Invalidations,
+    pub inval: invalidations::Invalidations,
 }
 
 impl Target {
@@ -113,7 +114,7 @@ impl Target {
             victim_buckets: 0,
             pinned_buckets: 0,
             next_handle: 1,
-            inval: revoke::Invalidations::default(),
+            inval: invalidations::Invalidations::default(),
         }
     }
 

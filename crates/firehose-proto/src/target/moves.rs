@@ -3,11 +3,11 @@
 //! refused in the reply); one that cannot is dropped and changes nothing.
 
 use super::Target;
-use crate::firehose::error::WireError;
-use crate::firehose::stats::FirehoseStats;
-use crate::firehose::wire::{self, Grant, Msg, PinReq, RemoteError};
-use crate::firehose::{Outbox, RegionPins};
-use crate::net::Rank;
+use crate::error::WireError;
+use crate::stats::FirehoseStats;
+use crate::wire::{self, Grant, Msg, PinReq, RemoteError};
+use crate::Rank;
+use crate::{Outbox, RegionPins};
 
 impl Target {
     #[allow(clippy::too_many_arguments)]

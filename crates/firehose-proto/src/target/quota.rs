@@ -9,11 +9,11 @@
 //! most M and referenced pinned bytes stay <= M: lending never moves the bound.
 
 use super::Target;
-use crate::firehose::error::WireError;
-use crate::firehose::stats::FirehoseStats;
-use crate::firehose::wire::{self, Msg};
-use crate::firehose::Outbox;
-use crate::net::Rank;
+use crate::error::WireError;
+use crate::stats::FirehoseStats;
+use crate::wire::{self, Msg};
+use crate::Outbox;
+use crate::Rank;
 
 impl Target {
     fn pool(&self) -> u64 {

@@ -6,44 +6,14 @@
 //! which counts the same); a lost peer counts as acked. The last holder gone, the region is
 //! unpinned and the invalidation's count drops; at zero `is_done` turns true.
 
+use super::invalidations::InvalId;
 use super::Target;
-use crate::firehose::error::WireError;
-use crate::firehose::stats::FirehoseStats;
-use crate::firehose::wire::{self, Msg};
-use crate::firehose::{Outbox, RegionPins};
-use crate::net::Rank;
-use std::collections::{BTreeMap, HashMap};
-
-/// Names one `invalidate` call; see `Firehose::invalidation_done`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct InvalId(pub u64);
-
-#[derive(Debug, Default)]
-pub(crate) struct Invalidations {
-    next: u64,
-    /// Regions each unfinished invalidation still waits for.
-    pending: HashMap<u64, u32>,
-}
-
-impl Invalidations {
-    fn start(&mut self) -> u64 {
-        self.next += 1;
-        self.next
-    }
-    pub fn region_done(&mut self, id: u64) {
-        let n = self.pending.get_mut(&id).expect("pending invalidation");
-        *n -= 1;
-        if *n == 0 {
-            self.pending.remove(&id);
-        }
-    }
-    pub fn is_done(&self, id: InvalId) -> bool {
-        id.0 >= 1 && id.0 <= self.next && !self.pending.contains_key(&id.0)
-    }
-    pub fn unfinished(&self) -> usize {
-        self.pending.len()
-    }
-}
+use crate::error::WireError;
+use crate::stats::FirehoseStats;
+use crate::wire::{self, Msg};
+use crate::Rank;
+use crate::{Outbox, RegionPins};
+use std::collections::BTreeMap;
 
 impl Target {
     pub fn invalidate(

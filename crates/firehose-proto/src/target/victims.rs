@@ -3,8 +3,8 @@
 //! is needed for a new pin.
 
 use super::Target;
-use crate::firehose::stats::FirehoseStats;
-use crate::firehose::RegionPins;
+use crate::stats::FirehoseStats;
+use crate::RegionPins;
 
 impl Target {
     /// `slot` lost its last holder: keep it as a victim, then trim the FIFO to its bound.

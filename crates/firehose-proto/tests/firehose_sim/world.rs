@@ -3,8 +3,8 @@
 //! (mapped/unmapped pages with a generation per mapping) that pins, unpins and writes, RDMAs
 //! in flight, and the checks after every step.
 
-use firehose::firehose::wire::RemoteError;
-use firehose::firehose::{
+use firehose_proto::wire::RemoteError;
+use firehose_proto::{
     Acquire, Event, FhError, Firehose, FirehoseConfig, InvalId, OpId, PinFailure, RegionPins, Seg,
     WireError,
 };
@@ -21,7 +21,7 @@ pub struct Mr {
     pub len: usize,
     pub gens: Vec<u64>,
     /// What the key allows (a segment of an op needing other rights is a violation).
-    pub rights: firehose::firehose::Rights,
+    pub rights: firehose_proto::Rights,
 }
 
 /// One rank's address space and pinning backend.
@@ -66,7 +66,7 @@ impl RegionPins for Mem {
         &mut self,
         addr: u64,
         len: usize,
-        rights: firehose::firehose::Rights,
+        rights: firehose_proto::Rights,
     ) -> Result<u32, PinFailure> {
         let r = self.pages(addr, len).ok_or(PinFailure::Unmapped)?;
         if !self.mapped[r.clone()].iter().all(|&m| m) {
@@ -120,7 +120,7 @@ pub struct OpInfo {
     /// Some page was unmapped at acquire time or later (a Remote(Unmapped) failure is fine).
     pub put: bool,
     /// What it does at the target (`World::mixed_rights`; else both).
-    pub rights: firehose::firehose::Rights,
+    pub rights: firehose_proto::Rights,
 }
 
 pub struct Rdma {
@@ -210,7 +210,7 @@ impl World {
     pub fn pump(&mut self) {
         for r in 0..self.p.n {
             while let Some((to, bytes)) = self.fh[r as usize].poll_transmit() {
-                assert!(bytes.len() <= firehose::firehose::config::DEFAULT_MAX_MSG);
+                assert!(bytes.len() <= firehose_proto::config::DEFAULT_MAX_MSG);
                 if self.live(r) && self.live(to) {
                     self.net.entry((r, to)).or_default().push_back(bytes);
                 }
@@ -247,7 +247,7 @@ impl World {
         let off = self.rng.below(ws * page);
         let raddr = BASE + off.min(ws * page - len.min((ws * page) as usize) as u64);
         let put = len <= 3072 && self.rng.chance(30);
-        use firehose::firehose::Rights;
+        use firehose_proto::Rights;
         let rights = match (self.mixed_rights, put) {
             (false, _) => Rights::BOTH,
             (true, true) => Rights::WRITE,
