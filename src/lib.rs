@@ -1,8 +1,11 @@
 //! firehose: an RDMA registration cache (pin-down cache with invalidation) behind a C ABI.
 //!
-//! Layers (data flows down, events flow up):
-//! `ffi` (C exports) -> `cache` (index, refcounts, LRU, limits) -> `pin` (verbs | mlock | counting);
-//! `monitor` (userfaultfd + libc entry hooks + `fh_notify_unmapped`) -> `cache::Cache::invalidate`.
+//! Layers, one folder each, top to bottom (a layer imports only layers below it; the map, the
+//! seams, the lock order and the threads are in ARCHITECTURE.md):
+//! `ffi` (C exports) -> `rma` (puts/gets, drives `firehose_proto`) -> `net` -> `config` ->
+//! `helper` -> `cache` (index, refcounts, LRU, limits) and `monitor` (userfaultfd + libc entry
+//! hooks + `fh_notify_unmapped`), which meet only at `rt::seam` -> `pin` (verbs | mlock |
+//! counting) -> `rt` (runtime leaves: fork, inside, threads, status).
 
 /// One assembly of a cache, for the C API and the shim.
 #[doc(hidden)]

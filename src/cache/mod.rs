@@ -1,6 +1,11 @@
 //! The pin-down cache (Tezuka et al., "Pin-down Cache: A Virtual Memory Management Technique for
 //! Zero-copy Communication", IPPS 1998) plus invalidation.
 //!
+//! Owns: the index, region records, refcounts, LRU and limits, handles, the invalidation queue.
+//! May call: `pin` (the `Pinner` backend), `rt` (`seam`'s `RangeWatcher`, reader ids' fork
+//! hook, `inside`, `status`). Never: `monitor` (events come in through `invalidate`), `helper`,
+//! `net`, `rma`.
+//!
 //! SEAM: the cache hooks nothing. Memory events reach it only through [`Cache::invalidate`], which
 //! is safe to call from inside a memory hook (no allocation, no blocking lock, no backend call).
 //! Unpinning of invalidated regions happens later, on a normal API call (or on the helper thread,

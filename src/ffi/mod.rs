@@ -1,5 +1,9 @@
 //! The C ABI (`include/firehose.h` is generated from this module by cbindgen, see `build.rs`).
 //!
+//! The top layer. Owns: the C types and exports, the context (`fh_init`), the wiring of the
+//! layers below (a cache's backend, its monitor subscription and watcher, the helper's unmap
+//! windows, the helper thread). May call: every layer.
+//!
 //! Rules every export follows (style of rustls-ffi):
 //! - thin: validate pointers, call into `cache`/`monitor`, convert the result; no logic here;
 //! - one panic boundary, [`guard::ffi_guard!`], around every body: a panic is `FH_ERR_PANIC`;

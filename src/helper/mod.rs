@@ -4,6 +4,10 @@
 //! pins a region again shortly before its next use and unpins idle regions in between, so less
 //! memory stays pinned than with a lazy cache at no cost to communication.
 //!
+//! May call: `cache` (its prefetch/unpin API), `monitor` (subscribe as a listener, install the
+//! hooks' `UnmapWindows`), `pin`, `rt`. Nothing calls it but `ffi`, `config` (its settings
+//! types) and the preload shim.
+//!
 //! What this folder owns: the predictor (`signature.rs`, `predictor.rs`), the cost model
 //! (`cost.rs`), the registration queue (`rq.rs`), the event queue fed by the callers
 //! (`events.rs`), the handles it watches for their release (`releases.rs`), and the decisions

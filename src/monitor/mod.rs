@@ -1,6 +1,11 @@
 //! Memory-event monitor: learns that a virtual range stopped being backed by the pages it had and
 //! tells its listeners. It holds no cache state.
 //!
+//! Owns: the libc patches and hooks, the userfaultfd and its reader thread, the listener
+//! registry, the install lock. May call: `rt` only (`seam`, `fork`, `inside`, `counted`,
+//! `range_counts`, `monotonic`). It reports ranges; who listens (caches, the helper, remote
+//! invalidation) subscribes, and what else waits on an unmap installs `UnmapWindows`.
+//!
 //! SEAM: listeners implement [`MemoryListener::on_unmap`], called from hook context (inside a
 //! patched libc function, or on the userfaultfd reader thread). A listener must not allocate, must
 //! not block on a lock an allocating path may hold, and must not call into verbs.

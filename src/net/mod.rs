@@ -3,8 +3,8 @@
 //! credits, progress; it passes RDMA completions up to the layer above through one handler).
 //!
 //! Owns: endpoints, queue pairs, receive buffers, credits, the progress thread.
-//! May call: `pin::verbs` (context, protection domain, memory regions), `config`, `status`,
-//! `inside` (the progress thread marks itself as the library's).
+//! May call: `pin::verbs` (context, protection domain, memory regions), `config`, `rt` (`status`,
+//! `raw_thread`, `race_once`, `inside`: the progress thread marks itself as the library's).
 //! Never calls: `cache`, `monitor` (a message buffer is registered once, never through the cache).
 //! Only `net/verbs` touches libibverbs here; everything else is tested with `sim` and no device.
 

@@ -1,5 +1,9 @@
 //! Pinning backends: the one seam between the cache and whatever makes memory DMA-able.
 //!
+//! Owns: the `Pinner` trait, the backends, the mlock pinner's process-wide count of locked pages
+//! (with its fork hook), what a cache does across `fork` (`fork_mode.rs`).
+//! May call: `rt`, libibverbs (`verbs`), libc. Nothing above: the cache calls it, never back.
+//!
 //! `verbs` registers with `ibv_reg_mr` (real lkey/rkey), `mlock` pins with mlock(2) on hosts with no
 //! RDMA device (keys are local-only cookies), `counting` is a test double that records every call.
 

@@ -4,10 +4,10 @@
 //!
 //! Owns: the operation table (non-blocking handles), the target's remote-pinned regions, the
 //! local registrations of the caller's buffers (through the pin-down cache).
-//! May call: `firehose` (the algorithm), `net` (peers, active messages, one-sided link ops;
+//! May call: `firehose_proto` (the algorithm, a crate of its own), `net` (peers, active messages, one-sided link ops;
 //! `net::sim` only in `sim_pins`, the simulated target pins for tests and benchmarks),
 //! `cache` (local registration), `pin::verbs` (memory regions for remote pins), `monitor`
-//! (subscribe the revoke listener, userfaultfd watches of remote pins), `inside`, `status`.
+//! (subscribe the revoke listener, userfaultfd watches of remote pins), `rt`.
 //!
 //! `agree`: the settings every rank must share, compared at `fh_init`.
 //!
