@@ -17,7 +17,7 @@
 //!   glibc's internal calls from free/realloc/malloc_trim (they jump to the same code we patch);
 //!   and, for listeners that want it (`wants_done`), again after a successful call, before it
 //!   returns (`UnmapEvent::Done`: the remote-pinning driver waits there for its revocation).
-//! - userfaultfd (`uffd.rs`): UNMAP/REMOVE/REMAP events for the ranges a [`UffdWatcher`] watches
+//! - userfaultfd (`uffd/`): UNMAP/REMOVE/REMAP events for the ranges a [`UffdWatcher`] watches
 //!   (exactly the pinned ranges, registered while pinned); catches raw syscalls and brk shrinking,
 //!   but only *after* the unmap (`UnmapEvent::Late`).
 //!
@@ -37,8 +37,9 @@
 //!
 //! Files: `registry.rs` (listener slots), `guard.rs` (re-entrancy), `patch.rs` (code patching),
 //! `hooks.rs` (replacement functions), `caller.rs` (their entries: libc's own calls told apart),
-//! `ranges.rs` (what range each call invalidates), `maps.rs` (allocation-free /proc/self/maps
-//! reader), `unmap_windows.rs` (who else hears of a patched unmap while it runs), `uffd.rs`
+//! `ranges.rs` (what range each call invalidates), `options.rs` (what `install` is asked for and
+//! reports), `maps.rs` (allocation-free /proc/self/maps
+//! reader), `unmap_windows.rs` (who else hears of a patched unmap while it runs), `uffd/`
 //! (userfaultfd; live watches per address are counted with `crate::rt::range_counts`),
 //! `prune_ring.rs` (reader -> watch path, lock-free: ranges that went away), `switches.rs`
 //! (test-only disabling of single paths).

@@ -29,7 +29,7 @@
 //! | 0 `INSIDE` | `rt/inside.rs` | - | free the gone threads' slots |
 //! | 1 `LISTENERS` | `monitor/registry.rs` | `before_fork` of every listener | - |
 //! | 10 `MONITOR_INSTALL` | `monitor/mod.rs` | `INSTALL` (`install` takes 20 under it) | |
-//! | 20 `UFFD_STATE` | `monitor/uffd.rs` | the userfaultfd `STATE` | |
+//! | 20 `UFFD_STATE` | `monitor/uffd/hooks.rs` | the userfaultfd `STATE` | |
 //! | 30 `LISTENER_WRITERS` | `monitor/registry.rs` | `WRITERS` (nothing under it) | `forked` of every listener |
 //! | 40 `READER_IDS` | `cache/readers.rs` | `FREE_IDS` (nothing under it) | free the gone threads' ids |
 //! | 50 `MLOCK_COUNTS` | `pin/mlock.rs` | `LOCKED` (nothing under it) | no page is locked: no count |

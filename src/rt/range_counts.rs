@@ -1,7 +1,7 @@
 //! Counted address ranges: how many live holders cover each byte. The kernel does not count
 //! userfaultfd registrations or mlock(2), so whoever registers/locks overlapping ranges on behalf
 //! of several holders keeps one of these (under its own mutex) to know which pages no live holder
-//! needs any more: the userfaultfd watcher (`monitor/uffd.rs`) and the mlock pinner
+//! needs any more: the userfaultfd watcher (`monitor/uffd/watch.rs`) and the mlock pinner
 //! (`pin/mlock.rs`). A neutral module: it knows nothing of either.
 //!
 //! Stored as boundaries: `key -> count` means every address from `key` up to the next key is

@@ -6,7 +6,7 @@
 //! the parent was starting or ending a std thread inherits it locked, and then every std thread
 //! the child starts hangs in its start: a cache made there with a helper never saw its helper
 //! run, and freeing it (which joins the helper) waited forever (`tests/fork_thread_start.rs`;
-//! the userfaultfd reader had the same bug, `monitor/uffd.rs`). A plain pthread running a Rust
+//! the userfaultfd reader had the same bug, `monitor/uffd/`). A plain pthread running a Rust
 //! closure takes no such lock.
 //!
 //! The closure runs inside `catch_unwind`: a panic ends the thread, never the process (nothing
