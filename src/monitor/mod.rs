@@ -38,9 +38,9 @@
 //! Files: `registry.rs` (listener slots), `guard.rs` (re-entrancy), `patch.rs` (code patching),
 //! `hooks.rs` (replacement functions), `caller.rs` (their entries: libc's own calls told apart),
 //! `ranges.rs` (what range each call invalidates), `options.rs` (what `install` is asked for and
-//! reports), `maps.rs` (allocation-free /proc/self/maps
-//! reader), `unmap_windows.rs` (who else hears of a patched unmap while it runs), `uffd/`
-//! (userfaultfd; live watches per address are counted with `crate::rt::range_counts`),
+//! reports), `maps.rs` (allocation-free /proc/self/maps reader), `unmap_windows.rs` (who else
+//! hears of a patched unmap while it runs), `uffd/` (userfaultfd; live watches per address are
+//! counted with `crate::rt::range_counts`),
 //! `prune_ring.rs` (reader -> watch path, lock-free: ranges that went away), `switches.rs`
 //! (test-only disabling of single paths).
 
