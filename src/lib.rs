@@ -14,7 +14,6 @@ pub mod cache;
 pub mod config;
 pub mod ffi;
 pub mod helper;
-pub mod log;
 pub mod monitor;
 pub mod net;
 pub mod pin;
@@ -25,4 +24,4 @@ pub mod rt;
 // them (`firehose::status::FhResult`, ...).
 #[doc(hidden)]
 pub use rt::race_once;
-pub use rt::{inside, seam, status};
+pub use rt::{inside, log, seam, status};

@@ -1,9 +1,9 @@
 //! `fh_set_log_callback`, `fh_set_log_level`: the library's messages for a host runtime's log
-//! (`crate::log`).
+//! (`crate::rt::log`).
 
 use std::ffi::{c_char, c_int, c_void};
 
-use crate::log;
+use crate::rt::log;
 use crate::rt::status::fh_status;
 
 use super::guard::ffi_guard;

@@ -9,6 +9,7 @@
 //! - `raw_thread`, `race_once`, `monotonic`, `counted`: threads that never touch the allocator's
 //!   thread-locals, a first-use initialiser that never waits, the monotonic clock, an in-flight
 //!   count guard;
+//! - `log`: the one logging path (`FH_LOG`, the host's callback), std only;
 //! - `range_counts`: per-address counts of overlapping ranges (the mlock pinner's locked pages,
 //!   the userfaultfd's watches);
 //! - `seam`: the two traits where the cache and the monitor meet. Both layers implement or call
@@ -23,6 +24,7 @@
 pub(crate) mod counted;
 pub(crate) mod fork;
 pub mod inside;
+pub mod log;
 pub(crate) mod monotonic;
 /// A first-use initialiser that never makes a thread wait (fork-safe); shared with the shim.
 #[doc(hidden)]
