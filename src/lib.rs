@@ -2,7 +2,8 @@
 //!
 //! Layers, one folder each, top to bottom (a layer imports only layers below it; the map, the
 //! seams, the lock order and the threads are in ARCHITECTURE.md):
-//! `ffi` (C exports) -> `rma` (puts/gets, drives `firehose_proto`) -> `net` -> `config` ->
+//! `ffi` (C exports) -> `assembly` (a cache and its helper, also for the shim) and `rma`
+//! (puts/gets, drives `firehose_proto`) -> `net` -> `config` ->
 //! `helper` -> `cache` (index, refcounts, LRU, limits) and `monitor` (userfaultfd + libc entry
 //! hooks + `fh_notify_unmapped`), which meet only at `rt::seam` -> `pin` (verbs | mlock |
 //! counting) -> `rt` (runtime leaves: fork, inside, threads, status).

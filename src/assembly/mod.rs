@@ -5,7 +5,10 @@
 //! subscription to memory events, and the helper thread. What to build comes from the caller's
 //! settings, read once (`config::Config`); nothing here reads the environment.
 //!
-//! May call: `cache`, `monitor` (subscribe; the userfaultfd watcher), `helper`, `pin`.
+//! A layer of its own, below `ffi` and beside `rma` (which builds no cache). Owns: nothing that
+//! outlives the call: it returns the parts it assembled.
+//! May call: `cache`, `monitor` (subscribe; the userfaultfd watcher), `helper`, `pin`, `config`
+//! (the helper's settings type), `rt`.
 
 use std::sync::Arc;
 
