@@ -344,7 +344,7 @@ static size_t st_frames(const char *p, size_t len, uint64_t *f) {
 }
 
 /* Arena chunks are judged only with frames to judge them by, and with userfaultfd on: when libc
- * trims an arena with brk, only userfaultfd sees the pages go (README: the libc patch alone
+ * trims an arena with brk, only userfaultfd sees the pages go (docs/guarantees.md: the libc patch alone
  * misses brk), so without it a trimmed chunk would be a known, documented miss. */
 static int st_judge_arena;
 
@@ -925,7 +925,7 @@ static int st_main(int argc, char **argv, const char *name, int d_threads, int d
     /* AddressSanitizer build: every path but free runs. Measured with gcc 12's libasan: the
      * application's munmap/mremap/mmap/madvise/shmdt still enter libc's (patched) entry points
      * (FH_MONITOR=patch passes them, and each disabled hook makes its path go stale), so nothing
-     * is skipped for README window (4); ASan's own allocator unmaps with raw calls, but that is
+     * is skipped for window (4) of docs/guarantees.md; ASan's own allocator unmaps with raw calls, but that is
      * not memory this test registers. free cannot be checked: ASan's allocator keeps freed chunks
      * in quarantine and never unmaps them. */
     if (st_asan && (st_selected[P_FREE] || st_selected[P_FREE_TRIM])) {

@@ -38,7 +38,7 @@ int main(void) {
     CHECK_EQ_U64(s.misses, 1);
     CHECK_OK(fh_deregister(c, b.handle));
     CHECK_OK(fh_print_info(c, 1));
-    /* FH_FORK_MODE=auto follows what libibverbs says of fork (README, "fork and cached
+    /* FH_FORK_MODE=auto follows what libibverbs says of fork (docs/fork.md, "fork and cached
      * registrations"). */
     char info[4096];
     CHECK_OK(fh_info(c, info, sizeof info, NULL));

@@ -1,4 +1,4 @@
-/* The stale-registration cases (memory freed or unmapped, then reused at the same address; README,
+/* The stale-registration cases (memory freed or unmapped, then reused at the same address; docs/guarantees.md,
  * "The invalidation guarantee"), through unmodified verbs calls under libfirehose_preload.so:
  *
  *   register buf (pattern A), deregister (the cache keeps it), change the memory under the same

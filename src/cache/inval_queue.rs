@@ -13,7 +13,7 @@
 
 use crossbeam_queue::ArrayQueue;
 
-/// Ring capacity. The queue must hold fewer than 100 entries whatever happens (see README, "The
+/// Ring capacity. The queue must hold fewer than 100 entries whatever happens (see docs/guarantees.md, "The
 /// invalidation guarantee"), so the ring itself is the bound (a full ring falls back to "invalidate
 /// all").
 pub const QUEUE_CAPACITY: usize = 64;

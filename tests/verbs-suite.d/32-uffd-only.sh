@@ -4,7 +4,7 @@
 # This guards `monitor::quiesce`: the kernel releases the unmapping thread as soon as the reader
 # *reads* the event, before any listener heard of it; without the quiesce step in fh_register,
 # verbs_case12 with FH_MONITOR=uffd was a STALE HIT in 5 of 5 runs here (with it, 0 of 5).
-# (Across threads, uffd stays asynchronous: see the README's remaining windows.)
+# (Across threads, uffd stays asynchronous: see the remaining windows in docs/guarantees.md.)
 set -uo pipefail
 . "$FH_REPO/scripts/lib/verbs-test.sh"
 build=${FH_CTEST_BUILD:-$FH_REPO/build/native}
