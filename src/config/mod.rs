@@ -8,7 +8,7 @@
 //! | variable         | values                                   | default                          |
 //! |------------------|------------------------------------------|----------------------------------|
 //! | `FH_BACKEND`     | `auto`, `verbs`, `mlock`                 | `auto` (verbs if a device works) |
-//! | `FH_MAX_PINNED`  | bytes, suffix `k`/`m`/`g`/`t` (x1024), `inf` | 75 % of min(RLIMIT_MEMLOCK [1], RAM) |
+//! | `FH_MAX_PINNED`  | bytes, suffix `k`/`m`/`g`/`t` (x1024), `inf` | 75 % of min(RLIMIT_MEMLOCK (1), RAM) |
 //! | `FH_MAX_REGIONS` | count, or `inf`                          | 16384                            |
 //! | `FH_MONITOR`     | comma list of `uffd`, `patch`; or `none` | `uffd,patch`                     |
 //! | `FH_HELPER`      | `0`/`1` (`off`/`on`, `no`/`yes`)         | `0` (lazy cache, no helper)      |
@@ -17,7 +17,7 @@
 //! | `FH_HELPER_CLOCK`| `auto`, `tsc`, `monotonic`               | `auto` (`helper/clock.rs`)       |
 //! | `FH_FORK_MODE`   | `auto`, `keep`, `release`, `retire`      | `auto` (`pin/fork_mode.rs`)      |
 //!
-//! [1] only when the kernel enforces it: a process with CAP_IPC_LOCK (root) is not limited.
+//! (1) only when the kernel enforces it: a process with CAP_IPC_LOCK (root) is not limited.
 //!
 //! An invalid value is `FH_ERR_BAD_CONFIG`, with a message naming the variable on stderr.
 

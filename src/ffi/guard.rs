@@ -2,7 +2,7 @@
 //!
 //! Unwinding out of an `extern "C"` function aborts the process (or is undefined behaviour on older
 //! compilers), and a C caller cannot do anything with a Rust panic anyway. So every export runs its
-//! body through [`ffi_guard!`], which turns a caught panic into `FH_ERR_PANIC` (or a caller-chosen
+//! body through `ffi_guard!`, which turns a caught panic into `FH_ERR_PANIC` (or a caller-chosen
 //! fallback value for exports that do not return a status).
 
 /// Runs `$body` under `catch_unwind`.

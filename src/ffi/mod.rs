@@ -6,7 +6,7 @@
 //!
 //! Rules every export follows (style of rustls-ffi):
 //! - thin: validate pointers, call into `cache`/`monitor`, convert the result; no logic here;
-//! - one panic boundary, [`guard::ffi_guard!`], around every body: a panic is `FH_ERR_PANIC`;
+//! - one panic boundary, `guard::ffi_guard!`, around every body: a panic is `FH_ERR_PANIC`;
 //! - every `Arc` <-> raw pointer conversion lives in [`handle`];
 //! - output parameters are written only on success; `_free`-style functions accept NULL;
 //! - NULL, zero length, overflow, bad access bits and unknown handles return a status and change

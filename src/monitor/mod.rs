@@ -73,7 +73,7 @@ pub use unmap_windows::{set_unmap_windows, UnmapWindows};
 
 pub use uffd::quiesce;
 
-/// Watch a range with userfaultfd now (what [`UffdWatcher::watch`] does: count it and register
+/// Watch a range with userfaultfd now (what `UffdWatcher::watch` does: count it and register
 /// its pages); returns how many ranges were registered (1, or 0 when userfaultfd is off or refused
 /// it). Pair it with one [`uffd_unwatch`] of the same range.
 pub fn uffd_watch(addr: usize, len: usize) -> usize {

@@ -142,7 +142,7 @@ fn vmas_in(start: usize, end: usize) -> Vec<maps::Vma> {
 
 /// A [`crate::rt::seam::RangeWatcher`] that registers each pinned range with userfaultfd
 /// (write-protect mode only, so no page fault is ever taken over) while it is pinned. Does nothing
-/// unless [`super::install`] enabled userfaultfd.
+/// unless `monitor::install` enabled userfaultfd.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct UffdWatcher;
 

@@ -1,5 +1,5 @@
 //! Active messages between processes started by `mpirun` (PMIx bootstrap, verbs RC link), run in
-//! the Soft-RoCE VM by tests/verbs-suite.d/61-am-mpi.sh with 2 and 4 ranks. Modes (argv[1]):
+//! the Soft-RoCE VM by tests/verbs-suite.d/61-am-mpi.sh with 2 and 4 ranks. Modes (`argv[1]`):
 //!
 //! - `storm`: every rank runs `FH_TEST_THREADS` threads, each with up to 8 requests in flight to
 //!   random peers (itself included) with random payload sizes up to the largest; every reply is
