@@ -9,7 +9,13 @@
 //! valgrind --tool=callgrind target/release/examples/rma_profile fh 100000
 //! valgrind --tool=callgrind target/release/examples/rma_profile floor 100000
 //! valgrind --tool=callgrind target/release/examples/rma_profile fh 100000 0     # no inline: the source through the cache
+//! valgrind --tool=callgrind target/release/examples/rma_profile get 100000       # blocking 8-byte gets
+//! valgrind --tool=callgrind target/release/examples/rma_profile floor-get 100000
 //! ```
+//!
+//! `scripts/profile-put` runs these at N and 2N and prints instructions per op, grouped.
+//! `FH_PROGRESS_THREAD` is read as a job of two would read it (`auto`: both ranks get a progress
+//! thread, polling next to the measured loop); unset, neither has one.
 //!
 //! Instructions per put: run N and 2N and divide the difference by N (setup and warm-up cancel
 //! out). Rank 1 is progressed by a thread only during setup and warm-up (the first put misses:
@@ -34,14 +40,20 @@ const TAG: u64 = 1 << 63;
 
 fn rank(net: &SimNet, r: u32) -> Arc<Rma> {
     let link: Arc<dyn Link> = net.link(r);
-    let peers = Arc::new(Peers::from_link(link, NetSettings::default()).expect("peers"));
+    let settings = match std::env::var_os("FH_PROGRESS_THREAD") {
+        Some(_) => NetSettings::from_env().expect("FH_* settings").for_job(2),
+        None => NetSettings::default(),
+    };
+    let peers = Arc::new(Peers::from_link(link, settings).expect("peers"));
     let unbounded = Limits {
         max_pinned: usize::MAX,
         max_regions: usize::MAX,
     };
     let cache = Cache::new(Arc::new(NullPinner), unbounded, None);
     let pins = Box::new(SimPins::new(net.clone(), r));
-    Rma::with_pins(peers, Some(cache), FirehoseConfig::new(r, 2), pins).expect("rma")
+    let rma = Rma::with_pins(peers, Some(cache), FirehoseConfig::new(r, 2), pins).expect("rma");
+    rma.peers().start_progress().expect("progress thread");
+    rma
 }
 
 fn main() {
@@ -60,6 +72,9 @@ fn main() {
     let target = vec![0u8; 3 * 4096].into_boxed_slice();
     let taddr = (target.as_ptr() as u64 + 4095) & !4095;
     let src = [0x5Au8; 8];
+    let mut dst = [0u8; 8];
+    let dst_ptr = dst.as_mut_ptr();
+    let get_mode = what == "get";
 
     // Completions of the floor's writes, chained in front of Rma's handler.
     let done = Arc::new(AtomicU64::new(0));
@@ -93,8 +108,17 @@ fn main() {
             .expect("start");
         a.wait(h).expect("put");
     };
+    let get = || {
+        // SAFETY: `dst` outlives the blocking wait; nothing else touches it meanwhile.
+        let h = unsafe { a.start(RdmaKind::Read, 1, taddr, dst_ptr, 8, false) }.expect("start");
+        a.wait(h).expect("get");
+    };
     for _ in 0..10 {
-        put();
+        if get_mode {
+            get();
+        } else {
+            put();
+        }
     }
     stop.store(true, Relaxed);
     server.join().unwrap();
@@ -103,10 +127,13 @@ fn main() {
     // SAFETY: `target` lives to the end of main and is only written by the simulator.
     let rkey = unsafe { net.register(1, taddr, 4096) };
     let link = a.peers().link().clone();
-    let floor_put = |i: u64| {
+    let floor_op = |kind: RdmaKind, i: u64| {
         let op = RdmaOp {
-            kind: RdmaKind::Write,
-            local_addr: src.as_ptr() as u64,
+            kind,
+            local_addr: match kind {
+                RdmaKind::Write => src.as_ptr() as u64,
+                RdmaKind::Read => dst_ptr as u64,
+            },
             lkey: 0,
             len: 8,
             remote_addr: taddr,
@@ -114,7 +141,8 @@ fn main() {
             token: TAG | i,
         };
         let want = done.load(Relaxed) + 1;
-        // SAFETY: `src` lives to the end of main, only read; the target range is registered.
+        // SAFETY: `src` and `dst` live to the end of main (`src` only read, `dst` only written
+        // by the simulator); the target range is registered.
         unsafe { link.rdma(1, op) }.expect("floor post");
         while done.load(Relaxed) < want {
             if a.progress().expect("progress") == 0 {
@@ -132,19 +160,31 @@ fn main() {
             let hits = a.stats().fh.hits - hits0;
             assert_eq!(hits, n as u64, "every measured put must hit");
         }
+        "get" => {
+            for _ in 0..n {
+                get();
+            }
+            let hits = a.stats().fh.hits - hits0;
+            assert_eq!(hits, n as u64, "every measured get must hit");
+        }
         "floor" => {
             for i in 0..n as u64 {
-                floor_put(i);
+                floor_op(RdmaKind::Write, i);
+            }
+        }
+        "floor-get" => {
+            for i in 0..n as u64 {
+                floor_op(RdmaKind::Read, i);
             }
         }
         _ => {
-            eprintln!("usage: rma_profile fh|floor [N]");
+            eprintln!("usage: rma_profile fh|get|floor|floor-get [N] [INLINE]");
             std::process::exit(2);
         }
     }
     let dt = t0.elapsed();
     println!(
-        "{what}: {n} blocking 8-byte puts in {:.3} s, {:.0} ns each",
+        "{what}: {n} blocking 8-byte ops in {:.3} s, {:.0} ns each",
         dt.as_secs_f64(),
         dt.as_nanos() as f64 / n as f64
     );
