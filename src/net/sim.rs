@@ -31,7 +31,7 @@
 
 use crate::net::{Link, LinkError, LinkEvent, Rank, RdmaKind, RdmaOp};
 use crate::pin::Access;
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -103,7 +103,36 @@ enum Arrival {
 enum Flight {
     Msg(Vec<u8>),
     /// An RDMA op; an inline WRITE carries its payload, copied when it was posted.
-    Rdma(RdmaOp, Option<Vec<u8>>),
+    Rdma(RdmaOp, Option<Payload>),
+}
+
+/// Payloads up to this long travel in the flight itself (no allocation per inline WRITE: the
+/// simulator's cost is part of every profile of the layers above).
+const SMALL_PAYLOAD: usize = 64;
+
+/// An inline WRITE's payload, copied at post time.
+enum Payload {
+    Small([u8; SMALL_PAYLOAD]),
+    Heap(Vec<u8>),
+}
+
+impl Payload {
+    fn copy_of(b: &[u8]) -> Payload {
+        if b.len() <= SMALL_PAYLOAD {
+            let mut a = [0u8; SMALL_PAYLOAD];
+            a[..b.len()].copy_from_slice(b);
+            Payload::Small(a)
+        } else {
+            Payload::Heap(b.to_vec())
+        }
+    }
+
+    fn as_ptr(&self) -> *const u8 {
+        match self {
+            Payload::Small(a) => a.as_ptr(),
+            Payload::Heap(v) => v.as_ptr(),
+        }
+    }
 }
 
 /// A registered range of a rank's memory.
@@ -144,8 +173,12 @@ struct State {
     /// RDMA ops among a pair's flights, and among all flights from a rank.
     rdma_in_pair: Vec<usize>,
     rdma_from: Vec<usize>,
-    /// Registered regions by rkey; rkeys are never reused.
-    regions: HashMap<u32, Region>,
+    /// Registered regions, indexed by rkey - 1 (rkeys are handed out in order and never
+    /// reused; a deregistered one is `None`).
+    regions: Vec<Option<Region>>,
+    /// Threads sleeping in `SimLink::wait` (notified only when some are: a notify is a system
+    /// call even with nobody to wake).
+    waiters: usize,
     next_rkey: u32,
     /// Pairs with something in flight (for an O(1) random pick), and each pair's place in it.
     active: Vec<usize>,
@@ -201,6 +234,18 @@ fn splitmix(s: &mut u64) -> u64 {
 }
 
 impl State {
+    fn region(&self, rkey: u32) -> Option<&Region> {
+        self.regions.get((rkey as usize).wrapping_sub(1))?.as_ref()
+    }
+
+    /// Wakes the threads in `SimLink::wait`, if any (called with the state locked, as `wait`
+    /// counts itself in and out under it: no wake-up is lost).
+    fn notify(&self, cv: &Condvar) {
+        if self.waiters > 0 {
+            cv.notify_all();
+        }
+    }
+
     /// Whether `post_fault` refuses the post being made (counted if so).
     fn refuse_post(&mut self) -> bool {
         let refuse = match self.post_fault {
@@ -293,11 +338,11 @@ impl Shared {
         *occ += 1;
         st.delivered += 1;
         st.inbox[to as usize].push_back(Arrival::Msg { from, data });
-        self.arrived.notify_all();
+        st.notify(&self.arrived);
     }
 
     /// The RDMA op `from` posted to `to` reaches `to`: check the key, copy, report to `from`.
-    fn execute(&self, st: &mut State, from: Rank, to: Rank, op: RdmaOp, inline: Option<Vec<u8>>) {
+    fn execute(&self, st: &mut State, from: Rank, to: Rank, op: RdmaOp, inline: Option<Payload>) {
         st.rdma_done += 1;
         let done = |result| Arrival::RdmaDone {
             peer: to,
@@ -311,9 +356,8 @@ impl Shared {
             return;
         }
         let ok = st
-            .regions
-            .get(&op.rkey)
-            .is_some_and(|r| r.allows(to, from, &op));
+            .region(op.rkey)
+            .is_some_and(|r: &Region| r.allows(to, from, &op));
         if !ok {
             st.inbox[from as usize].push_back(done(Err(LinkError::RemoteAccess(to))));
             self.lose(st, from, to, true, true);
@@ -330,7 +374,7 @@ impl Shared {
         // one buffer); the lock serialises every simulated DMA.
         unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, op.len) };
         st.inbox[from as usize].push_back(done(Ok(())));
-        self.arrived.notify_all();
+        st.notify(&self.arrived);
     }
 
     /// Marks the pair lost and tells each still-living end once (after failing the RDMA ops
@@ -351,7 +395,7 @@ impl Shared {
         if tell_b && a != b {
             st.inbox[b as usize].push_back(Arrival::Lost { peer: a });
         }
-        self.arrived.notify_all();
+        st.notify(&self.arrived);
     }
 }
 
@@ -364,7 +408,8 @@ impl SimNet {
             flights: (0..n * n).map(|_| VecDeque::new()).collect(),
             rdma_in_pair: vec![0; n * n],
             rdma_from: vec![0; n],
-            regions: HashMap::new(),
+            regions: Vec::new(),
+            waiters: 0,
             next_rkey: 1,
             active: Vec::new(),
             active_pos: vec![None; n * n],
@@ -532,22 +577,22 @@ impl SimNet {
             .next_rkey
             .checked_add(1)
             .expect("2^32 simulated registrations");
-        st.regions.insert(
-            rkey,
-            Region {
-                rank,
-                addr,
-                len,
-                access,
-                only_from,
-            },
-        );
+        debug_assert_eq!(st.regions.len() + 1, rkey as usize);
+        st.regions.push(Some(Region {
+            rank,
+            addr,
+            len,
+            access,
+            only_from,
+        }));
         rkey
     }
 
     /// Forgets a region: later ops naming `rkey` fail with `RemoteAccess`. False if unknown.
     pub fn deregister(&self, rkey: u32) -> bool {
-        self.sh.lock().regions.remove(&rkey).is_some()
+        let mut st = self.sh.lock();
+        let i = (rkey as usize).wrapping_sub(1);
+        st.regions.get_mut(i).and_then(Option::take).is_some()
     }
 
     /// The connection between `a` and `b` breaks: both get `PeerLost`, in-flight messages
@@ -583,7 +628,7 @@ impl SimNet {
             to,
             Flight::Msg(bytes.to_vec()),
         );
-        self.sh.arrived.notify_all();
+        st.notify(&self.sh.arrived);
     }
 }
 
@@ -621,7 +666,7 @@ impl Link for SimLink {
             return Ok(()); // swallowed: nobody notices until a probe
         }
         st.push_flight(pair, self.rank, peer, Flight::Msg(msg.to_vec()));
-        self.sh.arrived.notify_all();
+        st.notify(&self.sh.arrived);
         Ok(())
     }
 
@@ -717,12 +762,14 @@ impl Link for SimLink {
             if now >= deadline {
                 return Ok(());
             }
+            st.waiters += 1;
             st = self
                 .sh
                 .arrived
                 .wait_timeout(st, deadline - now)
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
+            st.waiters -= 1;
         }
     }
 
@@ -773,10 +820,12 @@ impl Link for SimLink {
         let inline = (op.kind == RdmaKind::Write && op.len <= self.max_inline_write()).then(|| {
             // SAFETY: `Link::rdma`'s contract: an inline WRITE's local range is readable for
             // the call (copied now, as a verbs provider copies it into the WQE).
-            unsafe { std::slice::from_raw_parts(op.local_addr as *const u8, op.len) }.to_vec()
+            Payload::copy_of(unsafe {
+                std::slice::from_raw_parts(op.local_addr as *const u8, op.len)
+            })
         });
         st.push_flight(pair, self.rank, peer, Flight::Rdma(op, inline));
-        self.sh.arrived.notify_all();
+        st.notify(&self.sh.arrived);
         Ok(())
     }
 }
