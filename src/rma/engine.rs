@@ -13,7 +13,10 @@
 //! mark the thread as inside the library, so a memory hook firing there never waits for that
 //! worker (which needs these locks).
 
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{
+    AtomicBool, AtomicU64,
+    Ordering::{AcqRel, Relaxed, Release},
+};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
@@ -127,6 +130,9 @@ pub struct Rma {
     counters: Counters,
     /// Peers the endpoint declared lost, not yet told to the algorithm (a leaf lock).
     lost: Mutex<Vec<Rank>>,
+    /// Set after a push to `lost`: `progress` looks at `lost` only then (its lock would
+    /// otherwise be taken on every poll of every waiter and of the progress thread).
+    lost_any: AtomicBool,
     /// Remote invalidation (`None`: off, or a job of one). Stopped first when the `Rma` goes.
     revoke: Mutex<Option<Revocation>>,
     /// What peers may reach here (`FH_EXPOSE`, `fh_expose`): checked by the pins (`Exposed`).
@@ -317,6 +323,7 @@ impl Rma {
             },
             counters: Counters::default(),
             lost: Mutex::new(Vec::new()),
+            lost_any: AtomicBool::new(false),
             revoke: Mutex::new(None),
             exposure,
             peers,
@@ -351,6 +358,7 @@ impl Rma {
         am.set_peer_lost_handler(Some(Box::new(move |peer| {
             if let Some(r) = w.upgrade() {
                 lock(&r.lost).push(peer);
+                r.lost_any.store(true, Release);
             }
         })));
     }
@@ -729,6 +737,11 @@ impl Rma {
     pub fn progress(&self) -> FhResult<usize> {
         let _inside = crate::rt::inside::enter();
         let n = self.peers.am().progress()?;
+        // A push whose flag this swap misses is taken by the `take` below (the lock orders it),
+        // or its flag is seen by the next call.
+        if !(self.lost_any.load(Relaxed) && self.lost_any.swap(false, AcqRel)) {
+            return Ok(n);
+        }
         let lost = std::mem::take(&mut *lock(&self.lost));
         for p in &lost {
             self.with_core(|fh, pins| fh.peer_lost(*p, pins));
