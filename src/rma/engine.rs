@@ -21,6 +21,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
 use super::agree::{self, Agreed};
+use super::done_board::DoneBoard;
 use super::expose::{ExposeMode, Exposed, Exposure};
 use super::ops::{Chunk, Finished, Ops, Request};
 use super::probe::{Due, WaitClock};
@@ -118,6 +119,8 @@ pub struct Rma {
     peers: Arc<Peers>,
     engine: Mutex<Engine>,
     ops: Mutex<Ops>,
+    /// `ops.board`: what `wait` spins on without the table's lock.
+    done: Arc<DoneBoard>,
     /// Registers the caller's buffers (`None` in a job of one: every op is a local copy).
     local: Option<Arc<Cache>>,
     rank: Rank,
@@ -307,11 +310,13 @@ impl Rma {
         } else {
             usize::MAX
         };
+        let ops = Ops::default();
         let rma = Arc::new(Rma {
             small_put_max: fh.config().small_put_max,
             engine: Mutex::new(Engine { fh, pins }),
             windows: std::sync::OnceLock::new(),
-            ops: Mutex::new(Ops::default()),
+            done: ops.board.clone(),
+            ops: Mutex::new(ops),
             local,
             rank,
             size,
@@ -705,14 +710,28 @@ impl Rma {
 
     /// Progresses until the request is done; returns its result (the handle is then spent).
     /// Bounded (`FH_AM_TIMEOUT_MS`): see `Bounded`.
+    ///
+    /// While the request runs the wait spins on its own word of the done board (progressing),
+    /// not on the operation table, whose lock every completion takes; it takes that lock to
+    /// collect the result, and every `RECHECK` polls (a handle that is not a running request,
+    /// spent or made up, has a word that never says done: the table then says what it is).
     pub fn wait(&self, req: u64) -> FhResult<()> {
+        const RECHECK: u32 = 64;
         let _inside = crate::rt::inside::enter();
         let mut b = Bounded::new(self);
         loop {
+            let mut polls = 0;
+            while polls < RECHECK && self.done.is_done(req) == Some(false) {
+                b.poll(self, Some(req))?;
+                polls += 1;
+            }
             if let Some(r) = lock(&self.ops).take_if_done(req)? {
                 return b.result(r);
             }
-            b.poll(self, Some(req))?;
+            if polls == 0 {
+                // No word for this slot (or it said done and the table disagrees): poll here.
+                b.poll(self, Some(req))?;
+            }
         }
     }
 

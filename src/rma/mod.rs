@@ -24,6 +24,7 @@
 //! so the whole driver runs natively with ranks as threads and no device.
 
 pub mod agree;
+mod done_board;
 pub mod engine;
 pub mod expose;
 mod ops;

@@ -3,9 +3,11 @@
 //! (its `OpId` is the chunk id) that becomes one or more RDMA segments. A request is done when
 //! its last chunk is; its first error is its result.
 
+use super::done_board::DoneBoard;
 use super::slab::{Key, Slab};
 use crate::net::{Rank, RdmaKind};
 use crate::rt::status::{fh_status, FhResult};
+use std::sync::Arc;
 
 /// One Firehose op: a piece of a request.
 #[derive(Debug, Clone)]
@@ -47,6 +49,9 @@ pub struct Ops {
     running: usize,
     /// First error of an implicit request since the last `fh_quiet`.
     pub implicit_error: Option<fh_status>,
+    /// Which explicit requests are done, readable without this table's lock (waiters spin on
+    /// it); written here, when a request ends.
+    pub board: Arc<DoneBoard>,
 }
 
 /// What finishing a chunk left to do outside the table's lock.
@@ -85,6 +90,9 @@ impl Ops {
             req.done = true;
             self.running -= 1;
             dereg = req.reg.take();
+            if !req.implicit {
+                self.board.set_done(c.req);
+            }
             if req.implicit {
                 let r = self.reqs.remove(c.req).expect("present");
                 if self.implicit_error.is_none() {
@@ -113,10 +121,16 @@ impl Ops {
 
     /// Records a request; its key is the caller's handle.
     pub fn add_request(&mut self, r: Request) -> Key {
-        if !r.done {
+        let done = r.done;
+        if !done {
             self.running += 1;
         }
-        self.reqs.insert(r)
+        let key = self.reqs.insert(r);
+        self.board.ensure(key);
+        if done {
+            self.board.set_done(key);
+        }
+        key
     }
 
     /// Requests not yet done (explicit and implicit).
