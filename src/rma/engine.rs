@@ -3,10 +3,12 @@
 //! RDMA WRITEs/READs on the link, and the completions come back through the endpoint's RDMA
 //! handler. The caller's buffer is registered through the pin-down cache.
 //!
-//! Locks, in order: `engine` (the algorithm and the target's pins) -> the AM endpoint's own
-//! locks (Firehose messages are sent *under* `engine`, because the algorithm relies on them
-//! leaving in the order it produced them); `ops` is a leaf. RDMA is posted, events are handled
-//! and cache calls are made with neither lock held.
+//! Locks, in order: `engine` (the algorithm, the target's pins and the op tables) -> the AM
+//! endpoint's own locks (Firehose messages are sent *under* `engine`, because the algorithm
+//! relies on them leaving in the order it produced them). The op tables share the algorithm's
+//! lock: a hit put needs both at its start and at its completion (table entry, then firehose
+//! acquire or release), one critical section each. RDMA is posted, events are handled and
+//! cache calls are made without the lock; waiters spin on the done board, not on the lock.
 //!
 //! Remote invalidation (`super::revoke`): the `fh-revoke` worker drives the algorithm through
 //! `RmaDriver` (invalidate, progress, `invalidation_done`); every public entry and `with_core`
@@ -74,6 +76,8 @@ pub struct RmaStats {
 
 struct Engine {
     fh: Firehose,
+    /// Requests and chunks (see `ops`).
+    ops: Ops,
     /// `None` in a job of one (nothing is ever pinned for a peer). `TargetPins` (verbs) from
     /// `new`, whatever `with_pins` was given otherwise.
     pins: Option<Box<dyn RegionPins + Send>>,
@@ -118,8 +122,7 @@ impl RegionPins for NoPins {
 pub struct Rma {
     peers: Arc<Peers>,
     engine: Mutex<Engine>,
-    ops: Mutex<Ops>,
-    /// `ops.board`: what `wait` spins on without the table's lock.
+    /// `engine.ops.board`: what `wait` spins on without the lock.
     done: Arc<DoneBoard>,
     /// Registers the caller's buffers (`None` in a job of one: every op is a local copy).
     local: Option<Arc<Cache>>,
@@ -313,10 +316,9 @@ impl Rma {
         let ops = Ops::default();
         let rma = Arc::new(Rma {
             small_put_max: fh.config().small_put_max,
-            engine: Mutex::new(Engine { fh, pins }),
             windows: std::sync::OnceLock::new(),
             done: ops.board.clone(),
-            ops: Mutex::new(ops),
+            engine: Mutex::new(Engine { fh, ops, pins }),
             local,
             rank,
             size,
@@ -432,12 +434,20 @@ impl Rma {
     /// Runs `f` on the algorithm under the engine lock, sends the messages it produced (still
     /// under the lock: they must leave in order), then handles its events without the lock.
     fn with_core<R>(&self, f: impl FnOnce(&mut Firehose, &mut dyn RegionPins) -> R) -> R {
+        self.with_core_ops(|fh, pins, _| f(fh, pins))
+    }
+
+    /// `with_core` with the op tables too (same lock).
+    fn with_core_ops<R>(
+        &self,
+        f: impl FnOnce(&mut Firehose, &mut dyn RegionPins, &mut Ops) -> R,
+    ) -> R {
         let _inside = crate::rt::inside::enter();
         let mut g = lock(&self.engine);
-        let Engine { fh, pins } = &mut *g;
+        let Engine { fh, ops, pins } = &mut *g;
         let r = match pins {
-            Some(p) => f(fh, p.as_mut()),
-            None => f(fh, &mut NoPins),
+            Some(p) => f(fh, p.as_mut(), ops),
+            None => f(fh, &mut NoPins, ops),
         };
         // A hit or a release usually leaves nothing to send or handle.
         if !fh.has_output() {
@@ -479,44 +489,43 @@ impl Rma {
         match ev {
             Event::Ready { op, segs } => self.post_segs(op, &segs),
             Event::Failed { op, error } => {
-                let f = lock(&self.ops).finish_chunk(op, Some(status_of(error)));
-                self.after(op, f);
+                self.finish(op, |ops| ops.finish_chunk(op, Some(status_of(error))))
             }
-            Event::PutDone { op } => {
-                let f = lock(&self.ops).finish_chunk(op, None);
-                self.after(op, f);
-            }
+            Event::PutDone { op } => self.finish(op, |ops| ops.finish_chunk(op, None)),
         }
     }
 
-    /// What finishing a chunk left to do: release its firehoses, release the local buffer.
-    fn after(&self, op: u64, f: Option<Finished>) {
-        let Some(f) = f else { return };
-        if f.release {
+    /// Records in the table that chunk `op` progressed (`f`); if that finished it, releases its
+    /// firehoses in the same critical section, then (without the lock) the local buffer.
+    fn finish(&self, op: u64, f: impl FnOnce(&mut Ops) -> Option<Finished>) {
+        let done = self.with_core_ops(|fh, _, ops| {
+            let done = f(ops)?;
             // Cannot fail for an op that holds references (the table says it does); counted if
             // it ever does (a double release), for `check_idle`.
-            if self.with_core(|fh, _| fh.release(op)).is_err() {
+            if done.release && fh.release(op).is_err() {
                 self.counters.bad_releases.fetch_add(1, Relaxed);
             }
-        }
-        if let (Some(h), Some(c)) = (f.dereg, &self.local) {
-            if c.deregister(h).is_err() {
-                self.counters.bad_releases.fetch_add(1, Relaxed);
+            Some(done)
+        });
+        if let Some(Finished { dereg: Some(h), .. }) = done {
+            if let Some(c) = &self.local {
+                if c.deregister(h).is_err() {
+                    self.counters.bad_releases.fetch_add(1, Relaxed);
+                }
             }
         }
     }
 
     fn seg_done(&self, chunk: u64, err: Option<fh_status>) {
-        let f = lock(&self.ops).seg_done(chunk, err);
-        self.after(chunk, f);
+        self.finish(chunk, |ops| ops.seg_done(chunk, err));
     }
 
     /// Posts one RDMA per segment of chunk `op` (its firehoses are held until the last ends):
     /// a `Ready` event, the chunk waited in the table.
     fn post_segs(&self, op: u64, segs: &[Seg]) {
         let c = {
-            let mut ops = lock(&self.ops);
-            let Some(c) = ops.chunks.get_mut(op) else {
+            let mut g = lock(&self.engine);
+            let Some(c) = g.ops.chunks.get_mut(op) else {
                 return; // cannot happen: a chunk leaves the table only when it is over
             };
             c.holds_refs = true;
@@ -556,8 +565,7 @@ impl Rma {
     }
 
     fn seg_done_empty(&self, op: u64) {
-        let f = lock(&self.ops).finish_chunk(op, None);
-        self.after(op, f);
+        self.finish(op, |ops| ops.finish_chunk(op, None));
     }
 
     /// Starts a put (`local` -> `raddr` at `peer`) or a get (`raddr` at `peer` -> `local`).
@@ -646,8 +654,7 @@ impl Rma {
             // critical section that acquires it (engine -> ops, ops a leaf): no event or
             // completion about it can be handled before it is there, and a hit is recorded
             // with its segments by the same table lock. Its key is its Firehose op id.
-            let (id, r) = self.with_core(|fh, _| {
-                let mut ops = lock(&self.ops);
+            let (id, r) = self.with_core_ops(|fh, _, ops| {
                 if i == 0 {
                     req = ops.add_request(Request {
                         chunks_left: n as u32,
@@ -670,10 +677,7 @@ impl Rma {
             match r {
                 Ok(Acquire::Hit(segs)) => self.post(id, &chunk, &segs),
                 Ok(Acquire::Pending) | Ok(Acquire::DoneInMove) => {}
-                Err(e) => {
-                    let f = lock(&self.ops).finish_chunk(id, Some(status_of(e)));
-                    self.after(id, f);
-                }
+                Err(e) => self.finish(id, |ops| ops.finish_chunk(id, Some(status_of(e)))),
             }
         }
         Ok(req)
@@ -681,7 +685,8 @@ impl Rma {
 
     /// A request that finished at once (a local copy).
     fn done_request(&self, r: FhResult<()>, implicit: bool) -> u64 {
-        let mut ops = lock(&self.ops);
+        let mut g = lock(&self.engine);
+        let ops = &mut g.ops;
         if implicit {
             if let Err(e) = r {
                 ops.implicit_error.get_or_insert(e);
@@ -701,11 +706,11 @@ impl Rma {
     /// Progresses once; the request's result if it is done (its handle is then spent).
     pub fn test(&self, req: u64) -> FhResult<Option<FhResult<()>>> {
         let _inside = crate::rt::inside::enter();
-        if let Some(r) = lock(&self.ops).take_if_done(req)? {
+        if let Some(r) = lock(&self.engine).ops.take_if_done(req)? {
             return Ok(Some(r));
         }
         self.progress()?;
-        lock(&self.ops).take_if_done(req)
+        lock(&self.engine).ops.take_if_done(req)
     }
 
     /// Progresses until the request is done; returns its result (the handle is then spent).
@@ -725,7 +730,7 @@ impl Rma {
                 b.poll(self, Some(req))?;
                 polls += 1;
             }
-            if let Some(r) = lock(&self.ops).take_if_done(req)? {
+            if let Some(r) = lock(&self.engine).ops.take_if_done(req)? {
                 return b.result(r);
             }
             if polls == 0 {
@@ -742,7 +747,8 @@ impl Rma {
         let mut b = Bounded::new(self);
         loop {
             {
-                let mut ops = lock(&self.ops);
+                let mut g = lock(&self.engine);
+                let ops = &mut g.ops;
                 if ops.running() == 0 {
                     return b.result(ops.implicit_error.take().map_or(Ok(()), Err));
                 }
@@ -770,7 +776,8 @@ impl Rma {
 
     /// Peers that running chunks wait on.
     fn waited_peers(&self) -> Vec<Rank> {
-        let ops = lock(&self.ops);
+        let g = lock(&self.engine);
+        let ops = &g.ops;
         let mut v: Vec<Rank> = ops.chunks.values().map(|c| c.peer).collect();
         v.sort_unstable();
         v.dedup();
@@ -781,7 +788,8 @@ impl Rma {
     /// chunks with no RDMA posted (a move unanswered, or blocked behind one). A chunk with RDMA
     /// posted waits for the link, not for the peer's CPU: its completion comes by itself.
     fn silent_peers(&self, req: Option<u64>) -> Vec<Rank> {
-        let ops = lock(&self.ops);
+        let g = lock(&self.engine);
+        let ops = &g.ops;
         let mut v: Vec<Rank> = ops
             .chunks
             .values()
@@ -806,11 +814,8 @@ impl Rma {
     /// release), and the algorithm's own bookkeeping consistent. Otherwise what is left.
     #[doc(hidden)]
     pub fn check_idle(&self) -> Result<(), String> {
-        let (chunks, running) = {
-            let ops = lock(&self.ops);
-            (ops.chunks.values().count(), ops.running())
-        };
         let g = lock(&self.engine);
+        let (chunks, running) = (g.ops.chunks.values().count(), g.ops.running());
         let (fh_ops, refs) = (g.fh.ops_in_flight(), g.fh.refs_held());
         let bad = self.counters.bad_releases.load(Relaxed);
         if chunks + running + fh_ops > 0 || refs > 0 || bad > 0 {
