@@ -108,7 +108,7 @@ enum Flight {
 
 /// Payloads up to this long travel in the flight itself (no allocation per inline WRITE: the
 /// simulator's cost is part of every profile of the layers above).
-const SMALL_PAYLOAD: usize = 64;
+const SMALL_PAYLOAD: usize = 32;
 
 /// An inline WRITE's payload, copied at post time.
 enum Payload {
@@ -708,19 +708,30 @@ impl Link for SimLink {
         // peer could otherwise run them out of order, and the layers above rely on per-pair
         // FIFO up to their handlers (Firehose's messages). A concurrent poll (or a nested one
         // from a callback) finds it taken and hands out nothing.
+        if st.inbox[me].is_empty() {
+            return Ok(0);
+        }
         let _handing_out = match self.sh.handing_out[me].try_lock() {
             Ok(g) => g,
             Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
             Err(std::sync::TryLockError::WouldBlock) => return Ok(0),
         };
         // Hand out what arrived (bounded, so one poll cannot starve its caller), with the lock
-        // released around each callback: a handler may send.
+        // released around each callback: a handler may send. After the last arrival there was
+        // (and unless a slot must be posted again) the lock is not taken back: what arrives
+        // meanwhile is the next poll's.
         let mut count = 0;
+        let mut st = Some(st);
         while count < 64 {
-            let Some(a) = st.inbox[me].pop_front() else {
+            let g = match st.as_mut() {
+                Some(g) => g,
+                None => st.insert(self.sh.lock()),
+            };
+            let Some(a) = g.inbox[me].pop_front() else {
                 break;
             };
-            drop(st);
+            let last = g.inbox[me].is_empty();
+            st = None;
             match &a {
                 Arrival::Msg { from, data } => on_event(LinkEvent::Recv { peer: *from, data }),
                 Arrival::Lost { peer } => on_event(LinkEvent::PeerLost {
@@ -737,12 +748,14 @@ impl Link for SimLink {
                     result: result.clone(),
                 }),
             }
-            st = self.sh.lock();
             if let Arrival::Msg { from, .. } = a {
                 // The slot is posted again only now that the callback returned.
-                st.occupied[me * n + from as usize] -= 1;
+                st.insert(self.sh.lock()).occupied[me * n + from as usize] -= 1;
             }
             count += 1;
+            if last {
+                break;
+            }
         }
         Ok(count)
     }
