@@ -76,22 +76,26 @@ fn main() {
     let dst_ptr = dst.as_mut_ptr();
     let get_mode = what == "get";
 
-    // Completions of the floor's writes, chained in front of Rma's handler.
+    // Completions of the floor's writes, chained in front of Rma's handler (only for the floor:
+    // the chain would be on the measured path of Rma's ops).
     let done = Arc::new(AtomicU64::new(0));
     let prev = a.peers().am().rdma_handler();
     let d = done.clone();
-    a.peers().am().set_rdma_handler(Some(Box::new(
-        move |peer, token, res: Result<(), LinkError>| {
-            if token & TAG == 0 {
-                if let Some(p) = &prev {
-                    p(peer, token, res);
+    let floor_mode = what.starts_with("floor");
+    floor_mode.then(|| {
+        a.peers().am().set_rdma_handler(Some(Box::new(
+            move |peer, token, res: Result<(), LinkError>| {
+                if token & TAG == 0 {
+                    if let Some(p) = &prev {
+                        p(peer, token, res);
+                    }
+                    return;
                 }
-                return;
-            }
-            res.expect("floor write");
-            d.fetch_add(1, Relaxed);
-        },
-    )));
+                res.expect("floor write");
+                d.fetch_add(1, Relaxed);
+            },
+        )))
+    });
 
     // Rank 1 progresses during the warm-up only.
     let stop = Arc::new(AtomicBool::new(false));
