@@ -371,12 +371,20 @@ impl VerbsLink {
         if self.rdma_queued.load(Ordering::Acquire) == 0 {
             return 0;
         }
-        let queued = lock(&self.rdma_done).len();
+        // Up to a batch taken under one lock (not a lock for the length and one per entry);
+        // the rest stays counted in `rdma_queued` for the next poll.
+        let mut batch: [Option<RdmaDone>; POLL_BATCH] = Default::default();
+        {
+            let mut q = lock(&self.rdma_done);
+            for slot in batch.iter_mut() {
+                *slot = q.pop_front();
+                if slot.is_none() {
+                    break;
+                }
+            }
+        }
         let mut n = 0;
-        for _ in 0..queued {
-            let Some((peer, token, result)) = lock(&self.rdma_done).pop_front() else {
-                break;
-            };
+        for (peer, token, result) in batch.into_iter().flatten() {
             self.rdma_queued.fetch_sub(1, Ordering::AcqRel);
             on_event(LinkEvent::RdmaDone {
                 peer,
