@@ -326,6 +326,16 @@ unsafe fn op(
     } else {
         assert_eq!(rma.test(h), Err(fh_status::FH_ERR_UNKNOWN_HANDLE), "spent");
         assert_eq!(rma.wait(h), Err(fh_status::FH_ERR_UNKNOWN_HANDLE), "spent");
+        // Made up: the same slot under a later generation (its done word exists and never says
+        // done: the wait must still ask the table), and a slot far beyond the table.
+        for made_up in [h + (7 << 32), (1 << 32) | 0x7fff_ffff] {
+            let rma = rma.clone();
+            assert_eq!(
+                bounded("wait", move || rma.wait(made_up)),
+                Err(fh_status::FH_ERR_UNKNOWN_HANDLE),
+                "made up {made_up:#x}"
+            );
+        }
     }
     r
 }
