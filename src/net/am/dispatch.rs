@@ -50,9 +50,7 @@ impl Inner {
     /// handler it is counted and dropped: nobody above posted RDMA through this link.
     fn on_rdma_done(&self, peer: Rank, token: u64, result: Result<(), LinkError>) {
         self.stats.rdma_done(result.is_ok());
-        if let Some(f) = self.handlers.rdma() {
-            f(peer, token, result);
-        }
+        self.handlers.call_rdma(peer, token, result);
     }
 
     /// Delivers the messages to the own rank that were queued when this call began (not those

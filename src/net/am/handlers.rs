@@ -1,10 +1,17 @@
 //! The handler table: `u16` id -> request or one-way handler. Lookups clone an `Arc` under a
 //! read lock and call it after the lock is gone, so a handler may register handlers or send.
+//!
+//! The RDMA completion handler is called once per completion, on the hit path of every put and
+//! get, by whichever thread polls (the progress thread too): it is reached through one atomic
+//! load, with no lock and no reference count touched (those are shared cache lines between the
+//! pollers). A handler that is replaced stays allocated until the table goes, since a poller
+//! may still be running it; replacements are rare (setup), so what is kept is small.
 
 use super::replier::Replier;
 use super::small_key::SmallKeyMap;
 use crate::net::{LinkError, Rank};
-use std::sync::{Arc, RwLock};
+use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
 
 /// A request handler: the sender, the payload (valid during the call), and the `Replier`, which
 /// may be kept and used after the handler returns.
@@ -23,11 +30,36 @@ pub enum Handler {
     OneWay(Arc<OneWayFn>),
 }
 
-#[derive(Default)]
 pub struct Handlers {
     map: RwLock<SmallKeyMap<u16, Handler>>,
-    rdma: RwLock<Option<Arc<RdmaFn>>>,
+    /// The RDMA handler (from `Box::into_raw`), or null.
+    rdma: AtomicPtr<Arc<RdmaFn>>,
+    /// RDMA handlers replaced since the table was made: freed with it (see the module head).
+    /// Boxed: a poller may hold a pointer to the `Arc` itself, which must not move.
+    #[allow(clippy::vec_box)]
+    retired: Mutex<Vec<Box<Arc<RdmaFn>>>>,
     lost: RwLock<Option<Arc<LostFn>>>,
+}
+
+impl Default for Handlers {
+    fn default() -> Self {
+        Handlers {
+            map: RwLock::default(),
+            rdma: AtomicPtr::new(std::ptr::null_mut()),
+            retired: Mutex::new(Vec::new()),
+            lost: RwLock::default(),
+        }
+    }
+}
+
+impl Drop for Handlers {
+    fn drop(&mut self) {
+        let p = *self.rdma.get_mut();
+        if !p.is_null() {
+            // SAFETY: from `Box::into_raw` in `set_rdma`, not retired, freed once, here.
+            drop(unsafe { Box::from_raw(p) });
+        }
+    }
 }
 
 impl Handlers {
@@ -41,7 +73,17 @@ impl Handlers {
 
     /// Sets (or, with `None`, removes) the RDMA completion handler.
     pub fn set_rdma(&self, f: Option<Arc<RdmaFn>>) {
-        *self.rdma.write().unwrap_or_else(|e| e.into_inner()) = f;
+        let new = f.map_or(std::ptr::null_mut(), |f| Box::into_raw(Box::new(f)));
+        let old = self.rdma.swap(new, Ordering::AcqRel);
+        if !old.is_null() {
+            // SAFETY: from `Box::into_raw` here, swapped out once; kept (not freed) while the
+            // table lives, as a poller may still be running it.
+            let old = unsafe { Box::from_raw(old) };
+            self.retired
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(old);
+        }
     }
 
     /// Sets (or, with `None`, removes) the peer-loss handler.
@@ -54,7 +96,21 @@ impl Handlers {
     }
 
     pub fn rdma(&self) -> Option<Arc<RdmaFn>> {
-        self.rdma.read().unwrap_or_else(|e| e.into_inner()).clone()
+        let p = self.rdma.load(Ordering::Acquire);
+        // SAFETY: a non-null pointer is a live box (see `set_rdma`: never freed before `self`).
+        (!p.is_null()).then(|| unsafe { (*p).clone() })
+    }
+
+    /// Calls the RDMA handler, if one is set (false if none).
+    pub fn call_rdma(&self, peer: Rank, token: u64, result: Result<(), LinkError>) -> bool {
+        let p = self.rdma.load(Ordering::Acquire);
+        if p.is_null() {
+            return false;
+        }
+        // SAFETY: as in `rdma`: the box outlives `self`'s borrow.
+        let f: &Arc<RdmaFn> = unsafe { &*p };
+        f(peer, token, result);
+        true
     }
 
     pub fn get(&self, id: u16) -> Option<Handler> {
