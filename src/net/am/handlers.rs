@@ -2,8 +2,8 @@
 //! read lock and call it after the lock is gone, so a handler may register handlers or send.
 
 use super::replier::Replier;
-use super::small_key::SmallKeyMap;
 use crate::net::{LinkError, Rank};
+use rustc_hash::FxHashMap;
 use std::sync::{Arc, RwLock};
 
 /// A request handler: the sender, the payload (valid during the call), and the `Replier`, which
@@ -25,7 +25,7 @@ pub enum Handler {
 
 #[derive(Default)]
 pub struct Handlers {
-    map: RwLock<SmallKeyMap<u16, Handler>>,
+    map: RwLock<FxHashMap<u16, Handler>>,
     rdma: RwLock<Option<Arc<RdmaFn>>>,
     lost: RwLock<Option<Arc<LostFn>>>,
 }
