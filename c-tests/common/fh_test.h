@@ -13,6 +13,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "fh_check.h"
 #include "firehose.h"
 
 #define FH_SKIP 77
@@ -29,14 +30,6 @@
 #ifndef FH_TEST_ASAN
 #define FH_TEST_ASAN 0
 #endif
-
-#define CHECK(cond)                                                                          \
-    do {                                                                                     \
-        if (!(cond)) {                                                                       \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);         \
-            exit(1);                                                                         \
-        }                                                                                    \
-    } while (0)
 
 /* `call` must return `want` (an fh_status). */
 #define CHECK_STATUS(call, want)                                                             \

@@ -14,7 +14,7 @@
 #include <sys/mman.h>
 
 #include "../../ld-preload/include/firehose_preload.h"
-#include "check.h"
+#include "../common/fh_check.h"
 #include "rdma_loop.h"
 
 #define LEN (64 << 10)
@@ -48,9 +48,9 @@ static int open_pd(struct loop *l)
 static void reg_dereg(struct ibv_pd *pd, void *buf)
 {
     struct ibv_mr *mr = ibv_reg_mr(pd, buf, LEN, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ);
-    CHECK(mr != NULL, "ibv_reg_mr failed");
+    EXPECT(mr != NULL, "ibv_reg_mr failed");
     if (mr)
-        CHECK(ibv_dereg_mr(mr) == 0, "ibv_dereg_mr");
+        EXPECT(ibv_dereg_mr(mr) == 0, "ibv_dereg_mr");
 }
 
 int main(int argc, char **argv)
@@ -73,28 +73,28 @@ int main(int argc, char **argv)
     reg_dereg(l.pd, buf);
     struct fh_preload_stats s1 = snap();
     if (!plain) {
-        CHECK(s1.pinned_bytes > 0, "the cache keeps the released MR (lazy release)");
-        CHECK(s1.caches == 1, "caches %llu", (unsigned long long)s1.caches);
+        EXPECT(s1.pinned_bytes > 0, "the cache keeps the released MR (lazy release)");
+        EXPECT(s1.caches == 1, "caches %llu", (unsigned long long)s1.caches);
     }
 
     /* The application's mistake: the pd stays allocated. */
-    CHECK(ibv_close_device(l.ctx) == 0, "ibv_close_device");
+    EXPECT(ibv_close_device(l.ctx) == 0, "ibv_close_device");
     l.ctx = NULL;
     l.pd = NULL;
     struct fh_preload_stats s2 = snap();
     if (!plain) {
-        CHECK(s2.pinned_bytes == 0, "still registered after the close: %llu bytes",
+        EXPECT(s2.pinned_bytes == 0, "still registered after the close: %llu bytes",
               (unsigned long long)s2.pinned_bytes);
-        CHECK(s2.caches == 0, "caches left after the close: %llu", (unsigned long long)s2.caches);
-        CHECK(s2.real_deregs == s2.real_regs, "real regs %llu, real deregs %llu",
+        EXPECT(s2.caches == 0, "caches left after the close: %llu", (unsigned long long)s2.caches);
+        EXPECT(s2.real_deregs == s2.real_regs, "real regs %llu, real deregs %llu",
               (unsigned long long)s2.real_regs, (unsigned long long)s2.real_deregs);
     }
 
     /* An unmap of the range must not reach the closed context. */
-    CHECK(munmap(buf, LEN) == 0, "munmap");
+    EXPECT(munmap(buf, LEN) == 0, "munmap");
     struct fh_preload_stats s3 = snap();
     if (!plain)
-        CHECK(s3.real_deregs == s2.real_deregs, "real ibv_dereg_mr after the close: %llu -> %llu",
+        EXPECT(s3.real_deregs == s2.real_deregs, "real ibv_dereg_mr after the close: %llu -> %llu",
               (unsigned long long)s2.real_deregs, (unsigned long long)s3.real_deregs);
 
     /* The device is usable again through a new context. */
@@ -103,13 +103,13 @@ int main(int argc, char **argv)
         return 1;
     memset(buf, 2, LEN);
     rc = open_pd(&l);
-    CHECK(rc == 0, "reopen: %d", rc);
+    EXPECT(rc == 0, "reopen: %d", rc);
     if (rc == 0) {
         reg_dereg(l.pd, buf);
         reg_dereg(l.pd, buf);
         struct fh_preload_stats s4 = snap();
         if (!plain)
-            CHECK(s4.hits > s3.hits && s4.caches == 1, "no hit on the new context (hits %llu -> "
+            EXPECT(s4.hits > s3.hits && s4.caches == 1, "no hit on the new context (hits %llu -> "
                   "%llu, caches %llu)", (unsigned long long)s3.hits,
                   (unsigned long long)s4.hits, (unsigned long long)s4.caches);
         loop_close(&l);

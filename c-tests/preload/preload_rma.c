@@ -26,7 +26,7 @@
 #include <firehose.h>
 #include <firehose_preload.h>
 
-#include "check.h"
+#include "../common/fh_check.h"
 #include "rdma_loop.h"
 
 #define WIN (64 * 1024)
@@ -107,23 +107,23 @@ static void firehose_round(fh_ctx *ctx, uint32_t me, uint32_t n, uint32_t round,
 static void *verbs_round(struct loop *l, uint32_t round, uint8_t *src, struct ibv_mr *src_mr)
 {
     uint8_t *buf = malloc(VBUF);
-    CHECK(buf != NULL, "malloc");
+    EXPECT(buf != NULL, "malloc");
     if (!buf)
         exit(1);
     memset(buf, 0, VBUF);
     struct ibv_mr *mr = ibv_reg_mr(l->pd, buf, VBUF, RW);
-    CHECK(mr != NULL, "ibv_reg_mr of a fresh buffer (round %u)", round);
+    EXPECT(mr != NULL, "ibv_reg_mr of a fresh buffer (round %u)", round);
     if (!mr)
         exit(1);
     /* Twice, so the shim sees a repeat it can serve from its cache. */
     struct ibv_mr *mr2 = ibv_reg_mr(l->pd, buf, VBUF, RW);
-    CHECK(mr2 != NULL, "second ibv_reg_mr (round %u)", round);
+    EXPECT(mr2 != NULL, "second ibv_reg_mr (round %u)", round);
     for (size_t i = 0; i < VBUF; i++)
         src[i] = (uint8_t)(round * 37 + i * 13 + (i >> 9));
     int st = loop_rdma(l, IBV_WR_RDMA_WRITE, src, src_mr->lkey, (uint64_t)(uintptr_t)buf, mr2->rkey, VBUF);
-    CHECK(st == 0, "RDMA WRITE status %d (round %u)", st, round);
+    EXPECT(st == 0, "RDMA WRITE status %d (round %u)", st, round);
     if (memcmp(buf, src, VBUF) != 0) {
-        CHECK(0, "RDMA WRITE did not land in the buffer's pages (round %u)", round);
+        EXPECT(0, "RDMA WRITE did not land in the buffer's pages (round %u)", round);
         note_fail("stale: RDMA WRITE did not land in the buffer's pages (round %u)", round);
     }
     /* CPU writes, RDMA READ through the registration must see them. */
@@ -131,13 +131,13 @@ static void *verbs_round(struct loop *l, uint32_t round, uint8_t *src, struct ib
         buf[i] = (uint8_t)(round * 91 + i * 3);
     memset(src, 0, VBUF);
     st = loop_rdma(l, IBV_WR_RDMA_READ, src, src_mr->lkey, (uint64_t)(uintptr_t)buf, mr->rkey, VBUF);
-    CHECK(st == 0, "RDMA READ status %d (round %u)", st, round);
+    EXPECT(st == 0, "RDMA READ status %d (round %u)", st, round);
     if (memcmp(buf, src, VBUF) != 0) {
-        CHECK(0, "RDMA READ returned other pages than the buffer's (round %u)", round);
+        EXPECT(0, "RDMA READ returned other pages than the buffer's (round %u)", round);
         note_fail("stale: RDMA READ returned other pages than the buffer's (round %u)", round);
     }
-    CHECK(ibv_dereg_mr(mr2) == 0, "ibv_dereg_mr");
-    CHECK(ibv_dereg_mr(mr) == 0, "ibv_dereg_mr");
+    EXPECT(ibv_dereg_mr(mr2) == 0, "ibv_dereg_mr");
+    EXPECT(ibv_dereg_mr(mr) == 0, "ibv_dereg_mr");
     free(buf);
     if (check_failures)
         exit(1);
@@ -152,7 +152,7 @@ int main(int argc, char **argv)
     mallopt(M_MMAP_THRESHOLD, 64 * 1024);
     int (*shim_stats)(struct fh_preload_stats *, size_t) = loop_stats_fn();
     int want_shim = getenv("FH_TEST_EXPECT_SHIM") && atoi(getenv("FH_TEST_EXPECT_SHIM")) == 1;
-    CHECK(!want_shim || shim_stats != NULL, "the shim is not loaded");
+    EXPECT(!want_shim || shim_stats != NULL, "the shim is not loaded");
 
     fh_ctx *ctx = NULL;
     FH_OK_OR_DIE(fh_init(NULL, &ctx));
@@ -169,7 +169,7 @@ int main(int argc, char **argv)
     if (!src || !scratch)
         return 1;
     struct ibv_mr *src_mr = ibv_reg_mr(l.pd, src, VBUF, RW);
-    CHECK(src_mr != NULL, "ibv_reg_mr of the source");
+    EXPECT(src_mr != NULL, "ibv_reg_mr of the source");
     if (!src_mr)
         return 1;
 
@@ -188,27 +188,27 @@ int main(int argc, char **argv)
     printf("rank %u/%u: %d rounds, fresh buffer at the same address %d times; firehose: %" PRIu64
            " one-sided hits, %" PRIu64 " misses, %" PRIu64 " moves, %" PRIu64 " rejected\n",
            me, n, rounds, reused, rs.one_sided_hits, rs.misses, rs.moves, rs.rejected);
-    CHECK(rs.one_sided_hits > 0, "no one-sided hit: Firehose did not keep its remote pins");
-    CHECK(rs.rejected == 0, "a peer's message was rejected");
+    EXPECT(rs.one_sided_hits > 0, "no one-sided hit: Firehose did not keep its remote pins");
+    EXPECT(rs.rejected == 0, "a peer's message was rejected");
     if (shim_stats) {
         struct fh_preload_stats ps;
         memset(&ps, 0, sizeof ps);
-        CHECK(shim_stats(&ps, sizeof ps) == 0, "fh_preload_stats");
+        EXPECT(shim_stats(&ps, sizeof ps) == 0, "fh_preload_stats");
         printf("rank %u/%u: shim: %" PRIu64 " registrations, %" PRIu64 " hits, %" PRIu64 " misses, %" PRIu64
                " invalidations, %" PRIu64 " caches\n",
                me, n, ps.app_reg_calls, ps.hits, ps.misses, ps.invalidations, ps.caches);
-        CHECK(ps.hits >= (uint64_t)rounds, "the shim served fewer hits (%" PRIu64 ") than rounds", ps.hits);
+        EXPECT(ps.hits >= (uint64_t)rounds, "the shim served fewer hits (%" PRIu64 ") than rounds", ps.hits);
         /* Only this program's registrations reach the shim (two a round and the source): the
          * library registers through libibverbs directly (src/pin/verbs/direct.rs), so Firehose's
          * remote pins and buffers are not cached a second time (their pages would stay pinned
          * after Firehose unpins them). */
-        CHECK(ps.app_reg_calls == 2 * (uint64_t)rounds + 1,
+        EXPECT(ps.app_reg_calls == 2 * (uint64_t)rounds + 1,
               "the shim saw %" PRIu64 " registrations, this program made %d", ps.app_reg_calls, 2 * rounds + 1);
-        CHECK(ps.caches == 1, "the shim made %" PRIu64 " caches (this program uses one PD, one rights class)",
+        EXPECT(ps.caches == 1, "the shim made %" PRIu64 " caches (this program uses one PD, one rights class)",
               ps.caches);
-        CHECK(reused == 0 || ps.invalidations > 0, "buffers came back at the same address but nothing was invalidated");
+        EXPECT(reused == 0 || ps.invalidations > 0, "buffers came back at the same address but nothing was invalidated");
     }
-    CHECK(ibv_dereg_mr(src_mr) == 0, "ibv_dereg_mr of the source");
+    EXPECT(ibv_dereg_mr(src_mr) == 0, "ibv_dereg_mr of the source");
     loop_close(&l);
     free(src);
     free(scratch);

@@ -17,7 +17,7 @@
 #include <string.h>
 
 #include "../../ld-preload/include/firehose_preload.h"
-#include "check.h"
+#include "../common/fh_check.h"
 #include "rdma_loop.h"
 
 #define RW (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ)
@@ -37,16 +37,16 @@ typedef struct ibv_mr *(*iova2_fn)(struct ibv_pd *, void *, size_t, uint64_t, un
 static void disabled_case(struct loop *l, char *buf)
 {
     struct fh_preload_stats s0 = snap();
-    CHECK(!(s0.flags & FH_PRELOAD_ACTIVE), "flags %u", s0.flags);
+    EXPECT(!(s0.flags & FH_PRELOAD_ACTIVE), "flags %u", s0.flags);
     struct ibv_mr *a = ibv_reg_mr(l->pd, buf + 100, 5000, RW);
     struct ibv_mr *b = ibv_reg_mr(l->pd, buf + 100, 5000, RW);
-    CHECK(a && b && a->addr == buf + 100 && b->length == 5000, "reg");
+    EXPECT(a && b && a->addr == buf + 100 && b->length == 5000, "reg");
     struct fh_preload_stats s1 = snap();
-    CHECK(s1.hits == 0 && s1.misses == 0 && s1.wrappers_live == 0, "disabled: hits %lu misses %lu",
+    EXPECT(s1.hits == 0 && s1.misses == 0 && s1.wrappers_live == 0, "disabled: hits %lu misses %lu",
           (unsigned long)s1.hits, (unsigned long)s1.misses);
-    CHECK(s1.passthrough_reg - s0.passthrough_reg == 2, "both passed through");
-    CHECK(a && b && a->lkey != b->lkey, "two real MRs have two lkeys");
-    CHECK(ibv_dereg_mr(a) == 0 && ibv_dereg_mr(b) == 0, "dereg");
+    EXPECT(s1.passthrough_reg - s0.passthrough_reg == 2, "both passed through");
+    EXPECT(a && b && a->lkey != b->lkey, "two real MRs have two lkeys");
+    EXPECT(ibv_dereg_mr(a) == 0 && ibv_dereg_mr(b) == 0, "dereg");
 }
 
 int main(int argc, char **argv)
@@ -69,57 +69,57 @@ int main(int argc, char **argv)
     }
 
     struct fh_preload_stats s0 = snap();
-    CHECK(s0.flags & FH_PRELOAD_ACTIVE, "shim not active (flags %u)", s0.flags);
+    EXPECT(s0.flags & FH_PRELOAD_ACTIVE, "shim not active (flags %u)", s0.flags);
 
     /* 1. exact addr/length, pd, context; a miss. */
     struct ibv_mr *a = ibv_reg_mr(l.pd, buf + 100, 5000, RW);
-    CHECK(a != NULL, "ibv_reg_mr");
+    EXPECT(a != NULL, "ibv_reg_mr");
     if (!a)
         goto out;
-    CHECK(a->addr == buf + 100, "addr %p want %p", a->addr, (void *)(buf + 100));
-    CHECK(a->length == 5000, "length %zu", a->length);
-    CHECK(a->pd == l.pd && a->context == l.ctx, "pd/context");
+    EXPECT(a->addr == buf + 100, "addr %p want %p", a->addr, (void *)(buf + 100));
+    EXPECT(a->length == 5000, "length %zu", a->length);
+    EXPECT(a->pd == l.pd && a->context == l.ctx, "pd/context");
     struct fh_preload_stats s1 = snap();
-    CHECK(s1.app_reg_calls - s0.app_reg_calls == 1, "app calls %lu",
+    EXPECT(s1.app_reg_calls - s0.app_reg_calls == 1, "app calls %lu",
           (unsigned long)(s1.app_reg_calls - s0.app_reg_calls));
-    CHECK(s1.misses - s0.misses == 1, "misses +%lu", (unsigned long)(s1.misses - s0.misses));
-    CHECK(s1.wrappers_live - s0.wrappers_live == 1, "wrappers");
+    EXPECT(s1.misses - s0.misses == 1, "misses +%lu", (unsigned long)(s1.misses - s0.misses));
+    EXPECT(s1.wrappers_live - s0.wrappers_live == 1, "wrappers");
 
     /* 2. the same again: a hit, same keys, another wrapper. */
     struct ibv_mr *b = ibv_reg_mr(l.pd, buf + 100, 5000, RW);
     struct fh_preload_stats s2 = snap();
-    CHECK(b && b != a, "distinct wrapper");
-    CHECK(b && b->lkey == a->lkey && b->rkey == a->rkey, "same keys");
-    CHECK(s2.hits - s1.hits == 1, "hits +%lu", (unsigned long)(s2.hits - s1.hits));
-    CHECK(s2.real_regs == s1.real_regs, "a hit makes no real registration");
-    CHECK(s2.hit_bytes - s1.hit_bytes == 5000, "hit bytes +%lu", (unsigned long)(s2.hit_bytes - s1.hit_bytes));
+    EXPECT(b && b != a, "distinct wrapper");
+    EXPECT(b && b->lkey == a->lkey && b->rkey == a->rkey, "same keys");
+    EXPECT(s2.hits - s1.hits == 1, "hits +%lu", (unsigned long)(s2.hits - s1.hits));
+    EXPECT(s2.real_regs == s1.real_regs, "a hit makes no real registration");
+    EXPECT(s2.hit_bytes - s1.hit_bytes == 5000, "hit bytes +%lu", (unsigned long)(s2.hit_bytes - s1.hit_bytes));
 
     /* 3. pass-through flags: one app call, one nested call inside libibverbs, a real MR. */
     struct ibv_mr *p = ibv_reg_mr(l.pd, buf, 4096, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND);
     struct fh_preload_stats s3 = snap();
-    CHECK(p != NULL, "MW_BIND registration");
-    CHECK(s3.app_reg_calls - s2.app_reg_calls == 1, "one app call, got %lu",
+    EXPECT(p != NULL, "MW_BIND registration");
+    EXPECT(s3.app_reg_calls - s2.app_reg_calls == 1, "one app call, got %lu",
           (unsigned long)(s3.app_reg_calls - s2.app_reg_calls));
-    CHECK(s3.nested_calls - s2.nested_calls == 1, "one nested call, got %lu",
+    EXPECT(s3.nested_calls - s2.nested_calls == 1, "one nested call, got %lu",
           (unsigned long)(s3.nested_calls - s2.nested_calls));
-    CHECK(s3.passthrough_reg - s2.passthrough_reg == 1, "passed through");
-    CHECK(s3.wrappers_live == s2.wrappers_live, "no wrapper for a pass-through MR");
+    EXPECT(s3.passthrough_reg - s2.passthrough_reg == 1, "passed through");
+    EXPECT(s3.wrappers_live == s2.wrappers_live, "no wrapper for a pass-through MR");
     if (p)
-        CHECK(ibv_dereg_mr(p) == 0, "dereg pass-through MR");
+        EXPECT(ibv_dereg_mr(p) == 0, "dereg pass-through MR");
 
     /* 4. an MR made by the real function, never seen by the shim: dereg passes through. */
     void *lib = dlopen("libibverbs.so.1", RTLD_NOLOAD | RTLD_LAZY);
     iova2_fn real_iova2 = lib ? (iova2_fn)dlvsym(lib, "ibv_reg_mr_iova2", "IBVERBS_1.8") : NULL;
-    CHECK(real_iova2 != NULL && (void *)real_iova2 != dlsym(RTLD_DEFAULT, "ibv_reg_mr_iova2"),
+    EXPECT(real_iova2 != NULL && (void *)real_iova2 != dlsym(RTLD_DEFAULT, "ibv_reg_mr_iova2"),
           "real ibv_reg_mr_iova2 distinct from the hook");
     if (real_iova2) {
         struct fh_preload_stats s4 = snap();
         struct ibv_mr *r = real_iova2(l.pd, buf, 8192, (uintptr_t)buf, IBV_ACCESS_LOCAL_WRITE);
-        CHECK(r != NULL, "real registration");
+        EXPECT(r != NULL, "real registration");
         if (r) {
-            CHECK(ibv_dereg_mr(r) == 0, "dereg of a foreign MR");
+            EXPECT(ibv_dereg_mr(r) == 0, "dereg of a foreign MR");
             struct fh_preload_stats s5 = snap();
-            CHECK(s5.passthrough_dereg - s4.passthrough_dereg == 1, "foreign dereg passed through");
+            EXPECT(s5.passthrough_dereg - s4.passthrough_dereg == 1, "foreign dereg passed through");
         }
     }
 
@@ -129,36 +129,36 @@ int main(int argc, char **argv)
     struct fh_preload_stats s6 = snap();
     struct ibv_mr *wr = ibv_reg_mr(l.pd, c, 8192, RW);
     struct fh_preload_stats s7 = snap();
-    CHECK(ro && wr, "registrations");
-    CHECK(s7.misses - s6.misses == 1, "remote write after local-only must miss (misses +%lu)",
+    EXPECT(ro && wr, "registrations");
+    EXPECT(s7.misses - s6.misses == 1, "remote write after local-only must miss (misses +%lu)",
           (unsigned long)(s7.misses - s6.misses));
     /* prove the rkey really allows remote write: RDMA WRITE into c through wr */
     if (wr) {
         memset(buf + 4096, 0x5a, 256);
         int st = loop_rdma(&l, IBV_WR_RDMA_WRITE, buf + 4096, a->lkey, (uintptr_t)c, wr->rkey, 256);
-        CHECK(st == 0, "RDMA WRITE through the remote-write registration: status %d", st);
-        CHECK(st != 0 || (c[0] == 0x5a && c[255] == 0x5a), "bytes written");
+        EXPECT(st == 0, "RDMA WRITE through the remote-write registration: status %d", st);
+        EXPECT(st != 0 || (c[0] == 0x5a && c[255] == 0x5a), "bytes written");
     }
     if (ro)
-        CHECK(ibv_dereg_mr(ro) == 0, "dereg ro");
+        EXPECT(ibv_dereg_mr(ro) == 0, "dereg ro");
     if (wr)
-        CHECK(ibv_dereg_mr(wr) == 0, "dereg wr");
+        EXPECT(ibv_dereg_mr(wr) == 0, "dereg wr");
 
     /* 6. rereg: bad flags leave the wrapper valid; a translation change keeps the pointer. */
     struct ibv_mr *m = ibv_reg_mr(l.pd, buf + 131072, 4096, RW);
-    CHECK(m != NULL, "reg for rereg");
+    EXPECT(m != NULL, "reg for rereg");
     if (m) {
-        CHECK(ibv_rereg_mr(m, 1 << 5, NULL, NULL, 0, 0) == IBV_REREG_MR_ERR_INPUT, "bad flags");
-        CHECK(m->addr == buf + 131072, "unchanged after bad flags");
+        EXPECT(ibv_rereg_mr(m, 1 << 5, NULL, NULL, 0, 0) == IBV_REREG_MR_ERR_INPUT, "bad flags");
+        EXPECT(m->addr == buf + 131072, "unchanged after bad flags");
         int r = ibv_rereg_mr(m, IBV_REREG_MR_CHANGE_TRANSLATION, NULL, buf + 262144 + 8, 1000, 0);
-        CHECK(r == 0, "rereg translation: %d", r);
-        CHECK(m->addr == buf + 262144 + 8 && m->length == 1000, "moved: %p %zu", m->addr,
+        EXPECT(r == 0, "rereg translation: %d", r);
+        EXPECT(m->addr == buf + 262144 + 8 && m->length == 1000, "moved: %p %zu", m->addr,
               m->length);
         memset(buf + 4608, 0x33, 64);
         int st = loop_rdma(&l, IBV_WR_RDMA_WRITE, buf + 4608, a->lkey, (uintptr_t)(buf + 262144 + 8),
                            m->rkey, 64);
-        CHECK(st == 0 && buf[262144 + 8] == 0x33, "RDMA WRITE through the re-registered MR");
-        CHECK(ibv_dereg_mr(m) == 0, "dereg after rereg");
+        EXPECT(st == 0 && buf[262144 + 8] == 0x33, "RDMA WRITE through the re-registered MR");
+        EXPECT(ibv_dereg_mr(m) == 0, "dereg after rereg");
     }
 
     /* 7. remote rights are never widened: after a remote-write registration of a buffer, a
@@ -167,20 +167,20 @@ int main(int argc, char **argv)
     char *rbuf = buf + 393216;
     struct ibv_mr *rwm = ibv_reg_mr(l.pd, rbuf, 8192, RW);
     struct ibv_mr *rrm = ibv_reg_mr(l.pd, rbuf, 8192, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ);
-    CHECK(rwm && rrm && rrm->rkey != rwm->rkey, "remote-read request got the remote-write rkey");
+    EXPECT(rwm && rrm && rrm->rkey != rwm->rkey, "remote-read request got the remote-write rkey");
     if (rwm && rrm) {
         int st = loop_rdma(&l, IBV_WR_RDMA_WRITE, buf + 4096, a->lkey, (uintptr_t)rbuf, rrm->rkey, 64);
-        CHECK(st == IBV_WC_REM_ACCESS_ERR, "RDMA WRITE through a remote-read rkey: status %d", st);
-        CHECK(ibv_dereg_mr(rwm) == 0 && ibv_dereg_mr(rrm) == 0, "dereg rights pair");
+        EXPECT(st == IBV_WC_REM_ACCESS_ERR, "RDMA WRITE through a remote-read rkey: status %d", st);
+        EXPECT(ibv_dereg_mr(rwm) == 0 && ibv_dereg_mr(rrm) == 0, "dereg rights pair");
     }
 
-    CHECK(ibv_dereg_mr(a) == 0, "dereg a");
+    EXPECT(ibv_dereg_mr(a) == 0, "dereg a");
     if (b)
-        CHECK(ibv_dereg_mr(b) == 0, "dereg b");
+        EXPECT(ibv_dereg_mr(b) == 0, "dereg b");
     struct fh_preload_stats s8 = snap();
-    CHECK(s8.wrappers_live == s0.wrappers_live, "every wrapper released (%lu live)",
+    EXPECT(s8.wrappers_live == s0.wrappers_live, "every wrapper released (%lu live)",
           (unsigned long)s8.wrappers_live);
-    CHECK(s8.pinned_bytes > 0, "the cache keeps idle registrations (lazy release)");
+    EXPECT(s8.pinned_bytes > 0, "the cache keeps idle registrations (lazy release)");
 
 out:
     /* loop_close deallocates the pd: it must succeed although the cache kept MRs on it. */
@@ -189,7 +189,7 @@ out:
     ibv_destroy_cq(l.cq);
     l.cq = NULL;
     int d = ibv_dealloc_pd(l.pd);
-    CHECK(d == 0, "ibv_dealloc_pd: %d", d);
+    EXPECT(d == 0, "ibv_dealloc_pd: %d", d);
     l.pd = NULL;
     loop_close(&l);
     free(buf);

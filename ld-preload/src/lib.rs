@@ -18,7 +18,6 @@ mod cost_model;
 mod counters;
 #[cfg(test)]
 mod dispatch_tests;
-mod fasthash;
 mod ffi_types;
 mod foreign_events;
 mod fork;

@@ -35,10 +35,10 @@ use firehose::pin::Access;
 use firehose::pin::Pinner;
 use firehose::status::{fh_status, FhResult};
 
-use crate::fasthash::{new_map, FastMap};
 use crate::ffi_types::IbvPd;
 use crate::real_pinner::RealPinner;
 use crate::{real_verbs, settings};
+use rustc_hash::FxHashMap;
 
 /// The cache of one protection domain.
 pub struct PdCache {
@@ -58,7 +58,7 @@ const REMOTE_RIGHTS: u32 = Access::REMOTE_WRITE.0 | Access::REMOTE_READ.0 | Acce
 
 /// (pd address, remote-rights class).
 type Key = (usize, u32);
-type PdMap = FastMap<Key, Arc<PdCache>>;
+type PdMap = FxHashMap<Key, Arc<PdCache>>;
 
 static PDS: Mutex<Option<PdMap>> = Mutex::new(None);
 /// Counters of caches already dropped (their domain was deallocated), so totals never go back.
@@ -159,7 +159,7 @@ fn lookup_or_create(pd: *mut IbvPd, key: Key) -> FhResult<Arc<PdCache>> {
     // Build outside the lock (it may install the monitor, which can take a while).
     let fresh = PdCache::new(pd)?;
     let mut g = pds();
-    let map = g.get_or_insert_with(new_map);
+    let map = g.get_or_insert_with(FxHashMap::default);
     let c = map.entry(key).or_insert_with(|| fresh.clone()).clone();
     drop(g);
     // `fresh` (if another thread's cache won the race) is dropped here, outside the lock.

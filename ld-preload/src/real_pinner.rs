@@ -15,9 +15,9 @@ use std::time::Instant;
 use firehose::pin::{Access, PinError, Pinned, Pinner};
 
 use crate::counters::{self, COUNTERS};
-use crate::fasthash::{new_map, FastMap};
 use crate::ffi_types::{IbvMr, IbvPd};
 use crate::real_verbs::RealVerbs;
+use rustc_hash::FxHashMap;
 
 /// Slots of the lock-free lkey -> handle table (a power of two).
 const RECENT: usize = 256;
@@ -26,7 +26,7 @@ pub struct RealPinner {
     pd: *mut IbvPd,
     real: &'static RealVerbs,
     /// Every live MR's handle by lkey: the truth.
-    handles: Mutex<FastMap<u32, u32>>,
+    handles: Mutex<FxHashMap<u32, u32>>,
     /// Direct-mapped `lkey << 32 | handle` of live MRs (0: empty), so a cache hit finds its
     /// handle with one load instead of a lock and a hash. A collision only overwrites (the
     /// lookup then falls back to `handles`). An entry is current: it is written when its MR is
@@ -51,7 +51,7 @@ impl RealPinner {
         RealPinner {
             pd,
             real,
-            handles: Mutex::new(new_map()),
+            handles: Mutex::new(FxHashMap::default()),
             recent: [const { AtomicU64::new(0) }; RECENT],
         }
     }

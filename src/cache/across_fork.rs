@@ -58,7 +58,7 @@ impl Cache {
         if self.is_forked() {
             return;
         }
-        self.gate.0.announce();
-        self.gate.0.overflowed();
+        self.gate.announce();
+        self.gate.overflowed();
     }
 }

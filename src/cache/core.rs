@@ -44,9 +44,7 @@ use super::writer_state::WriterState;
 use super::{Limits, RangeWatcher};
 use crate::pin::fork_mode::ForkMode;
 use crate::pin::Pinner;
-
-#[repr(align(128))]
-pub(super) struct Padded<T>(pub(super) T);
+use crossbeam_utils::CachePadded;
 
 /// Counters changed only on slow paths (misses, evictions, releases of detached regions); see
 /// counters.rs for why most need no locked instruction.
@@ -101,13 +99,13 @@ pub(super) struct SlowCounters {
 #[repr(C)]
 pub struct Cache {
     /// Writer bit, overflow bit and announced invalidations: the one word a hit checks. Beside
-    /// them, in the same line, `gate.0.joined`: exclusive slots that ever entered this cache, and
+    /// them, in the same line, `gate.joined`: exclusive slots that ever entered this cache, and
     /// the highest such id (writers scan slots 0..=max only, and skip the membarrier when the
     /// only joined slot is their own).
-    pub(super) gate: Padded<Gate>,
+    pub(super) gate: CachePadded<Gate>,
     // --- read by every hit, constant ---
     pub(super) handles: Handles,
-    pub(super) slots: Box<[ReaderSlot; SLOTS]>,
+    pub(super) slots: Box<[CachePadded<ReaderSlot>; SLOTS]>,
     pub(super) page: usize,
     pub(super) shift: u32,
     /// Set in a child process after `fork` (see `quarantine`): every call fails with
@@ -136,7 +134,7 @@ pub struct Cache {
     pub(super) c: SlowCounters,
     // --- not touched by an evicting miss ---
     /// The ranges announced in `gate` (a ring that is full raises the gate's overflow bit).
-    pub(super) queue: Padded<InvalQueue>,
+    pub(super) queue: CachePadded<InvalQueue>,
     /// With a helper thread: detached regions whose last holder let go, for the helper to unpin
     /// (`ahead.rs`), so `deregister` never calls the backend. Unset without a helper.
     pub(super) deferred: OnceLock<ArrayQueue<usize>>,
@@ -175,9 +173,9 @@ impl Cache {
             watcher,
             page,
             shift: page.trailing_zeros(),
-            slots: Box::new(std::array::from_fn(|_| ReaderSlot::default())),
-            gate: Padded(Gate::new()),
-            queue: Padded(InvalQueue::new()),
+            slots: Box::new(std::array::from_fn(|_| CachePadded::default())),
+            gate: CachePadded::new(Gate::new()),
+            queue: CachePadded::new(InvalQueue::new()),
             forked: AtomicBool::new(false),
             index: UnsafeCell::new(Index::new(page.trailing_zeros())),
             slab: Slab::new(),
@@ -223,7 +221,7 @@ impl Cache {
     /// Invalidations are waiting in the ring, or it overflowed (one load: see gate.rs).
     #[inline]
     pub(super) fn pending(&self) -> bool {
-        self.gate.0.pending()
+        self.gate.pending()
     }
 }
 

@@ -30,7 +30,7 @@ impl Drop for Exclusive<'_> {
     fn drop(&mut self) {
         // Release: a reader that sees the flag down sees the index as we left it. (Raising the
         // flag is the store that needs SeqCst: see `Writer::exclude`.)
-        self.cache.gate.0.lower_writer();
+        self.cache.gate.lower_writer();
     }
 }
 
@@ -46,10 +46,10 @@ impl Exclusive<'_> {
 impl Writer<'_> {
     pub(super) fn exclude(&self) -> Exclusive<'_> {
         let c = self.cache;
-        c.gate.0.raise_writer();
+        c.gate.raise_writer();
         // A slot joining after these loads sees the flag (its join RMWs precede its flag load).
-        let n = c.gate.0.joined.0.load(Ordering::SeqCst);
-        let max = c.gate.0.joined.1.load(Ordering::SeqCst);
+        let n = c.gate.joined.0.load(Ordering::SeqCst);
+        let max = c.gate.joined.1.load(Ordering::SeqCst);
         if membarrier::available() {
             let me = my_slot();
             let alone = n == 0 || (n == 1 && me != 0 && c.slots[me].joined.load(Ordering::Relaxed));
@@ -85,7 +85,7 @@ impl Cache {
     #[cold]
     pub(super) fn join(&self, sid: usize) {
         self.slots[sid].joined.store(true, Ordering::Relaxed);
-        self.gate.0.joined.1.fetch_max(sid, Ordering::SeqCst);
-        self.gate.0.joined.0.fetch_add(1, Ordering::SeqCst);
+        self.gate.joined.1.fetch_max(sid, Ordering::SeqCst);
+        self.gate.joined.0.fetch_add(1, Ordering::SeqCst);
     }
 }

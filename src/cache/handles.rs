@@ -9,6 +9,7 @@
 //! one), so taking and returning a record touches only the record and the list head. Generations are 32 bits: a handle kept across 2^31 reuses of its record could be
 //! mistaken for a live one (documented limit).
 
+use crossbeam_utils::CachePadded;
 use std::cell::UnsafeCell;
 use std::ptr::{null_mut, NonNull};
 use std::sync::atomic::{AtomicPtr, AtomicU32, Ordering};
@@ -43,15 +44,8 @@ impl Default for Record {
     }
 }
 
-/// Head of one slot's free list.
-#[repr(align(128))]
-struct FreeList(UnsafeCell<u32>);
-
-impl Default for FreeList {
-    fn default() -> Self {
-        FreeList(UnsafeCell::new(NIL))
-    }
-}
+/// Head of one slot's free list, padded against false sharing with its neighbours.
+type FreeList = CachePadded<UnsafeCell<u32>>;
 
 pub struct Handles {
     chunks: Box<[AtomicPtr<Record>; MAX_CHUNKS]>,
@@ -72,7 +66,9 @@ impl Handles {
             chunks: Box::new([const { AtomicPtr::new(null_mut()) }; MAX_CHUNKS]),
             next: AtomicU32::new(0),
             grow: Mutex::new(()),
-            local: Box::new(std::array::from_fn(|_| FreeList::default())),
+            local: Box::new(std::array::from_fn(|_| {
+                CachePadded::new(UnsafeCell::new(NIL))
+            })),
             shared: Mutex::new(NIL),
         }
     }
@@ -108,7 +104,7 @@ impl Handles {
         } else {
             // SAFETY: only the owner thread of slot `slot` gets here with this index, and it does
             // not re-enter (nothing inside `f` calls back into the handle table).
-            f(unsafe { &mut *self.local[slot & (SLOTS - 1)].0.get() })
+            f(unsafe { &mut *self.local[slot & (SLOTS - 1)].get() })
         }
     }
 

@@ -65,7 +65,7 @@ impl Cache {
         access: Access,
     ) -> FhResult<RegionPtr> {
         for _ in 0..100 {
-            wait_while(|| self.gate.0.writer_active());
+            wait_while(|| self.gate.writer_active());
             match self.try_hit(sid, start, end, access) {
                 Fast::Hit(r) => {
                     self.slots[sid].add_hit(sid);
@@ -88,7 +88,7 @@ impl Cache {
         slot.enter(sid, membarrier::available());
         // One load for the writer flag, queued invalidations and overflow (gate.rs says why no
         // invalidation whose `invalidate` returned can be missed here).
-        match self.gate.0.check() {
+        match self.gate.check() {
             Seen::Open => {}
             Seen::Writer => {
                 slot.exit(sid);

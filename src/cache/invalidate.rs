@@ -21,10 +21,10 @@ impl Cache {
     #[inline(never)]
     pub(super) fn drain_queued(&self, w: &Writer, unpins: &mut Vec<RegionPtr>) {
         let x = w.exclude();
-        let all = self.gate.0.take_overflow();
+        let all = self.gate.take_overflow();
         let mut victims = Vec::new();
         let mut popped = 0;
-        while let Some((s, e)) = self.queue.0.pop() {
+        while let Some((s, e)) = self.queue.pop() {
             popped += 1;
             if !all {
                 victims.extend(x.index().overlapping(&self.slab, s, e));
@@ -41,7 +41,7 @@ impl Cache {
         }
         // Only now, with what they overlap detached (and readers still excluded), do the popped
         // ranges leave the gate's count.
-        self.gate.0.drained(popped);
+        self.gate.drained(popped);
     }
 
     #[cold]
@@ -68,9 +68,9 @@ impl Cache {
         if self.may_be_cached(start, end) {
             // Announced before the push: a hit that starts after this returns misses until a
             // drain has taken the range (gate.rs).
-            self.gate.0.announce();
-            if !self.queue.0.push(start, end) {
-                self.gate.0.overflowed();
+            self.gate.announce();
+            if !self.queue.push(start, end) {
+                self.gate.overflowed();
             }
         }
     }
@@ -83,7 +83,7 @@ impl Cache {
         // exclusive slots do not nest.
         let slot = &self.slots[0];
         slot.enter(0, false);
-        let res = if self.gate.0.writer_seen() {
+        let res = if self.gate.writer_seen() {
             true
         } else {
             // SAFETY: reader section, no writer active (see `try_hit`).
@@ -111,7 +111,7 @@ impl Cache {
     /// returns `FH_ERR_FORKED` without waiting for anything.
     pub fn quarantine(&self) {
         self.forked.store(true, Ordering::SeqCst);
-        self.gate.0.quarantine();
+        self.gate.quarantine();
     }
 
     /// Whether this cache was inherited across `fork` (see `quarantine`).
@@ -121,7 +121,7 @@ impl Cache {
 
     /// Entries waiting in the invalidation ring (for tests and diagnostics).
     pub fn queued_invalidations(&self) -> usize {
-        self.queue.0.len()
+        self.queue.len()
     }
 }
 

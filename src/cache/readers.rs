@@ -129,8 +129,8 @@ fn assign() -> usize {
     }
 }
 
-/// One thread's line in one cache.
-#[repr(align(128))] // two lines: adjacent-line prefetch must not couple neighbours
+/// One thread's counters in one cache (`Cache` keeps each in a `CachePadded`: 128 bytes on x86-64,
+/// two lines, so adjacent-line prefetch does not couple neighbours).
 #[derive(Default)]
 pub struct ReaderSlot {
     /// Threads of this slot currently inside a reader section.

@@ -79,7 +79,7 @@ pub mod wire;
 pub use config::{FhConfigError, FirehoseConfig};
 pub use error::{FhError, PinFailure, WireError};
 pub use ids::{OpId, Rank};
-pub use small::{Inline2, IntMap};
+pub use small::Inline2;
 pub use stats::FirehoseStats;
 pub use target::InvalId;
 pub(crate) use types::Outbox;

@@ -1,8 +1,6 @@
 //! Small helpers for the hit path: a vector with inline room for two items (an op usually
 //! touches one or two regions; no allocation then) and a fast hasher for integer keys.
 
-use std::hash::{BuildHasherDefault, Hasher};
-
 /// Up to 2 items inline, more spill to the heap.
 #[derive(Debug, Clone, Default)]
 pub struct Inline2<T: Copy + Default> {
@@ -63,32 +61,6 @@ impl<T: Copy + Default> std::ops::Deref for Inline2<T> {
         self.as_slice()
     }
 }
-
-/// Multiplicative hashing of integer keys (ids and bucket numbers are not attacker-chosen on
-/// the initiator side: they come from the local caller).
-#[derive(Default, Clone, Copy)]
-pub struct IntHasher(u64);
-
-impl Hasher for IntHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0.rotate_left(8) ^ b as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        }
-    }
-    fn write_u64(&mut self, x: u64) {
-        self.0 = (self.0 ^ x)
-            .wrapping_mul(0x9E37_79B9_7F4A_7C15)
-            .rotate_left(26);
-    }
-    fn write_u32(&mut self, x: u32) {
-        self.write_u64(x as u64)
-    }
-}
-
-pub type IntMap<K, V> = std::collections::HashMap<K, V, BuildHasherDefault<IntHasher>>;
 
 #[cfg(test)]
 mod tests {

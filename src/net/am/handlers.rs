@@ -8,8 +8,8 @@
 //! may still be running it; replacements are rare (setup), so what is kept is small.
 
 use super::replier::Replier;
-use super::small_key::SmallKeyMap;
 use crate::net::{LinkError, Rank};
+use rustc_hash::FxHashMap;
 use std::sync::atomic::{AtomicPtr, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
@@ -31,7 +31,7 @@ pub enum Handler {
 }
 
 pub struct Handlers {
-    map: RwLock<SmallKeyMap<u16, Handler>>,
+    map: RwLock<FxHashMap<u16, Handler>>,
     /// The RDMA handler (from `Box::into_raw`), or null.
     rdma: AtomicPtr<Arc<RdmaFn>>,
     /// RDMA handlers replaced since the table was made: freed with it (see the module head).

@@ -13,7 +13,6 @@ mod peer;
 mod progress_thread;
 pub mod queue_bound;
 mod replier;
-mod small_key;
 #[cfg(test)]
 mod tests;
 mod tickets;

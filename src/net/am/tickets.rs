@@ -7,9 +7,9 @@
 //! only after it moved; and `done` is notified only if someone sleeps on it (a notify is a futex
 //! system call even with no waiter, microseconds under emulation).
 
-use super::small_key::SmallKeyMap;
 use crate::net::Rank;
 use crate::rt::status::fh_status;
+use rustc_hash::FxHashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::Duration;
@@ -23,7 +23,7 @@ struct Entry {
 
 #[derive(Default)]
 struct Table {
-    map: SmallKeyMap<u32, Entry>,
+    map: FxHashMap<u32, Entry>,
     next: u32,
 }
 

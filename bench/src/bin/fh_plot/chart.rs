@@ -1,16 +1,13 @@
-//! Draws figures with plotters: a grid of panels, each with a title of one or more lines, axes
-//! (linear or log, ticks from `axis`), series of lines and markers, labelled vertical lines and a
-//! legend in the corner the data leaves freest. What a figure shows is built by `fh` and
-//! `helper_series`; this file only draws it.
+//! Draws figures with plotters' own chart machinery: a grid of panels, each with a title of one
+//! or more lines, a mesh with labelled linear or log axes (`ChartBuilder`, `log_scale`), series
+//! of lines and markers, labelled vertical lines and a legend (`configure_series_labels`). What a
+//! figure shows is built by `fh` and `helper_series`; this file only draws it. Text goes through
+//! plotters' ab_glyph font table, which `font::load` fills.
 
-use crate::axis::{self, Scale, Ticks};
-use crate::glyph::{pattern_runs, Glyph, DOT, DOT_SPACING, LINE_WIDTH};
-pub use crate::glyph::{Marker, Stroke};
-use crate::legend::{best_corner, headroom, obstacles, Corner};
-use crate::text::{self, Align, Label};
-use plotters::coord::ranged1d::{KeyPointHint, NoDefaultFormatting, Ranged, ValueFormatter};
+use plotters::coord::ranged1d::{AsRangedCoord, ValueFormatter};
 use plotters::coord::Shift;
 use plotters::prelude::*;
+use std::ops::Range;
 use std::path::Path;
 
 /// matplotlib's "tab10" colours, the ones the figures have always used.
@@ -20,6 +17,58 @@ pub const TAB_GREEN: RGBColor = RGBColor(44, 160, 44);
 pub const TAB_RED: RGBColor = RGBColor(214, 39, 40);
 pub const TAB_GRAY: RGBColor = RGBColor(127, 127, 127);
 const GREY: RGBColor = RGBColor(128, 128, 128);
+
+/// The font family `font::load` registers.
+pub const FAMILY: &str = "sans-serif";
+
+/// How values map onto an axis.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scale {
+    Linear,
+    /// Decades.
+    Log10,
+    /// Powers of two; labels are sizes with binary prefixes (8, 4Ki, 1Mi): it is for bytes.
+    Log2,
+}
+
+impl Scale {
+    /// Whether a value can be placed on this axis (a log axis has no place for 0 or below).
+    pub fn accepts(self, v: f64) -> bool {
+        v.is_finite() && (self == Scale::Linear || v > 0.0)
+    }
+
+    fn to_axis(self, v: f64) -> f64 {
+        match self {
+            Scale::Linear => v,
+            _ => v.ln(),
+        }
+    }
+
+    fn value_at(self, t: f64) -> f64 {
+        match self {
+            Scale::Linear => t,
+            _ => t.exp(),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Marker {
+    None,
+    Circle,
+    Square,
+    Triangle,
+    Cross,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stroke {
+    Solid,
+    Dashed,
+    Dotted,
+    /// For vertical lines (drawn with longer dashes: plotters has no dash-dot line).
+    DashDot,
+}
 
 #[derive(Clone, Copy, Debug)]
 pub struct Style {
@@ -80,22 +129,20 @@ pub struct Figure {
     pub panels: Vec<Panel>,
 }
 
-/// Text sizes: a line's height in pixels (ascent plus descent).
-const TITLE: f32 = 18.0;
-const SUBTITLE: f32 = 16.5;
-const AXIS_DESC: f32 = 17.0;
-const TICK_LABEL: f32 = 15.5;
-const LEGEND: f32 = 14.5;
-const NOTE: f32 = 13.5;
-/// Tick marks' length, and the gap between a tick and its label.
-const TICK: i32 = 5;
-const GAP: i32 = 4;
-/// The legend: the room its sample of a series takes left of the text, the padding inside its
-/// box, the distance of the box from the plot's sides, the height of an entry.
-const LEGEND_AREA: i32 = 34;
-const LEGEND_PAD: i32 = 7;
-const LEGEND_INSET: i32 = 6;
-const LEGEND_LINE: f32 = 1.3 * LEGEND;
+/// Text sizes in pixels.
+const TITLE: u32 = 18;
+const SUBTITLE: u32 = 16;
+const AXIS_DESC: u32 = 16;
+const TICK_LABEL: u32 = 14;
+const LEGEND: u32 = 14;
+const NOTE: u32 = 13;
+/// Series lines' width and markers' radius in pixels.
+const LINE_WIDTH: u32 = 2;
+const MARKER_SIZE: i32 = 4;
+/// The margin on each side of the data, as a share of its extent (matplotlib's default), and
+/// the share of the plot's height each legend entry reserves above the data.
+const MARGIN: f64 = 0.05;
+const LEGEND_ROOM: f64 = 0.075;
 
 fn err<E: std::fmt::Display>(e: E) -> String {
     e.to_string()
@@ -109,356 +156,298 @@ pub fn save(path: &Path, fig: &Figure) -> Result<(), String> {
         .map_err(|e| format!("{}: {e}", path.display()))
 }
 
-/// Draws `fig` on `root` (the whole canvas: text is placed in its pixels).
+/// Draws `fig` on `root` (the whole canvas).
 pub fn draw<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, fig: &Figure) -> Result<(), String> {
     root.fill(&WHITE).map_err(err)?;
     let cols = fig.cols.max(1);
     let rows = fig.panels.len().div_ceil(cols).max(1);
     let areas = root.split_evenly((rows, cols));
-    for (panel, area) in fig.panels.iter().zip(&areas) {
-        draw_panel(root, area, panel)?;
+    for (panel, area) in fig.panels.iter().zip(areas) {
+        draw_panel(area, panel)?;
     }
     Ok(())
 }
 
-/// A series' points that the axes can place (a log axis drops values <= 0), as values.
-fn placeable(s: &Series, x: Scale, y: Scale) -> Vec<(f64, f64)> {
-    s.points
-        .iter()
-        .copied()
-        .filter(|(a, b)| x.accepts(*a) && y.accepts(*b))
-        .collect()
+/// The extent of an axis over `values` (those the scale cannot place are ignored), with a
+/// margin each side in axis space (logarithms on a log axis), as values. No usable value: 0..1
+/// (linear) or 1..10 (log); one value: a range around it.
+fn extent(scale: Scale, values: impl IntoIterator<Item = f64>) -> Range<f64> {
+    let (mut lo, mut hi) = (f64::INFINITY, f64::NEG_INFINITY);
+    for v in values.into_iter().filter(|&v| scale.accepts(v)) {
+        let t = scale.to_axis(v);
+        lo = lo.min(t);
+        hi = hi.max(t);
+    }
+    if lo > hi {
+        return match scale {
+            Scale::Linear => 0.0..1.0,
+            _ => 1.0..10.0,
+        };
+    }
+    let pad = if hi - lo < 1e-9 * lo.abs().max(1.0) {
+        match scale {
+            Scale::Linear if lo != 0.0 => lo.abs() * 0.1,
+            Scale::Linear => 1.0,
+            _ => 0.5,
+        }
+    } else {
+        (hi - lo) * MARGIN
+    };
+    scale.value_at(lo - pad)..scale.value_at(hi + pad)
 }
 
-/// The chart of a panel: its plot below `title_h` pixels of title, room left of and below it
-/// for ticks, their labels and the axis titles.
-fn build<'a, DB: DrawingBackend>(
-    area: &'a DrawingArea<DB, Shift>,
-    title_h: i32,
-    xt: &Ticks,
-    yt: &Ticks,
-) -> Result<ChartContext<'a, DB, Cartesian2d<Ticks, Ticks>>, String> {
-    let tick_h = text::measure("0", TICK_LABEL).1.ceil() as i32;
-    let desc_h = text::measure("0", AXIS_DESC).1.ceil() as i32;
-    let y_label_w = yt
-        .major
-        .iter()
-        .map(|m| text::measure(&m.1, TICK_LABEL).0.ceil() as i32)
-        .max()
-        .unwrap_or(0);
-    ChartBuilder::on(area)
-        .margin_top(title_h + 6)
-        .margin_left(6)
-        .margin_right(20)
-        .margin_bottom(4)
-        .x_label_area_size(TICK + GAP + tick_h + GAP + desc_h + 4)
-        .y_label_area_size(TICK + GAP + y_label_w + GAP + 2 + desc_h)
-        .build_cartesian_2d(xt.clone(), yt.clone())
-        .map_err(err)
+/// The same extent with its top raised (in axis space) so that `share` of the plot's height
+/// stays above the data, for the legend.
+fn with_headroom(scale: Scale, r: Range<f64>, share: f64) -> Range<f64> {
+    let (lo, hi) = (scale.to_axis(r.start), scale.to_axis(r.end));
+    let room = (1.0 - share).max(0.4);
+    r.start..scale.value_at(lo + (hi - lo) / room)
 }
 
-/// The plot's left, right, top and bottom pixels.
-fn plot_rect<DB: DrawingBackend>(
-    chart: &ChartContext<DB, Cartesian2d<Ticks, Ticks>>,
-) -> (i32, i32, i32, i32) {
-    let (xr, yr) = chart.plotting_area().get_pixel_range();
-    (xr.start, xr.end - 1, yr.start, yr.end - 1)
+/// A tick label: a plain number (20, 0.05, 1.25) unless very large or small (2e7); on a
+/// `Log2` axis, sizes with binary prefixes (8, 4Ki, 1Mi).
+fn label(scale: Scale, v: f64) -> String {
+    if scale == Scale::Log2 && v >= 1.0 && v.log2().fract().abs() < 1e-9 {
+        let p = v.log2().round() as u32;
+        return match p {
+            0..=9 => format!("{}", 1u64 << p),
+            10..=19 => format!("{}Ki", 1u64 << (p - 10)),
+            20..=29 => format!("{}Mi", 1u64 << (p - 20)),
+            30..=39 => format!("{}Gi", 1u64 << (p - 30)),
+            _ => format!("{}Ti", 1u64 << (p.min(62) - 40)),
+        };
+    }
+    if v == 0.0 {
+        return "0".into();
+    }
+    if !(1e-4..1e6).contains(&v.abs()) {
+        return format!("{v:e}");
+    }
+    let s = format!("{v:.4}");
+    s.trim_end_matches('0').trim_end_matches('.').to_string()
 }
 
-/// One panel in `area`; `root` is the canvas, where text, ticks, the frame and the legend are
-/// drawn in pixels.
-fn draw_panel<DB: DrawingBackend>(
-    root: &DrawingArea<DB, Shift>,
-    area: &DrawingArea<DB, Shift>,
-    p: &Panel,
-) -> Result<(), String> {
-    let put = |l: Label| root.draw(&l).map_err(err);
-    let (ax, ay) = area.get_base_pixel();
-    let (aw, _) = area.dim_in_pixel();
-    let mut y = ay + 6;
+/// One panel in `area`: its title lines, then the chart under them.
+fn draw_panel<DB: DrawingBackend>(area: DrawingArea<DB, Shift>, p: &Panel) -> Result<(), String> {
+    let mut area = area;
     for (i, line) in p.title.iter().enumerate() {
         let size = if i == 0 { TITLE } else { SUBTITLE };
-        put(Label::new(
-            (ax + aw as i32 / 2, y),
-            line,
-            size,
-            BLACK,
-            Align::Center,
-            Align::Start,
-        ))?;
-        y += (size * 1.2).round() as i32;
+        area = area.titled(line, (FAMILY, size)).map_err(err)?;
     }
-    let title_h = y - ay;
+    let sx = p.x.scale;
+    let xs = p.series.iter().flat_map(|s| s.points.iter().map(|q| q.0));
+    let xs = xs.chain(p.vlines.iter().map(|v| v.x));
+    let xr = extent(sx, xs.chain(p.x.include.iter().copied()));
+    // Each scale is its own coordinate type: pick the pair, then draw with it.
+    match sx {
+        Scale::Linear => with_y(&area, p, xr),
+        Scale::Log10 => with_y(&area, p, xr.log_scale()),
+        Scale::Log2 => with_y(&area, p, xr.log_scale().base(2.0)),
+    }
+}
 
+fn with_y<DB: DrawingBackend, X>(
+    area: &DrawingArea<DB, Shift>,
+    p: &Panel,
+    x: X,
+) -> Result<(), String>
+where
+    X: AsRangedCoord<Value = f64>,
+    X::CoordDescType: ValueFormatter<f64>,
+{
+    let ys = p.series.iter().flat_map(|s| s.points.iter().map(|q| q.1));
+    let yr = extent(p.y.scale, ys.chain(p.y.include.iter().copied()));
+    let yr = with_headroom(p.y.scale, yr, LEGEND_ROOM * p.series.len() as f64);
+    match p.y.scale {
+        Scale::Linear => chart(area, p, x, yr),
+        Scale::Log10 => chart(area, p, x, yr.log_scale()),
+        Scale::Log2 => chart(area, p, x, yr.log_scale().base(2.0)),
+    }
+}
+
+/// The chart of a panel on coordinates `x` and `y`: mesh, labels, vertical lines, series and
+/// legend.
+fn chart<DB: DrawingBackend, X, Y>(
+    area: &DrawingArea<DB, Shift>,
+    p: &Panel,
+    x: X,
+    y: Y,
+) -> Result<(), String>
+where
+    X: AsRangedCoord<Value = f64>,
+    Y: AsRangedCoord<Value = f64>,
+    X::CoordDescType: ValueFormatter<f64>,
+    Y::CoordDescType: ValueFormatter<f64>,
+{
     let (sx, sy) = (p.x.scale, p.y.scale);
-    let kept: Vec<Vec<(f64, f64)>> = p.series.iter().map(|s| placeable(s, sx, sy)).collect();
-    let vlines: Vec<&VLine> = p.vlines.iter().filter(|v| sx.accepts(v.x)).collect();
-    let xs = kept.iter().flatten().map(|q| q.0);
-    let xt = axis::fit(
-        sx,
-        xs.chain(vlines.iter().map(|v| v.x))
-            .chain(p.x.include.iter().copied()),
-    );
-    let ys = kept.iter().flatten().map(|q| q.1);
-    let mut yt = axis::fit(sy, ys.chain(p.y.include.iter().copied()));
-    // The same points in axis space, where the chart is linear.
-    let lines: Vec<Vec<(f64, f64)>> = kept
-        .iter()
-        .map(|l| {
-            l.iter()
-                .map(|&(a, b)| (sx.to_axis(a), sy.to_axis(b)))
-                .collect()
-        })
-        .collect();
-    let vx: Vec<f64> = vlines.iter().map(|v| sx.to_axis(v.x)).collect();
-
-    // The legend goes in the corner the lines leave freest; when every corner has some, the y
-    // axis grows upwards until the legend fits above the lines.
-    let legend_w = p
-        .series
-        .iter()
-        .map(|s| text::measure(&s.label, LEGEND).0.ceil() as i32)
-        .max()
-        .map(|w| 2 * LEGEND_PAD + LEGEND_AREA + w);
-    let legend_h = 2 * LEGEND_PAD + (LEGEND_LINE * p.series.len() as f32).round() as i32;
-    let mut corner = Corner::UpperRight;
-    if let Some(legend_w) = legend_w {
-        let (left, right, top, bottom) = plot_rect(&build(area, title_h, &xt, &yt)?);
-        let need = (
-            (legend_w + LEGEND_INSET) as f64 / (right - left).max(1) as f64,
-            (legend_h + LEGEND_INSET) as f64 / (bottom - top).max(1) as f64,
-        );
-        let (c, covered) = best_corner(&obstacles(&lines, &vx, &xt, &yt), need);
-        corner = c;
-        let data_top = lines.iter().flatten().map(|q| q.1).reduce(f64::max);
-        if let (true, Some(data_top)) = (covered > 0 && need.1 < 0.6, data_top) {
-            yt = axis::span(sy, yt.lo, headroom(yt.lo, yt.hi, data_top, need.1));
-            corner = best_corner(&obstacles(&lines, &vx, &xt, &yt), need).0;
-        }
-    }
-
-    let mut chart = build(area, title_h, &xt, &yt)?;
-    // plotters draws the grid; the frame, ticks and text are drawn here.
+    let mut chart = ChartBuilder::on(area)
+        .margin(8)
+        .margin_right(20)
+        .x_label_area_size(50)
+        .y_label_area_size(70)
+        .build_cartesian_2d(x, y)
+        .map_err(err)?;
+    let (x_range, y_range) = (chart.x_range(), chart.y_range());
+    let fx = |v: &f64| label(sx, *v);
+    let fy = |v: &f64| label(sy, *v);
     chart
         .configure_mesh()
-        .disable_axes()
+        .x_desc(p.x.desc.as_str())
+        .y_desc(p.y.desc.as_str())
+        .x_label_formatter(&fx)
+        .y_label_formatter(&fy)
+        .label_style((FAMILY, TICK_LABEL))
+        .axis_desc_style((FAMILY, AXIS_DESC))
         .bold_line_style(BLACK.mix(0.15))
         .light_line_style(BLACK.mix(0.07))
         .draw()
         .map_err(err)?;
-    let (left, right, top, bottom) = plot_rect(&chart);
-    root.draw(&Rectangle::new([(left, top), (right, bottom)], BLACK))
-        .map_err(err)?;
-    for (t, label) in &xt.major {
-        let x = chart.backend_coord(&(*t, yt.lo)).0;
-        root.draw(&PathElement::new(
-            vec![(x, bottom), (x, bottom + TICK)],
-            BLACK,
-        ))
-        .map_err(err)?;
-        put(Label::new(
-            (x, bottom + TICK + GAP),
-            label,
-            TICK_LABEL,
-            BLACK,
-            Align::Center,
-            Align::Start,
-        ))?;
-    }
-    for (t, label) in &yt.major {
-        let y = chart.backend_coord(&(xt.lo, *t)).1;
-        root.draw(&PathElement::new(vec![(left - TICK, y), (left, y)], BLACK))
-            .map_err(err)?;
-        put(Label::new(
-            (left - TICK - GAP, y),
-            label,
-            TICK_LABEL,
-            BLACK,
-            Align::End,
-            Align::Center,
-        ))?;
-    }
-    let tick_h = text::measure("0", TICK_LABEL).1.ceil() as i32;
-    let desc_h = text::measure("0", AXIS_DESC).1.ceil() as i32;
-    let x_desc_y = bottom + TICK + GAP + tick_h + GAP;
-    put(Label::new(
-        ((left + right) / 2, x_desc_y),
-        &p.x.desc,
-        AXIS_DESC,
-        BLACK,
-        Align::Center,
-        Align::Start,
-    ))?;
-    let mut y_desc = Label::new(
-        (ax + 6 + desc_h / 2, (top + bottom) / 2),
-        &p.y.desc,
-        AXIS_DESC,
-        BLACK,
-        Align::Center,
-        Align::Center,
-    );
-    y_desc.up = true;
-    put(y_desc)?;
 
-    let plot_h = (bottom - top).max(1) as f64;
-    for (v, &x) in vlines.iter().zip(&vx) {
+    for v in p.vlines.iter().filter(|v| sx.accepts(v.x)) {
         let style = GREY.stroke_width(1);
-        let span = yt.hi - yt.lo;
+        let pts = [(v.x, y_range.start), (v.x, y_range.end)];
+        let (on, off) = match v.stroke {
+            Stroke::Dotted => (2, 3),
+            Stroke::DashDot => (9, 4),
+            _ => (6, 4),
+        };
         chart
-            .draw_series(
-                pattern_runs(plot_h, v.stroke.pattern())
-                    .into_iter()
-                    .map(|(a, b)| {
-                        // Runs are measured down from the top, in pixels.
-                        let at = |d: f64| yt.hi - span * d / plot_h;
-                        PathElement::new(vec![(x, at(a)), (x, at(b))], style)
-                    }),
-            )
+            .draw_series(DashedLineSeries::new(pts, on, off, style))
             .map_err(err)?;
-        let px = chart.backend_coord(&(x, yt.hi)).0;
-        put(Label::new(
-            (px + 4, top + 3),
-            &v.label,
-            NOTE,
-            GREY,
-            Align::Start,
-            Align::Start,
-        ))?;
+        let note = Text::new(
+            v.label.clone(),
+            (4, 3),
+            (FAMILY, NOTE).into_font().color(&GREY),
+        );
+        chart
+            .draw_series(std::iter::once(EmptyElement::at((v.x, y_range.end)) + note))
+            .map_err(err)?;
     }
 
-    for (s, line_pts) in p.series.iter().zip(&lines) {
+    for s in &p.series {
         let color = s.style.color;
         let line = color.stroke_width(LINE_WIDTH);
-        let pts = line_pts.iter().copied();
-        match s.style.stroke {
-            Stroke::Solid => chart.draw_series(LineSeries::new(pts, line)),
-            // Dots: plotters' thick dashes a pixel or two long come out ragged.
+        let pts: Vec<(f64, f64)> = s
+            .points
+            .iter()
+            .copied()
+            .filter(|&(a, b)| sx.accepts(a) && sy.accepts(b))
+            .filter(|(a, b)| x_range.contains(a) && y_range.contains(b))
+            .collect();
+        let drawn = match s.style.stroke {
+            Stroke::Solid => chart.draw_series(LineSeries::new(pts.iter().copied(), line)),
             Stroke::Dotted => {
-                chart.draw_series(DottedLineSeries::new(pts, 0.0, DOT_SPACING, move |c| {
-                    Rectangle::new([c, (c.0 + DOT - 1, c.1 + DOT - 1)], color.filled())
+                chart.draw_series(DottedLineSeries::new(pts.iter().copied(), 0, 5, move |c| {
+                    Circle::new(c, 1, color.filled())
                 }))
             }
-            d => {
-                let pat = d.pattern();
-                chart.draw_series(DashedLineSeries::new(pts, pat[0], pat[1], line))
+            _ => chart.draw_series(DashedLineSeries::new(pts.iter().copied(), 7, 4, line)),
+        }
+        .map_err(err)?;
+        let (m, stroke) = (s.style.marker, s.style.stroke);
+        // The legend's sample: a short line (dashes for a broken stroke) with the marker.
+        let sample = match stroke {
+            Stroke::Solid => vec![(0, 0), (24, 0)],
+            _ => vec![(0, 0), (8, 0)],
+        };
+        let anno = drawn.label(s.label.as_str());
+        let path = move |at| EmptyElement::at(at) + PathElement::new(sample.clone(), line);
+        let (r, fill, thin) = (MARKER_SIZE, color.filled(), color.stroke_width(2));
+        let pts = pts.iter().copied();
+        // Each marker is its own element type: the legend's sample and the points per kind.
+        match m {
+            Marker::None => {
+                anno.legend(path);
+                Ok(())
+            }
+            Marker::Circle => {
+                anno.legend(move |at| path(at) + Circle::new((12, 0), r, fill));
+                chart
+                    .draw_series(pts.map(|q| Circle::new(q, r, fill)))
+                    .map(drop)
+            }
+            Marker::Square => {
+                let sq = move |x| Rectangle::new([(x - r, -r), (x + r, r)], fill);
+                anno.legend(move |at| path(at) + sq(12));
+                chart
+                    .draw_series(pts.map(|q| EmptyElement::at(q) + sq(0)))
+                    .map(drop)
+            }
+            Marker::Triangle => {
+                anno.legend(move |at| path(at) + TriangleMarker::new((12, 0), r + 1, fill));
+                chart
+                    .draw_series(pts.map(|q| TriangleMarker::new(q, r + 1, fill)))
+                    .map(drop)
+            }
+            Marker::Cross => {
+                anno.legend(move |at| path(at) + Cross::new((12, 0), r, thin));
+                chart
+                    .draw_series(pts.map(|q| Cross::new(q, r, thin)))
+                    .map(drop)
             }
         }
         .map_err(err)?;
-        if s.style.marker != Marker::None {
-            chart
-                .draw_series(line_pts.iter().map(|&q| Glyph {
-                    at: q,
-                    marker: s.style.marker,
-                    color,
-                    line: None,
-                }))
-                .map_err(err)?;
-        }
     }
 
-    let Some(legend_w) = legend_w else {
-        return Ok(());
-    };
-    let (x0, y0) = match corner {
-        Corner::UpperRight => (right - LEGEND_INSET - legend_w, top + LEGEND_INSET),
-        Corner::UpperLeft => (left + LEGEND_INSET, top + LEGEND_INSET),
-        Corner::LowerLeft => (left + LEGEND_INSET, bottom - LEGEND_INSET - legend_h),
-        Corner::LowerRight => (
-            right - LEGEND_INSET - legend_w,
-            bottom - LEGEND_INSET - legend_h,
-        ),
-    };
-    let (x1, y1) = (x0 + legend_w, y0 + legend_h);
-    root.draw(&Rectangle::new(
-        [(x0, y0), (x1, y1)],
-        WHITE.mix(0.85).filled(),
-    ))
-    .map_err(err)?;
-    root.draw(&Rectangle::new([(x0, y0), (x1, y1)], BLACK.mix(0.25)))
-        .map_err(err)?;
-    for (i, s) in p.series.iter().enumerate() {
-        let cy = y0 + LEGEND_PAD + (LEGEND_LINE * (i as f32 + 0.5)).round() as i32;
-        root.draw(&Glyph {
-            at: (x0 + LEGEND_PAD, cy),
-            marker: s.style.marker,
-            color: s.style.color,
-            line: Some(s.style.stroke),
-        })
-        .map_err(err)?;
-        put(Label::new(
-            (x0 + LEGEND_PAD + LEGEND_AREA, cy),
-            &s.label,
-            LEGEND,
-            BLACK,
-            Align::Start,
-            Align::Center,
-        ))?;
+    if !p.series.is_empty() {
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperRight)
+            .label_font((FAMILY, LEGEND))
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK.mix(0.25))
+            .draw()
+            .map_err(err)?;
     }
     Ok(())
-}
-
-/// An axis for plotters: linear over the ticks' range (axis space), grid lines and labels at
-/// the ticks.
-impl Ranged for Ticks {
-    type FormatOption = NoDefaultFormatting;
-    type ValueType = f64;
-
-    fn map(&self, v: &f64, (p0, p1): (i32, i32)) -> i32 {
-        let f = (v - self.lo) / (self.hi - self.lo);
-        p0 + (f * (p1 - p0) as f64).round() as i32
-    }
-
-    fn key_points<H: KeyPointHint>(&self, hint: H) -> Vec<f64> {
-        if hint.weight().allow_light_points() {
-            self.minor.clone()
-        } else {
-            self.major.iter().map(|m| m.0).collect()
-        }
-    }
-
-    fn range(&self) -> std::ops::Range<f64> {
-        self.lo..self.hi
-    }
-}
-
-impl ValueFormatter<f64> for Ticks {
-    fn format_ext(&self, v: &f64) -> String {
-        self.label_at(*v)
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_panel_draws_its_series_and_knee_line() {
-        // Without a font the text is left out; everything else is drawn the same.
-        let _ = crate::font::load();
+    fn panel() -> Panel {
         let style = Style {
             color: TAB_RED,
             marker: Marker::Circle,
             stroke: Stroke::Solid,
         };
+        Panel {
+            title: vec!["title".into()],
+            x: AxisSpec::new("x", Scale::Linear),
+            y: AxisSpec::new("y", Scale::Log10),
+            series: vec![Series {
+                label: "a".into(),
+                style,
+                // 0 has no place on a log axis: left out, not drawn at minus infinity.
+                points: vec![(0.0, 1.0), (3.0, 0.0), (10.0, 100.0)],
+            }],
+            vlines: vec![VLine {
+                x: 5.0,
+                label: "M".into(),
+                stroke: Stroke::Dotted,
+            }],
+        }
+    }
+
+    /// The font, or None (the test is then skipped: plotters cannot draw text without one).
+    fn font() -> Option<()> {
+        match crate::font::load() {
+            Ok(()) => Some(()),
+            Err(e) => {
+                eprintln!("skipped: {e}");
+                None
+            }
+        }
+    }
+
+    #[test]
+    fn a_panel_draws_its_series_and_knee_line() {
+        let Some(()) = font() else { return };
         let fig = Figure {
             size: (400, 300),
             cols: 1,
-            panels: vec![Panel {
-                title: vec!["title".into()],
-                x: AxisSpec::new("x", Scale::Linear),
-                y: AxisSpec::new("y", Scale::Log10),
-                series: vec![Series {
-                    label: "a".into(),
-                    style,
-                    // 0 has no place on a log axis: left out, not drawn at minus infinity.
-                    points: vec![(0.0, 1.0), (3.0, 0.0), (10.0, 100.0)],
-                }],
-                vlines: vec![VLine {
-                    x: 5.0,
-                    label: "M".into(),
-                    stroke: Stroke::Dotted,
-                }],
-            }],
+            panels: vec![panel()],
         };
         let mut buf = vec![0u8; 400 * 300 * 3];
         {
@@ -470,10 +459,57 @@ mod tests {
         let px: Vec<&[u8]> = buf.chunks(3).collect();
         assert!(px.iter().filter(|p| is(WHITE)(p)).count() > 400 * 300 / 2);
         assert!(px.iter().filter(|p| is(TAB_RED)(p)).count() > 100);
-        // The knee: one column of grey dots, a good part of the plot high.
+        // The knee: one column of grey dashes, a good part of the plot high.
         let columns = (0..400)
             .filter(|x| (0..300).filter(|y| is(GREY)(px[y * 400 + x])).count() > 40)
             .count();
         assert_eq!(columns, 1);
+    }
+
+    #[test]
+    fn every_scale_pair_renders_a_png_file() {
+        let Some(()) = font() else { return };
+        let scales = [Scale::Linear, Scale::Log10, Scale::Log2];
+        let mut panels = Vec::new();
+        for sx in scales {
+            for sy in scales {
+                let mut p = panel();
+                p.x.scale = sx;
+                p.y.scale = sy;
+                p.series[0].points.push((4096.0, 0.5));
+                panels.push(p);
+            }
+        }
+        let fig = Figure {
+            size: (900, 900),
+            cols: 3,
+            panels,
+        };
+        let path = std::env::temp_dir().join(format!("fh_plot-test-{}.png", std::process::id()));
+        save(&path, &fig).unwrap();
+        let bytes = std::fs::read(&path).unwrap();
+        let _ = std::fs::remove_file(&path);
+        assert!(bytes.len() > 1000, "{} bytes", bytes.len());
+        assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n");
+    }
+
+    #[test]
+    fn tick_labels_are_plain_numbers_or_binary_sizes() {
+        assert_eq!(label(Scale::Linear, 1000.0), "1000");
+        assert_eq!(label(Scale::Linear, 0.25), "0.25");
+        assert_eq!(label(Scale::Log10, 2e7), "2e7");
+        assert_eq!(label(Scale::Log2, 4096.0), "4Ki");
+        assert_eq!(label(Scale::Log2, 1048576.0), "1Mi");
+        assert_eq!(label(Scale::Log2, 8.0), "8");
+        assert_eq!(label(Scale::Log2, 3.5), "3.5");
+    }
+
+    #[test]
+    fn log_extents_leave_out_what_they_cannot_place() {
+        let r = extent(Scale::Log10, [0.0, -3.0, f64::NAN, 10.0, 1000.0]);
+        assert!(r.start > 0.0 && r.start < 10.0 && r.end > 1000.0, "{r:?}");
+        let r = extent(Scale::Linear, [5.0, 5.0]);
+        assert!(r.start < 5.0 && r.end > 5.0);
+        assert_eq!(extent(Scale::Linear, []), 0.0..1.0);
     }
 }

@@ -2,10 +2,9 @@
 //! against the remote working set (with the M and M + MAXVICTIM knees marked) and peak
 //! bandwidth by message size, for Firehose, the two rendezvous baselines and the floor.
 
-use crate::axis::Scale;
 use crate::chart::{
-    AxisSpec, Figure, Marker, Panel, Series, Stroke, Style, VLine, TAB_BLUE, TAB_GREEN, TAB_ORANGE,
-    TAB_RED,
+    AxisSpec, Figure, Marker, Panel, Scale, Series, Stroke, Style, VLine, TAB_BLUE, TAB_GREEN,
+    TAB_ORANGE, TAB_RED,
 };
 use serde_json::{Map, Value};
 use std::path::Path;

@@ -1,7 +1,8 @@
-//! The one font the figures' text is drawn with (by `text`, through ab_glyph: pure Rust, no
-//! fontconfig or freetype): a TrueType file found on the system, read once per process.
+//! The one font the figures' text is drawn with (plotters' ab_glyph text: pure Rust, no
+//! fontconfig or freetype): a TrueType file found on the system, read once per process and
+//! registered with plotters as `chart::FAMILY`.
 
-use ab_glyph::FontVec;
+use plotters::style::FontStyle;
 use std::sync::OnceLock;
 
 /// Where Debian/Ubuntu (fonts-dejavu-core), Fedora and Arch put DejaVu Sans, then Liberation
@@ -20,24 +21,19 @@ pub const ENV: &str = "FH_PLOT_FONT";
 /// What the error for a missing font starts with (the tests look for it to skip).
 pub const NO_FONT: &str = "no font";
 
-static FONT: OnceLock<Result<FontVec, String>> = OnceLock::new();
+static FONT: OnceLock<Result<(), String>> = OnceLock::new();
 
-/// Finds and reads the font (once per process; later calls give the first result).
+/// Finds, reads and registers the font (once per process; later calls give the first result).
 /// Err: one line saying what is missing.
-pub fn load() -> Result<&'static FontVec, String> {
+pub fn load() -> Result<(), String> {
     FONT.get_or_init(|| {
         let path = find()?;
         let bytes = std::fs::read(&path).map_err(|e| format!("font {path}: {e}"))?;
-        FontVec::try_from_vec(bytes)
+        // plotters keeps the font for the process: the bytes live as long.
+        plotters::style::register_font(crate::chart::FAMILY, FontStyle::Normal, bytes.leak())
             .map_err(|_| format!("font {path}: not a TrueType/OpenType font"))
     })
-    .as_ref()
-    .map_err(Clone::clone)
-}
-
-/// The font, if `load` succeeded.
-pub fn get() -> Option<&'static FontVec> {
-    FONT.get().and_then(|f| f.as_ref().ok())
+    .clone()
 }
 
 /// `FH_PLOT_FONT` when set (it must be a file), else the first candidate there is.

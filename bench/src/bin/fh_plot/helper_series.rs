@@ -4,9 +4,8 @@
 //! `helper_bench --series DIR` writes: `<program>-<mode>[-model].csv`, columns `ms,bytes` (its
 //! `<program>-<mode>-steps.csv`, communication times, are not plotted).
 
-use crate::axis::Scale;
 use crate::chart::{
-    AxisSpec, Figure, Marker, Panel, Series, Stroke, Style, TAB_BLUE, TAB_GRAY, TAB_RED,
+    AxisSpec, Figure, Marker, Panel, Scale, Series, Stroke, Style, TAB_BLUE, TAB_GRAY, TAB_RED,
 };
 use std::path::Path;
 

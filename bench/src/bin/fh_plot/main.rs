@@ -1,5 +1,5 @@
-//! fh_plot: the benchmark figures as PNGs, drawn with plotters (text through ab_glyph, from a
-//! TrueType font found on the system: no fontconfig, freetype or Python).
+//! fh_plot: the benchmark figures as PNGs, drawn with plotters' charts (text through its ab_glyph
+//! feature, from a TrueType font found on the system: no fontconfig, freetype or Python).
 //!
 //! - `fh_plot fh BENCH-FH.JSON OUTDIR`: figs. 3, 4 and 5 of scripts/bench-fh.
 //! - `fh_plot helper SERIES_DIR OUT.png`: pinned bytes over time of scripts/bench-helper.
@@ -10,14 +10,10 @@
 #[path = "../../cli.rs"]
 mod cli;
 
-mod axis;
 mod chart;
 mod fh;
 mod font;
-mod glyph;
 mod helper_series;
-mod legend;
-mod text;
 
 use std::ffi::OsString;
 use std::path::PathBuf;

@@ -24,9 +24,10 @@ mod thrash;
 
 use super::bucket_map::BucketMap;
 use super::fifo::{Links, List};
-use super::small::{Inline2, IntMap};
+use super::small::Inline2;
 use super::{Event, FirehoseConfig, OpId, Rights};
 use crate::Rank;
+use rustc_hash::FxHashMap;
 use std::collections::{HashMap, VecDeque};
 
 /// One firehose: what a hit reads and writes, in 32 bytes aligned to 32, so a hit touches one
@@ -140,7 +141,7 @@ pub(crate) struct PeerI {
     pub charged: u64,
     pub quota: u64,
     /// Pins in flight by chunk (several may share a chunk with different needed runs).
-    pub pending: IntMap<u64, Inline2<u32>>,
+    pub pending: FxHashMap<u64, Inline2<u32>>,
     pub blocked: VecDeque<OpId>,
     pub lost: bool,
     /// REVOKE_ACKs to send before anything else goes to this peer.
@@ -191,7 +192,7 @@ pub(crate) struct Initiator {
     pub pin_free: Vec<u32>,
     /// (peer, request id) -> what the move asked. Peer-chosen keys in replies: SipHash.
     pub moves: HashMap<(Rank, u32), MoveRec>,
-    pub ops: IntMap<OpId, Op>,
+    pub ops: FxHashMap<OpId, Op>,
     /// The op table's front slot (`Front`): an id is there or in `ops`, never both.
     pub front: Front,
     pub events: VecDeque<Event>,
@@ -225,7 +226,7 @@ impl Initiator {
             pins: Vec::new(),
             pin_free: Vec::new(),
             moves: HashMap::new(),
-            ops: IntMap::default(),
+            ops: FxHashMap::default(),
             front: Front::default(),
             events: VecDeque::new(),
             failed: 0,
