@@ -38,8 +38,8 @@ int main(void) {
     CHECK_EQ_U64(s.misses, 1);
     CHECK_OK(fh_deregister(c, b.handle));
     CHECK_OK(fh_print_info(c, 1));
-    /* FH_FORK_MODE=auto follows what libibverbs says of fork (docs/fork.md, "fork and cached
-     * registrations"). */
+    /* FH_FORK_MODE=auto follows what libibverbs says of fork (docs/fork.md, "Cached
+     * registrations across fork"). */
     char info[4096];
     CHECK_OK(fh_info(c, info, sizeof info, NULL));
     enum ibv_fork_status fs = ibv_is_fork_initialized();

@@ -27,7 +27,7 @@ echo "--- FH_EXPOSE=declared on rank 0 only: fh_init must fail on both"
 mpi_fh_run 2 sh -c '[ "${OMPI_COMM_WORLD_RANK:-0}" = 0 ] && export FH_EXPOSE=declared; exec "$0" agree' \
     "$FH_TEST_DIR/rma_expose" || { echo "FAIL: agree"; fails=$((fails + 1)); }
 
-# Known gaps, run and shown but not counted (README, "Rights and exposure"): on rxe a get from a
+# Known gaps, run and shown but not counted (docs/guarantees.md, "Rights and exposure"): on rxe a get from a
 # read-only MAP_SHARED file mapping fails with "not mapped (or not pinnable)", and so does a 1 MiB
 # get of a whole read-only 1 MiB mapping (in declared mode: denied), which the simulated link
 # passes. Their output says whether they still fail.

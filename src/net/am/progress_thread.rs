@@ -7,7 +7,7 @@
 //! Why it spins before sleeping: a wake-up through the completion channel is a kernel event
 //! plus a scheduler wake-up. On Soft-RoCE (Linux 6.1) the event itself is delivered from a
 //! tasklet, i.e. by ksoftirqd on the CPU that posted the send, which waits for that CPU; under
-//! emulation this costs 0.1-2 ms where a polled round trip is ~30 µs (see docs/peers-and-firehose.md, "Peers: active
+//! emulation this costs 0.1-2 ms where a polled round trip is ~30 µs (see docs/benchmarks.md, "Peers: active
 //! messages"). Requests often come in bursts (a Firehose move and the puts behind it), so after an
 //! event the next one is likely soon: polling for a while answers it at polling speed and saves
 //! the two re-arm system calls per message. `inf` never sleeps: the thread then needs a core.
