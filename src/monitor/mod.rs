@@ -67,7 +67,6 @@ pub use options::{MonitorOptions, MonitorStatus};
 pub use registry::{
     listener_count, set_listener_limit_for_tests, subscribe, Subscription, MAX_LISTENERS,
 };
-pub use switches::test_disable;
 pub use uffd::UffdWatcher;
 pub use unmap_windows::{set_unmap_windows, UnmapWindows};
 

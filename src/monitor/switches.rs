@@ -1,7 +1,7 @@
 //! Test-only switches that turn single event paths off, so tests can prove each path matters.
 //!
 //! Read from `FH_TEST_DISABLE_HOOKS` (comma list of `munmap,mremap,madvise,mmap,shmdt,shmat,uffd`)
-//! at every [`super::install`], or set with [`test_disable`]. A disabled function is not patched;
+//! at every [`super::install`]. A disabled function is not patched;
 //! a disabled uffd is not opened. Already-installed paths are not removed.
 
 use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
@@ -30,11 +30,6 @@ pub fn load_from_env() {
     if let Ok(v) = std::env::var("FH_TEST_DISABLE_HOOKS") {
         DISABLED.fetch_or(parse(&v), Relaxed);
     }
-}
-
-/// Disable paths by name (same names as the env variable) for later `install` calls. Test use.
-pub fn test_disable(list: &str) {
-    DISABLED.fetch_or(parse(list), Relaxed);
 }
 
 pub fn disabled(bit: u32) -> bool {

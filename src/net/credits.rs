@@ -164,9 +164,6 @@ impl<M> PeerFlow<M> {
     pub fn credits(&self) -> u32 {
         self.credits
     }
-    pub fn owed(&self) -> u32 {
-        self.owed
-    }
     pub fn pending_len(&self) -> usize {
         self.pending.len()
     }

@@ -86,17 +86,6 @@ pub enum Reject {
 
 impl Reject {
     pub const COUNT: usize = 9;
-    pub const ALL: [Reject; Reject::COUNT] = [
-        Reject::Truncated,
-        Reject::BadMagic,
-        Reject::BadVersion,
-        Reject::UnknownKind,
-        Reject::BadLength,
-        Reject::Malformed,
-        Reject::UnknownHandler,
-        Reject::UnknownToken,
-        Reject::AfterFinalize,
-    ];
 
     pub fn index(self) -> usize {
         self as usize

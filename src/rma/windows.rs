@@ -74,13 +74,6 @@ pub struct WindowCounters {
     pub unknown: AtomicU64,
 }
 
-impl WindowCounters {
-    /// Windows bound now.
-    pub fn live(&self) -> u64 {
-        self.bound.load(Ordering::Relaxed) - self.dropped.load(Ordering::Relaxed)
-    }
-}
-
 /// A snapshot of the counters (`RmaStats::windows`).
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct WindowStats {

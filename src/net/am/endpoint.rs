@@ -32,13 +32,6 @@ pub struct Ticket {
     pub(super) peer: Rank,
 }
 
-impl Ticket {
-    /// The rank the request went to.
-    pub fn peer(&self) -> Rank {
-        self.peer
-    }
-}
-
 impl SendReply for Inner {
     fn send_reply(&self, peer: Rank, token: u32, payload: &[u8]) -> FhResult<()> {
         self.send_msg(peer, Kind::Reply, 0, token, payload)

@@ -156,11 +156,6 @@ impl VerbsLink {
         0
     }
 
-    /// Whether `peer` is still connected (as far as completions have shown so far).
-    pub fn is_alive(&self, peer: Rank) -> bool {
-        self.peer(peer).is_ok_and(Peer::is_alive)
-    }
-
     #[inline]
     fn peer(&self, peer: Rank) -> Result<&Peer, LinkError> {
         match self.peers.get(peer as usize) {

@@ -237,11 +237,6 @@ impl Qp {
         self.modify(&mut a, m | mask::IBV_QP_ACCESS_FLAGS, "ibv_modify_qp(INIT)")
     }
 
-    /// INIT -> RTR: bind to the remote QP (address vector, remote QPN and starting PSN).
-    pub fn to_rtr(&self, path: &Path, remote: &Endpoint) -> VerbsResult<()> {
-        self.to_rtr_with(path, remote, QpTiming::default())
-    }
-
     /// INIT -> RTR with `timing.min_rnr_timer` (the only timing field the responder side uses).
     pub fn to_rtr_with(&self, path: &Path, remote: &Endpoint, timing: QpTiming) -> VerbsResult<()> {
         // SAFETY: plain-data struct; all-zero is valid and means "unset".
@@ -272,11 +267,6 @@ impl Qp {
             | mask::IBV_QP_MAX_DEST_RD_ATOMIC
             | mask::IBV_QP_MIN_RNR_TIMER;
         self.modify(&mut a, m, "ibv_modify_qp(RTR)")
-    }
-
-    /// RTR -> RTS: start sending from `psn`, with the default timing.
-    pub fn to_rts(&self, psn: u32) -> VerbsResult<()> {
-        self.to_rts_with(psn, QpTiming::default())
     }
 
     /// RTR -> RTS: start sending from `psn` with `timing`.

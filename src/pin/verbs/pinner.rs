@@ -51,11 +51,6 @@ impl VerbsPinner {
         })
     }
 
-    /// The PD registrations are made on.
-    pub fn pd_raw(&self) -> *mut ibv_pd {
-        self.pd
-    }
-
     /// How many `ibv_dereg_mr` calls failed (`unpin` cannot return an error, so it counts them).
     pub fn dereg_failures(&self) -> u64 {
         self.dereg_failures.load(Ordering::Relaxed)
