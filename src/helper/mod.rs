@@ -39,6 +39,7 @@ pub mod predictor;
 pub mod releases;
 pub mod rq;
 pub mod signature;
+#[cfg(any(test, feature = "test-support"))]
 pub mod sim;
 mod thread;
 pub mod unmap_log;

@@ -323,6 +323,7 @@ pub fn listener_count() -> usize {
 /// Tests only: allow at most `limit` listeners at once (clamped to [`MAX_LISTENERS`]), to
 /// exercise what happens when no slot is left without subscribing tens of thousands. Subscriptions
 /// already made are kept.
+#[cfg(any(test, feature = "test-support"))]
 #[doc(hidden)]
 pub fn set_listener_limit_for_tests(limit: usize) {
     writers().limit = limit.min(MAX_LISTENERS);

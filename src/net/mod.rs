@@ -15,6 +15,7 @@ pub mod credits;
 pub mod link;
 pub mod peers;
 pub mod settings;
+#[cfg(any(test, feature = "test-support"))]
 pub mod sim;
 pub mod solo;
 pub mod stats;

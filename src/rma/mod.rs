@@ -31,6 +31,7 @@ mod ops;
 mod probe;
 pub mod revoke;
 pub mod self_copy;
+#[cfg(any(test, feature = "test-support"))]
 pub mod sim_pins;
 mod slab;
 pub mod target_pins;

@@ -49,6 +49,7 @@ mod reader;
 mod state;
 mod watch;
 
+#[cfg(any(test, feature = "test-support"))]
 pub use hooks::test_fail_reader;
 pub(super) use hooks::FORK_HOOK;
 pub use reader::quiesce;
