@@ -9,12 +9,12 @@ use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 use super::hooks::Hooked;
 
 /// Bit for userfaultfd (above every [`Hooked`] bit).
-pub const UFFD: u32 = 1 << 31;
+pub(super) const UFFD: u32 = 1 << 31;
 
 static DISABLED: AtomicU32 = AtomicU32::new(0);
 
 /// Parse a comma list of path names into bits; unknown names are ignored.
-pub fn parse(list: &str) -> u32 {
+pub(super) fn parse(list: &str) -> u32 {
     list.split(',').map(str::trim).fold(0, |acc, name| {
         acc | match name {
             "uffd" | "userfaultfd" => UFFD,
@@ -26,12 +26,12 @@ pub fn parse(list: &str) -> u32 {
     })
 }
 
-pub fn load_from_env() {
+pub(super) fn load_from_env() {
     if let Ok(v) = std::env::var("FH_TEST_DISABLE_HOOKS") {
         DISABLED.fetch_or(parse(&v), Relaxed);
     }
 }
 
-pub fn disabled(bit: u32) -> bool {
+pub(super) fn disabled(bit: u32) -> bool {
     DISABLED.load(Relaxed) & bit != 0
 }

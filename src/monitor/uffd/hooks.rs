@@ -28,6 +28,6 @@ static HELD: HeldAcrossFork<MutexGuard<'static, Option<State>>> = HeldAcrossFork
 /// leaves nothing registered (an unmap of a registered range would otherwise wait forever).
 /// Userfaultfd stays off in this process afterwards.
 #[cfg(any(test, feature = "test-support"))]
-pub fn test_fail_reader() {
+pub(crate) fn test_fail_reader() {
     super::state::FAIL_NEXT_READ.store(true, std::sync::atomic::Ordering::SeqCst);
 }

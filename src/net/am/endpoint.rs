@@ -96,13 +96,13 @@ pub(super) fn map_link_err(e: &LinkError) -> fh_status {
 }
 
 impl Inner {
-    pub fn peer(&self, r: Rank) -> MutexGuard<'_, Peer> {
+    pub(super) fn peer(&self, r: Rank) -> MutexGuard<'_, Peer> {
         self.peers[r as usize]
             .lock()
             .unwrap_or_else(|e| e.into_inner())
     }
 
-    pub fn out(&self, to: Rank) -> Out<'_> {
+    pub(super) fn out(&self, to: Rank) -> Out<'_> {
         Out {
             link: &*self.link,
             stats: &self.stats,
@@ -111,7 +111,7 @@ impl Inner {
     }
 
     /// Sends a request, reply or one-way message (or queues it for a credit, or for the own rank).
-    pub fn send_msg(
+    pub(super) fn send_msg(
         &self,
         peer: Rank,
         kind: Kind,
@@ -175,7 +175,7 @@ impl Inner {
     }
 
     /// The connection to `peer` is gone: fail everything waiting on it, queued messages too.
-    pub fn lose(&self, peer: Rank) {
+    pub(super) fn lose(&self, peer: Rank) {
         let mut p = self.peer(peer);
         let first = !p.lost;
         p.lost = true;
@@ -191,7 +191,7 @@ impl Inner {
 
     /// Tells the peer-loss handler about `peer`, once whatever the cause (a loss, a goodbye,
     /// giving up on it).
-    pub fn tell_lost(&self, peer: Rank) {
+    pub(super) fn tell_lost(&self, peer: Rank) {
         let first = !std::mem::replace(&mut self.peer(peer).told_lost, true);
         if first {
             if let Some(f) = self.handlers.lost() {
@@ -201,7 +201,7 @@ impl Inner {
     }
 
     /// Declares a live `peer` lost (see `Am::give_up`).
-    pub fn give_up(&self, peer: Rank) {
+    pub(super) fn give_up(&self, peer: Rank) {
         if peer >= self.size || peer == self.rank {
             return;
         }

@@ -50,7 +50,7 @@ const SEND_CQ_POLL_EVERY: u32 = 32;
 /// How long a lost peer's `PeerLost` waits for the flush completions of its outstanding RDMA
 /// ops (so they are reported first). A device flushes within milliseconds; past this the loss
 /// is reported anyway, and a late flush still reports its op (after the `PeerLost`).
-pub const RDMA_FLUSH_GRACE: Duration = Duration::from_secs(5);
+pub(super) const RDMA_FLUSH_GRACE: Duration = Duration::from_secs(5);
 
 /// A finished RDMA op, reaped and waiting for `poll` to deliver it.
 type RdmaDone = (Rank, u64, Result<(), LinkError>);

@@ -100,10 +100,10 @@ const RETRY_CNT: u8 = 7;
 const RNR_RETRY: u8 = 7; // 7 = retry forever on receiver-not-ready
 const MIN_RNR_TIMER: u8 = 12; // 0.64 ms
 /// Outstanding RDMA READs by default; rxe and every HCA support at least 1.
-pub const RD_ATOMIC: u8 = 1;
+pub(super) const RD_ATOMIC: u8 = 1;
 const HOP_LIMIT: u8 = 64;
 /// Most work requests `post_send_chain` posts in one call.
-pub const MAX_CHAIN: usize = 16;
+pub(super) const MAX_CHAIN: usize = 16;
 
 /// The flags of the plain `post_*` calls: one completion each.
 const SIGNALED: SendFlags = SendFlags {
