@@ -95,18 +95,17 @@ pub fn test_fail_uffd_reader() {
 
 pub use crate::rt::seam::{MemoryListener, UnmapEvent};
 
+/// Tests: fan out an event of any kind, as the hooks or the reader would.
+#[cfg(test)]
+pub(crate) fn notify_event_for_tests(addr: usize, len: usize, ev: UnmapEvent) {
+    guard::notify_guarded(addr, len, ev);
+}
+
 /// Fan an event out to all listeners as [`UnmapEvent::Told`] (used by `fh_notify_unmapped` and
 /// the shim's hooks). Hook-safe: no allocation, no lock, no wait. A call made from inside a
 /// listener (on the same thread) is dropped, so a listener that unmaps memory cannot recurse.
 pub fn notify_unmapped(addr: usize, len: usize) {
     guard::notify_guarded(addr, len, UnmapEvent::Told);
-}
-
-/// Tests: fan out an event of any kind, as the hooks or the reader would.
-#[cfg(any(test, feature = "test-support"))]
-#[doc(hidden)]
-pub fn notify_event_for_tests(addr: usize, len: usize, ev: UnmapEvent) {
-    guard::notify_guarded(addr, len, ev);
 }
 
 /// Place 10 of `rt::fork`'s order: `install` takes the userfaultfd state (20) under it.

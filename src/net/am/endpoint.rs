@@ -311,7 +311,7 @@ impl Am {
     /// soon as the link is up (e.g. its first barrier round), so the owner registers its
     /// handlers first, then starts the thread. Without a thread nothing is delivered before the
     /// owner's first call, which comes after its registrations.
-    pub fn new_paused(link: Arc<dyn Link>, settings: NetSettings) -> FhResult<Am> {
+    pub(crate) fn new_paused(link: Arc<dyn Link>, settings: NetSettings) -> FhResult<Am> {
         let (rank, size) = (link.rank(), link.size());
         let max_size = settings.max_size.min(link.max_msg());
         if max_size <= HEADER_LEN || rank >= size {
@@ -348,7 +348,7 @@ impl Am {
 
     /// Starts the progress thread if the settings want one and it is not running yet (nor
     /// finalized). Idempotent.
-    pub fn start_progress_thread(&self) -> FhResult<()> {
+    pub(crate) fn start_progress_thread(&self) -> FhResult<()> {
         let mut t = self.thread.lock().unwrap_or_else(|e| e.into_inner());
         if !self.inner.settings.progress_thread
             || t.is_some()
@@ -412,7 +412,7 @@ impl Am {
     /// goodbye, or this rank gave up on it), or removes it with `None`. It
     /// may run on any thread, possibly inside a `send` that found the peer gone, so it must only
     /// record the fact (it must not send or take locks its caller may hold).
-    pub fn set_peer_lost_handler(&self, f: Option<Box<LostFn>>) {
+    pub(crate) fn set_peer_lost_handler(&self, f: Option<Box<LostFn>>) {
         self.inner.handlers.set_lost(f.map(Arc::from));
     }
 
@@ -489,7 +489,7 @@ impl Am {
     /// queued for it is dropped, its requests fail with `FH_ERR_PEER_LOST`, the peer-loss handler
     /// is told, and nothing more goes to it or is accepted from it. Counted in
     /// `StatsSnapshot::peers_given_up` (and `peers_lost`). Idempotent.
-    pub fn give_up(&self, peer: Rank) {
+    pub(crate) fn give_up(&self, peer: Rank) {
         self.inner.give_up(peer)
     }
 

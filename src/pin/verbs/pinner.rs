@@ -40,7 +40,7 @@ impl VerbsPinner {
     /// # Safety
     /// `pd` must be a valid `struct ibv_pd *` that stays allocated for as long as this pinner and
     /// every registration it returned are alive (the caller deallocates it only afterwards).
-    pub unsafe fn from_raw_pd(pd: *mut ibv_pd) -> Option<Self> {
+    pub(crate) unsafe fn from_raw_pd(pd: *mut ibv_pd) -> Option<Self> {
         if pd.is_null() {
             return None;
         }
