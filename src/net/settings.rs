@@ -170,7 +170,7 @@ impl NetSettings {
 
     /// The settings an endpoint of a job of `ranks` ranks runs with: `auto` resolved (a progress
     /// thread when there is a peer to answer).
-    pub(crate) fn for_job(mut self, ranks: u32) -> NetSettings {
+    pub fn for_job(mut self, ranks: u32) -> NetSettings {
         if self.progress_auto {
             self.progress_thread = ranks > 1;
         }
