@@ -54,7 +54,7 @@ impl Cache {
 
     /// Every region detached at the next call, whatever its range (hook-safe). Through the gate's
     /// overflow bit, as a full invalidation ring: the next drain takes the whole index.
-    pub fn invalidate_all(&self) {
+    pub(crate) fn invalidate_all(&self) {
         if self.is_forked() {
             return;
         }

@@ -114,14 +114,14 @@ impl Cache {
     /// From now on, the last holder of a detached region queues it for `unpin_deferred` instead
     /// of unpinning it (the helper thread calls that), and `deregister` leaves queued
     /// invalidations to the next register or to the helper. Idempotent.
-    pub fn defer_unpins(&self) {
+    pub(crate) fn defer_unpins(&self) {
         let _ = self
             .deferred
             .get_or_init(|| ArrayQueue::new(DEFERRED_CAPACITY));
     }
 
     /// Unpin the regions queued by `release_detached`. Returns how many.
-    pub fn unpin_deferred(&self) -> usize {
+    pub(crate) fn unpin_deferred(&self) -> usize {
         let Some(q) = self.deferred.get() else {
             return 0;
         };
@@ -159,7 +159,7 @@ impl Cache {
     /// Whether `handle` is registered and not yet deregistered (any value is fine: made up or
     /// released, false). The helper polls the handles it saw used instead of being told of each
     /// release (`helper/releases.rs`).
-    pub fn is_live(&self, handle: u64) -> bool {
+    pub(crate) fn is_live(&self, handle: u64) -> bool {
         self.handles.is_live(handle)
     }
 

@@ -196,10 +196,6 @@ impl Cache {
         })
     }
 
-    pub fn backend_name(&self) -> &'static str {
-        self.pinner.name()
-    }
-
     pub fn limits(&self) -> Limits {
         Limits {
             max_pinned: self.max_pinned.load(Ordering::Relaxed),

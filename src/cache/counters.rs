@@ -16,20 +16,20 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// A counter written only under the cache mutex (`bump` takes the mutex guard's lifetime as a
 /// witness through `&impl HoldsMutex`).
 #[derive(Default)]
-pub struct Locked(AtomicU64);
+pub(super) struct Locked(AtomicU64);
 
 /// Implemented by the proof that the cache mutex is held.
-pub trait HoldsMutex {}
+pub(super) trait HoldsMutex {}
 
 impl Locked {
     #[inline]
-    pub fn bump(&self, _held: &impl HoldsMutex, n: u64) {
+    pub(super) fn bump(&self, _held: &impl HoldsMutex, n: u64) {
         // Single writer (the mutex holder): no lost updates without a locked instruction.
         self.0
             .store(self.0.load(Ordering::Relaxed) + n, Ordering::Relaxed);
     }
 
-    pub fn get(&self) -> u64 {
+    pub(super) fn get(&self) -> u64 {
         self.0.load(Ordering::Relaxed)
     }
 }
@@ -42,7 +42,7 @@ const _: () = assert!((super::slab::MAX_IDS as u64) < REGION_MASK);
 /// Pinned pages and regions of one kind (cached or uncached): `held` (pinned minus unpinned
 /// under the mutex) minus `loose` (unpinned without it), both packed as units.
 #[derive(Default)]
-pub struct PinCount {
+pub(super) struct PinCount {
     held: AtomicU64,
     loose: AtomicU64,
 }
@@ -54,7 +54,7 @@ impl PinCount {
     }
 
     /// A pin, under the mutex.
-    pub fn add(&self, _held: &impl HoldsMutex, pages: u64) {
+    pub(super) fn add(&self, _held: &impl HoldsMutex, pages: u64) {
         // Single writer (the mutex holder): no lost updates without a locked instruction.
         let v = self.held.load(Ordering::Relaxed);
         self.held
@@ -62,14 +62,14 @@ impl PinCount {
     }
 
     /// An unpin, under the mutex.
-    pub fn sub_held(&self, _held: &impl HoldsMutex, pages: u64) {
+    pub(super) fn sub_held(&self, _held: &impl HoldsMutex, pages: u64) {
         let v = self.held.load(Ordering::Relaxed);
         self.held
             .store(v.wrapping_sub(Self::unit(pages)), Ordering::Relaxed);
     }
 
     /// An unpin without the mutex (the last holder of a detached region).
-    pub fn sub(&self, pages: u64) {
+    pub(super) fn sub(&self, pages: u64) {
         // Release, with `get`'s Acquire: whoever sees this unpin sees its pin in `held` too.
         self.loose.fetch_add(Self::unit(pages), Ordering::Release);
     }
@@ -77,7 +77,7 @@ impl PinCount {
     /// (pages, regions). `loose` first: every unpin seen there has its pin visible in `held`
     /// (the pin happened before the region was handed out), so neither field goes below zero.
     #[inline]
-    pub fn get(&self) -> (u64, u64) {
+    pub(super) fn get(&self) -> (u64, u64) {
         let l = self.loose.load(Ordering::Acquire);
         let v = self.held.load(Ordering::Relaxed).wrapping_sub(l);
         (v >> REGION_BITS, v & REGION_MASK)

@@ -47,7 +47,7 @@ impl Default for Record {
 /// Head of one slot's free list, padded against false sharing with its neighbours.
 type FreeList = CachePadded<UnsafeCell<u32>>;
 
-pub struct Handles {
+pub(super) struct Handles {
     chunks: Box<[AtomicPtr<Record>; MAX_CHUNKS]>,
     next: AtomicU32,
     grow: Mutex<()>,
@@ -61,7 +61,7 @@ pub struct Handles {
 unsafe impl Sync for Handles {}
 
 impl Handles {
-    pub fn new() -> Self {
+    pub(super) fn new() -> Self {
         Handles {
             chunks: Box::new([const { AtomicPtr::new(null_mut()) }; MAX_CHUNKS]),
             next: AtomicU32::new(0),
@@ -116,7 +116,7 @@ impl Handles {
 
     /// Issue a handle for `region`. `None` when 4 Mi handles are live at once.
     #[inline]
-    pub fn acquire(&self, slot: usize, region: NonNull<Region>) -> Option<u64> {
+    pub(super) fn acquire(&self, slot: usize, region: NonNull<Region>) -> Option<u64> {
         let popped = self.with_free(slot, |head| {
             let idx = *head;
             if idx == NIL {
@@ -179,7 +179,7 @@ impl Handles {
 
     /// Retire `handle`; returns its region, or `None` if the handle is not live.
     #[inline]
-    pub fn release(&self, slot: usize, handle: u64) -> Option<NonNull<Region>> {
+    pub(super) fn release(&self, slot: usize, handle: u64) -> Option<NonNull<Region>> {
         let (idx, gen) = Self::decode(handle)?;
         let rec = self.record(idx)?;
         rec.gen
@@ -200,7 +200,7 @@ impl Handles {
     }
 
     /// Whether `handle` was issued and not yet released. Any value is fine (made up: false).
-    pub fn is_live(&self, handle: u64) -> bool {
+    pub(super) fn is_live(&self, handle: u64) -> bool {
         Self::decode(handle).is_some_and(|(idx, gen)| {
             self.record(idx)
                 .is_some_and(|r| r.gen.load(Ordering::Acquire) == gen)
@@ -208,7 +208,7 @@ impl Handles {
     }
 
     /// Regions of every live handle (used by the cache's Drop; exclusive access).
-    pub fn live_regions(&mut self) -> Vec<NonNull<Region>> {
+    pub(super) fn live_regions(&mut self) -> Vec<NonNull<Region>> {
         let n = self.next.load(Ordering::Relaxed);
         (0..n)
             .filter_map(|i| self.record(i))

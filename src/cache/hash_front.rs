@@ -23,7 +23,7 @@ struct Line([u32; LINE]);
 const LINE: usize = 16;
 const _: () = assert!(std::mem::size_of::<Line>() == LINE * 4);
 
-pub struct HashFront {
+pub(super) struct HashFront {
     /// `mask + 1` slots, read and written through `slot` / `slot_mut`.
     lines: Box<[Line]>,
     mask: usize,
@@ -47,7 +47,7 @@ fn tag(h: u64) -> u32 {
 }
 
 impl HashFront {
-    pub fn new() -> Self {
+    pub(super) fn new() -> Self {
         Self::with_capacity(16)
     }
 
@@ -82,7 +82,7 @@ impl HashFront {
     /// The entry whose key is `key`: `probe(id)` resolves a candidate id to its value if that
     /// value's key is `key` (so the hit path reads each candidate's record once).
     #[inline]
-    pub fn get<T>(&self, key: usize, probe: impl Fn(u32) -> Option<T>) -> Option<T> {
+    pub(super) fn get<T>(&self, key: usize, probe: impl Fn(u32) -> Option<T>) -> Option<T> {
         let h = hash(key);
         let t = tag(h);
         let mut i = home(h, self.mask);
@@ -101,7 +101,7 @@ impl HashFront {
     }
 
     /// Insert `id` under `key` (keys are unique: the index is non-overlapping). `id < 2^22 - 1`.
-    pub fn insert(&mut self, key: usize, id: u32, key_of: impl Fn(u32) -> usize) {
+    pub(super) fn insert(&mut self, key: usize, id: u32, key_of: impl Fn(u32) -> usize) {
         debug_assert!(id < ID_MASK);
         if (self.len + 1) * 8 > self.capacity() * 7 {
             self.grow(&key_of);
@@ -119,7 +119,7 @@ impl HashFront {
         *self.slot_mut(i) = tag(h) << ID_BITS | (id + 1);
     }
 
-    pub fn remove(&mut self, key: usize, key_of: impl Fn(u32) -> usize) {
+    pub(super) fn remove(&mut self, key: usize, key_of: impl Fn(u32) -> usize) {
         let Some(mut hole) = self.find_slot(key, &key_of) else {
             return;
         };

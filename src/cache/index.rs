@@ -21,9 +21,9 @@ use super::region::Region;
 use super::slab::Slab;
 use crate::pin::Access;
 
-pub type RegionPtr = NonNull<Region>;
+pub(super) type RegionPtr = NonNull<Region>;
 
-pub struct Index {
+pub(super) struct Index {
     sorted: super::sorted::Sorted,
     front: HashFront,
     hand: u32,
@@ -31,7 +31,7 @@ pub struct Index {
 }
 
 impl Index {
-    pub fn new(page_shift: u32) -> Self {
+    pub(super) fn new(page_shift: u32) -> Self {
         Index {
             sorted: super::sorted::Sorted::new(),
             front: HashFront::new(),
@@ -42,7 +42,7 @@ impl Index {
 
     /// The region that contains `[start, end)` and whose access covers `access`, if any.
     #[inline(always)]
-    pub fn lookup<'s>(
+    pub(super) fn lookup<'s>(
         &self,
         slab: &'s Slab,
         start: usize,
@@ -61,7 +61,7 @@ impl Index {
 
     /// The miss path's lookup: like `lookup`, and when nothing contains the request, every
     /// indexed region overlapping it appended to `out` (address order), from one descent.
-    pub fn lookup_or_overlapping<'s>(
+    pub(super) fn lookup_or_overlapping<'s>(
         &self,
         slab: &'s Slab,
         start: usize,
@@ -103,19 +103,19 @@ impl Index {
         found
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(super) fn is_empty(&self) -> bool {
         self.sorted.is_empty()
     }
 
     /// Every indexed region overlapping `[start, end)`, in address order.
-    pub fn overlapping(&self, slab: &Slab, start: usize, end: usize) -> Vec<RegionPtr> {
+    pub(super) fn overlapping(&self, slab: &Slab, start: usize, end: usize) -> Vec<RegionPtr> {
         let mut out = Vec::new();
         self.for_each_overlapping(slab, start, end, |p| out.push(p));
         out
     }
 
     /// True if some indexed region overlaps `[start, end)`. Allocation-free (used from hooks).
-    pub fn any_overlapping(&self, slab: &Slab, start: usize, end: usize) -> bool {
+    pub(super) fn any_overlapping(&self, slab: &Slab, start: usize, end: usize) -> bool {
         let mut any = false;
         self.for_each_overlapping(slab, start, end, |_| any = true);
         any
@@ -144,7 +144,7 @@ impl Index {
         });
     }
 
-    pub fn insert(&mut self, slab: &Slab, p: RegionPtr) {
+    pub(super) fn insert(&mut self, slab: &Slab, p: RegionPtr) {
         // SAFETY: the writer owns the new region and it is live.
         let r = unsafe { p.as_ref() };
         debug_assert!(
@@ -155,7 +155,7 @@ impl Index {
         self.front.insert(r.start, r.id, |id| slab.get(id).start);
     }
 
-    pub fn remove(&mut self, slab: &Slab, p: RegionPtr) {
+    pub(super) fn remove(&mut self, slab: &Slab, p: RegionPtr) {
         // SAFETY: `p` is in the index, hence live.
         let r = unsafe { p.as_ref() };
         let removed = self.sorted.remove(r.start);
@@ -164,7 +164,7 @@ impl Index {
     }
 
     /// Every indexed region (snapshot).
-    pub fn all(&self, slab: &Slab) -> Vec<RegionPtr> {
+    pub(super) fn all(&self, slab: &Slab) -> Vec<RegionPtr> {
         let mut out = Vec::new();
         self.sorted.scan_from(0, |_, id| {
             out.push(NonNull::from(slab.get(id)));
@@ -177,7 +177,7 @@ impl Index {
     /// (bits of idle regions passed over are cleared). `None` when no indexed region is idle. The
     /// caller must have excluded readers so "idle" cannot change under it (only deregister can
     /// lower a count meanwhile, which only makes more regions idle).
-    pub fn clock_victim(&mut self, slab: &Slab) -> Option<RegionPtr> {
+    pub(super) fn clock_victim(&mut self, slab: &Slab) -> Option<RegionPtr> {
         let n = slab.high_water();
         // Two sweeps over the records: the first may only clear bits; the second then finds a
         // clear one if any indexed region is idle.

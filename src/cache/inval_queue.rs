@@ -18,12 +18,12 @@ use crossbeam_queue::ArrayQueue;
 /// all").
 pub const QUEUE_CAPACITY: usize = 64;
 
-pub struct InvalQueue {
+pub(super) struct InvalQueue {
     ring: ArrayQueue<(usize, usize)>,
 }
 
 impl InvalQueue {
-    pub fn new() -> Self {
+    pub(super) fn new() -> Self {
         InvalQueue {
             ring: ArrayQueue::new(QUEUE_CAPACITY),
         }
@@ -31,7 +31,7 @@ impl InvalQueue {
 
     /// Push `[start, end)`. Returns false when the ring is full. Hook-safe: no allocation, no lock.
     #[inline]
-    pub fn push(&self, start: usize, end: usize) -> bool {
+    pub(super) fn push(&self, start: usize, end: usize) -> bool {
         self.ring.push((start, end)).is_ok()
     }
 
@@ -39,19 +39,19 @@ impl InvalQueue {
     /// consumer (the cache's writer, which holds the cache mutex). `None` once every push that
     /// started before this call is taken.
     #[inline]
-    pub fn pop(&self) -> Option<(usize, usize)> {
+    pub(super) fn pop(&self) -> Option<(usize, usize)> {
         self.ring.pop()
     }
 
     /// True when nothing is queued. Tests only: the hit path checks the cache's gate (one word,
     /// gate.rs), not the ring's head and tail (two lines).
     #[cfg(test)]
-    pub fn is_empty(&self) -> bool {
+    pub(super) fn is_empty(&self) -> bool {
         self.ring.is_empty()
     }
 
     /// Entries pushed and not yet popped (approximate under concurrent pushes).
-    pub fn len(&self) -> usize {
+    pub(super) fn len(&self) -> usize {
         self.ring.len()
     }
 }

@@ -34,7 +34,7 @@ fn membarrier(cmd: libc::c_int) -> libc::c_long {
 }
 
 /// Register once (idempotent). Call before any reader may rely on `available()`.
-pub fn init() {
+pub(super) fn init() {
     if STATE.load(Ordering::Acquire) != UNKNOWN {
         return;
     }
@@ -55,12 +55,12 @@ fn force_off() -> bool {
 
 /// True when readers may use the plain-store protocol.
 #[inline]
-pub fn available() -> bool {
+pub(super) fn available() -> bool {
     STATE.load(Ordering::Relaxed) == YES
 }
 
 /// Full barrier on every running thread of this process. Only called when `available()`.
-pub fn heavy() {
+pub(super) fn heavy() {
     if membarrier(CMD_PRIVATE_EXPEDITED) == 0 {
         return;
     }

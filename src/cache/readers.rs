@@ -15,7 +15,7 @@ use std::sync::{Mutex, MutexGuard};
 use crate::rt::fork::{self, ForkHook, HeldAcrossFork};
 
 /// Number of reader slots per cache (including the shared slot 0).
-pub const SLOTS: usize = 128;
+pub(super) const SLOTS: usize = 128;
 // `my_slot` masks ids with `SLOTS - 1` so indexing per-slot arrays needs no bounds check.
 const _: () = assert!(SLOTS.is_power_of_two());
 const NO_ID: u32 = 0;
@@ -95,7 +95,7 @@ thread_local! {
 
 /// This thread's slot, assigning one on first use. Not hook-safe (may allocate once per thread).
 #[inline]
-pub fn my_slot() -> usize {
+pub(super) fn my_slot() -> usize {
     match MY_ID.try_with(|c| c.get()) {
         Ok(NO_ID) => assign(),
         Ok(SHARED_FOREVER) | Err(_) => 0,
@@ -132,7 +132,7 @@ fn assign() -> usize {
 /// One thread's counters in one cache (`Cache` keeps each in a `CachePadded`: 128 bytes on x86-64,
 /// two lines, so adjacent-line prefetch does not couple neighbours).
 #[derive(Default)]
-pub struct ReaderSlot {
+pub(super) struct ReaderSlot {
     /// Threads of this slot currently inside a reader section.
     pub readers: AtomicU32,
     /// This slot's id has entered this cache before (see `Cache::join`); owner-written.
@@ -147,7 +147,7 @@ impl ReaderSlot {
     /// Enter a reader section. `id` is the caller's slot id (0 = shared slot); `asym` is
     /// `membarrier::available()`. The caller then loads the writer flag.
     #[inline]
-    pub fn enter(&self, id: usize, asym: bool) {
+    pub(super) fn enter(&self, id: usize, asym: bool) {
         if id == 0 {
             // SeqCst pairs with the writer's SeqCst flag store + count loads (Dekker): either the
             // writer sees us, or we see its flag.
@@ -166,7 +166,7 @@ impl ReaderSlot {
     }
 
     #[inline]
-    pub fn exit(&self, id: usize) {
+    pub(super) fn exit(&self, id: usize) {
         if id == 0 {
             self.readers.fetch_sub(1, Ordering::Release);
         } else {
@@ -176,12 +176,12 @@ impl ReaderSlot {
     }
 
     #[inline]
-    pub fn add_hit(&self, id: usize) {
+    pub(super) fn add_hit(&self, id: usize) {
         bump_u64(&self.hits, 1, id);
     }
 
     #[inline]
-    pub fn add_in_use(&self, id: usize, d: i64) {
+    pub(super) fn add_in_use(&self, id: usize, d: i64) {
         if id == 0 {
             self.in_use.fetch_add(d, Ordering::Relaxed);
         } else {

@@ -13,18 +13,18 @@ use crate::pin::{Access, Pinned};
 /// evicted). From then on nobody can acquire it; whoever brings the count to zero (last holder or,
 /// if already idle, the detaching writer) unpins it. Uncached registrations are DETACHED from the
 /// start. The low 30 bits are the holder count (`COUNT_MASK`).
-pub const DETACHED: u32 = 1 << 31;
+pub(super) const DETACHED: u32 = 1 << 31;
 /// Set in `Region::state` while the miss that created the region is still pinning it: the region
 /// is already in the index (so hooks see the range and queue invalidations of it), but readers
 /// treat it as a miss (they then wait for the cache mutex, which the pinning miss holds).
 /// Cleared, with release ordering, once the keys are stored.
-pub const PENDING: u32 = 1 << 30;
-pub const COUNT_MASK: u32 = PENDING - 1;
+pub(super) const PENDING: u32 = 1 << 30;
+pub(super) const COUNT_MASK: u32 = PENDING - 1;
 /// `state` of a slab record that holds no region (never a reachable count).
-pub const FREE: u32 = u32::MAX;
+pub(super) const FREE: u32 = u32::MAX;
 
 #[repr(C)]
-pub struct Region {
+pub(super) struct Region {
     /// Page-aligned start of the pinned range.
     pub start: usize,
     /// The backend's result (token + keys): stored after the pin of a PENDING region, read by
@@ -59,7 +59,7 @@ const _: () = assert!(Access::ALL.0 <= u8::MAX as u32);
 
 impl Region {
     /// A record for `Slab::alloc` to write into a FREE slot.
-    pub fn new(
+    pub(super) fn new(
         start: usize,
         pages: u32,
         pinned: Pinned,
@@ -87,7 +87,7 @@ impl Region {
     /// The keys. Holders see the stored ones: they acquired the region after the release that
     /// cleared PENDING (or are the miss that stored them).
     #[inline]
-    pub fn pinned(&self) -> Pinned {
+    pub(super) fn pinned(&self) -> Pinned {
         Pinned {
             token: self.pinned.token.load(Ordering::Relaxed),
             lkey: self.pinned.lkey.load(Ordering::Relaxed),
@@ -96,41 +96,41 @@ impl Region {
     }
 
     /// Store the keys of a PENDING region (the miss that pinned it, before `publish`).
-    pub fn set_pinned(&self, p: Pinned) {
+    pub(super) fn set_pinned(&self, p: Pinned) {
         self.pinned.token.store(p.token, Ordering::Relaxed);
         self.pinned.lkey.store(p.lkey, Ordering::Relaxed);
         self.pinned.rkey.store(p.rkey, Ordering::Relaxed);
     }
 
     /// Clear PENDING: from now on readers may acquire the region and read its keys.
-    pub fn publish(&self) {
+    pub(super) fn publish(&self) {
         self.state.fetch_and(!PENDING, Ordering::Release);
     }
 
     #[inline]
-    pub fn end(&self, page_shift: u32) -> usize {
+    pub(super) fn end(&self, page_shift: u32) -> usize {
         self.start + ((self.pages as usize) << page_shift)
     }
 
     #[inline]
-    pub fn access(&self) -> Access {
+    pub(super) fn access(&self) -> Access {
         Access(self.access as u32)
     }
 
     #[inline]
-    pub fn holders(&self) -> u32 {
+    pub(super) fn holders(&self) -> u32 {
         self.state.load(Ordering::Acquire) & COUNT_MASK
     }
 
     /// Indexed (not detached, not a free record).
     #[inline]
-    pub fn is_indexed(&self) -> bool {
+    pub(super) fn is_indexed(&self) -> bool {
         self.state.load(Ordering::Relaxed) & DETACHED == 0
     }
 
     /// Mark used for CLOCK; writes the line only if the bit was clear.
     #[inline]
-    pub fn touch(&self) {
+    pub(super) fn touch(&self) {
         if !self.referenced.load(Ordering::Relaxed) {
             self.referenced.store(true, Ordering::Relaxed);
         }

@@ -26,7 +26,7 @@ const GROUP: usize = 8;
 /// Odd, so `i * STRIDE mod GROUP` is a bijection.
 const STRIDE: usize = 5;
 /// Ids fit in 22 bits (the hash front packs a 10-bit tag beside them): ~4 Mi regions at once.
-pub const MAX_IDS: u32 = (1 << 22) - 1;
+pub(super) const MAX_IDS: u32 = (1 << 22) - 1;
 const MAX_CHUNKS: usize = (MAX_IDS as usize).div_ceil(CHUNK);
 // `get` masks the chunk number instead of bounds-checking it (one instruction on the hit path).
 const _: () = assert!(MAX_CHUNKS.is_power_of_two());
@@ -47,7 +47,7 @@ struct Alloc {
 /// `repr(C)`, `chunks` first: every hit reads it, every miss writes the free list (`alloc`), and
 /// `Cache` places the slab so that `chunks` ends a read-mostly line (see `Cache`).
 #[repr(C)]
-pub struct Slab {
+pub(super) struct Slab {
     chunks: Box<[AtomicPtr<Region>; MAX_CHUNKS]>,
     len: AtomicU32,
     /// A spin lock: held for a push or pop (see spinlock.rs).
@@ -61,7 +61,7 @@ unsafe impl Sync for Slab {}
 unsafe impl Send for Slab {}
 
 impl Slab {
-    pub fn new() -> Self {
+    pub(super) fn new() -> Self {
         Slab {
             chunks: Box::new([const { AtomicPtr::new(std::ptr::null_mut()) }; MAX_CHUNKS]),
             len: AtomicU32::new(0),
@@ -74,7 +74,7 @@ impl Slab {
 
     /// The record of `id`. `id` must have been returned by `alloc` (live or freed since).
     #[inline]
-    pub fn get(&self, id: u32) -> &Region {
+    pub(super) fn get(&self, id: u32) -> &Region {
         // SAFETY: a chunk pointer, once set, points at CHUNK initialised records that live until
         // the slab drops; ids handed out by `alloc` lie in an allocated chunk.
         unsafe { &*self.record(id) }
@@ -92,13 +92,13 @@ impl Slab {
     }
 
     /// Ids that may hold a region (`0..high_water()`); FREE ones have `state == FREE`.
-    pub fn high_water(&self) -> u32 {
+    pub(super) fn high_water(&self) -> u32 {
         self.len.load(Ordering::Acquire)
     }
 
     /// A new record holding one region whose `state` is `state` (holders, maybe DETACHED).
     /// `None` when ~4 Mi exist.
-    pub fn alloc(
+    pub(super) fn alloc(
         &self,
         start: usize,
         pages: u32,
@@ -139,7 +139,7 @@ impl Slab {
     }
 
     /// Return a record. The caller holds the only reference (detached, zero holders).
-    pub fn free(&self, p: NonNull<Region>) {
+    pub(super) fn free(&self, p: NonNull<Region>) {
         // SAFETY: per the contract the region is live and unshared.
         let r = unsafe { p.as_ref() };
         let id = r.id;

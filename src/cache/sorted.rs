@@ -72,7 +72,7 @@ impl Block {
     }
 }
 
-pub struct Sorted {
+pub(super) struct Sorted {
     /// (first key, block) per block, in key order; no block is empty.
     blocks: Vec<(usize, Box<Block>)>,
     /// The last block that emptied, kept for the next new block: a cache that goes empty <->
@@ -81,7 +81,7 @@ pub struct Sorted {
 }
 
 impl Sorted {
-    pub fn new() -> Self {
+    pub(super) fn new() -> Self {
         Sorted {
             blocks: Vec::new(),
             spare: None,
@@ -107,7 +107,7 @@ impl Sorted {
 
     /// The entry with the greatest key <= `key`.
     #[inline]
-    pub fn pred(&self, key: usize) -> Option<(usize, u32)> {
+    pub(super) fn pred(&self, key: usize) -> Option<(usize, u32)> {
         let (b, i) = self.pred_pos(key)?;
         let e = self.blocks[b].1.entries[i];
         Some((e.key, e.id))
@@ -115,7 +115,7 @@ impl Sorted {
 
     /// Visit entries in key order, starting at the last one with key <= `key` (or at the first
     /// entry if there is none), until `f` returns false.
-    pub fn scan_from_pred(&self, key: usize, f: impl FnMut(usize, u32) -> bool) {
+    pub(super) fn scan_from_pred(&self, key: usize, f: impl FnMut(usize, u32) -> bool) {
         let (b, i) = self.pred_pos(key).unwrap_or((0, 0));
         self.scan_at(b, i, f);
     }
@@ -133,7 +133,7 @@ impl Sorted {
     }
 
     /// Visit entries with key >= `from` in key order until `f` returns false.
-    pub fn scan_from(&self, from: usize, f: impl FnMut(usize, u32) -> bool) {
+    pub(super) fn scan_from(&self, from: usize, f: impl FnMut(usize, u32) -> bool) {
         let (b, i) = match self.pred_pos(from) {
             Some((b, i)) if self.blocks[b].1.key(i) == from => (b, i),
             Some((b, i)) => (b, i + 1),
@@ -142,7 +142,7 @@ impl Sorted {
         self.scan_at(b, i, f);
     }
 
-    pub fn insert(&mut self, key: usize, id: u32) {
+    pub(super) fn insert(&mut self, key: usize, id: u32) {
         let b = match self.pred_block(key) {
             Some(b) => b,
             None if self.blocks.is_empty() => {
@@ -182,7 +182,7 @@ impl Sorted {
         self.blocks.push((key, blk));
     }
 
-    pub fn remove(&mut self, key: usize) -> Option<u32> {
+    pub(super) fn remove(&mut self, key: usize) -> Option<u32> {
         let (b, i) = self.pred_pos(key)?;
         let nblocks = self.blocks.len();
         let next_len = self
@@ -222,12 +222,12 @@ impl Sorted {
         Some(e.id)
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(super) fn is_empty(&self) -> bool {
         self.blocks.is_empty()
     }
 
     #[cfg(test)]
-    pub fn len(&self) -> usize {
+    pub(super) fn len(&self) -> usize {
         self.blocks.iter().map(|b| b.1.len as usize).sum()
     }
 }

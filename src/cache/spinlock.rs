@@ -8,7 +8,7 @@ use std::cell::UnsafeCell;
 use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicBool, Ordering};
 
-pub struct SpinLock<T> {
+pub(super) struct SpinLock<T> {
     locked: AtomicBool,
     value: UnsafeCell<T>,
 }
@@ -18,12 +18,12 @@ unsafe impl<T: Send> Sync for SpinLock<T> {}
 // SAFETY: moving the lock moves the value.
 unsafe impl<T: Send> Send for SpinLock<T> {}
 
-pub struct SpinGuard<'a, T> {
+pub(super) struct SpinGuard<'a, T> {
     lock: &'a SpinLock<T>,
 }
 
 impl<T> SpinLock<T> {
-    pub const fn new(value: T) -> Self {
+    pub(super) const fn new(value: T) -> Self {
         SpinLock {
             locked: AtomicBool::new(false),
             value: UnsafeCell::new(value),
@@ -31,7 +31,7 @@ impl<T> SpinLock<T> {
     }
 
     #[inline]
-    pub fn lock(&self) -> SpinGuard<'_, T> {
+    pub(super) fn lock(&self) -> SpinGuard<'_, T> {
         while self
             .locked
             .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
@@ -46,7 +46,7 @@ impl<T> SpinLock<T> {
 /// Spin while `busy()`, yielding the CPU after 64 rounds: the thread we wait for (a lock holder,
 /// a reader leaving its section, a writer mutating the index) may have been descheduled.
 #[inline]
-pub fn wait_while(busy: impl Fn() -> bool) {
+pub(super) fn wait_while(busy: impl Fn() -> bool) {
     let mut spins = 0u32;
     while busy() {
         spins += 1;

@@ -62,7 +62,7 @@ pub struct Config {
     pub fork: ForkSetting,
 }
 
-pub const DEFAULT_MAX_REGIONS: usize = 16384;
+pub(crate) const DEFAULT_MAX_REGIONS: usize = 16384;
 
 /// The helper thread (Li et al., "Scalable Memory Registration for High Performance Networks Using
 /// Helper Threads" (CF 2011); `crate::helper`).
@@ -226,7 +226,7 @@ pub fn helper_clock_from_env() -> FhResult<ClockChoice> {
 }
 
 /// `FH_FORK_MODE` alone (a cache made from an explicit `fh_config` still follows it).
-pub fn fork_setting_from_env() -> FhResult<ForkSetting> {
+pub(crate) fn fork_setting_from_env() -> FhResult<ForkSetting> {
     one_from_env("FH_FORK_MODE", parse_fork, ForkSetting::Auto)
 }
 
@@ -244,7 +244,7 @@ fn parse_backend(v: &str) -> Option<Backend> {
 pub use firehose_proto::config::parse_size;
 
 /// Cores a `cpu_set_t` can name (glibc's CPU_SETSIZE).
-pub const MAX_CPU: usize = 1024;
+pub(crate) const MAX_CPU: usize = 1024;
 
 fn parse_bool(v: &str) -> Option<bool> {
     match v.trim().to_ascii_lowercase().as_str() {
@@ -297,7 +297,7 @@ fn parse_monitor(v: &str) -> Option<MonitorFlags> {
 }
 
 /// 75 % of min(RLIMIT_MEMLOCK if finite, physical memory).
-pub fn default_max_pinned() -> usize {
+pub(crate) fn default_max_pinned() -> usize {
     // SAFETY: sysconf has no preconditions.
     let (pages, page) = unsafe {
         (

@@ -21,7 +21,7 @@ use std::sync::OnceLock;
 use crate::rt::monotonic::monotonic_ns;
 
 /// `auto` picks the TSC when a `clock_gettime` costs more than this (ns).
-pub const SLOW_CLOCK_NS: u64 = 150;
+pub(crate) const SLOW_CLOCK_NS: u64 = 150;
 
 /// `FH_HELPER_CLOCK`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -99,7 +99,7 @@ fn ticks() -> Option<u64> {
 /// Nanoseconds since an arbitrary fixed point, from the selected source (`monotonic` until a
 /// helper selected one).
 #[inline]
-pub fn now_ns() -> u64 {
+pub(crate) fn now_ns() -> u64 {
     if let Some(Selected { tsc: Some(t), .. }) = SELECTED.get() {
         if let Some(c) = ticks() {
             return t.ns(c);
@@ -146,7 +146,7 @@ fn calibrate_tsc(span_ns: u64) -> Option<Tsc> {
 
 /// Choose the source for this process (the first call decides; later ones return that
 /// decision). Spins up to ~5 ms when it measures the TSC.
-pub fn select(choice: ClockChoice) -> Selected {
+pub(crate) fn select(choice: ClockChoice) -> Selected {
     *SELECTED.get_or_init(|| {
         let cost = monotonic_cost_ns();
         let want_tsc = match choice {

@@ -17,7 +17,7 @@ pub const MARGIN: f64 = 1.5;
 /// the margin). A preemption in the middle of one call (seen: a 5 ms "unpin" on a loaded host,
 /// the model's only sample, after which the helper never unpinned again) then cannot take the
 /// model over, while a backend really that slow is learned within a few samples.
-pub const MAX_STEP: f64 = 4.0;
+pub(crate) const MAX_STEP: f64 = 4.0;
 
 /// Running sums of a least-squares fit of ns against pages.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -108,24 +108,24 @@ impl CostModel {
     }
 
     /// A pin the helper made took `ns`: refine the pin line.
-    pub fn observe_pin(&mut self, pages: u64, ns: u64) {
+    pub(crate) fn observe_pin(&mut self, pages: u64, ns: u64) {
         let ns = self.capped(&self.pin, pages, ns);
         self.pin.add(pages, ns);
     }
 
     /// An unpin the helper made took `ns`: refine the unpin line.
-    pub fn observe_unpin(&mut self, pages: u64, ns: u64) {
+    pub(crate) fn observe_unpin(&mut self, pages: u64, ns: u64) {
         let ns = self.capped(&self.unpin, pages, ns);
         self.unpin.add(pages, ns);
     }
 
     /// Planned cost of pinning `pages` pages, in ns (with the margin).
-    pub fn pin_ns(&self, pages: u64) -> u64 {
+    pub(crate) fn pin_ns(&self, pages: u64) -> u64 {
         self.estimate(&self.pin, pages)
     }
 
     /// Planned cost of unpinning `pages` pages, in ns (with the margin).
-    pub fn unpin_ns(&self, pages: u64) -> u64 {
+    pub(crate) fn unpin_ns(&self, pages: u64) -> u64 {
         self.estimate(&self.unpin, pages)
     }
 }

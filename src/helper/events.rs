@@ -62,7 +62,7 @@ pub enum Event {
 }
 
 /// Capacity of a helper's event queue (a push past it drops the event).
-pub const EVENT_CAPACITY: usize = 4096;
+pub(crate) const EVENT_CAPACITY: usize = 4096;
 
 pub struct EventQueue {
     q: ArrayQueue<Event>,

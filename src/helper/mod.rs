@@ -35,10 +35,11 @@ pub mod pin_flag;
 pub mod pins_ahead;
 pub mod placement;
 pub mod planner;
-pub mod predictor;
-pub mod releases;
-pub mod rq;
-pub mod signature;
+pub(crate) mod predictor;
+pub(crate) mod releases;
+pub(crate) mod rq;
+pub(crate) mod signature;
+#[cfg(any(test, feature = "test-support"))]
 pub mod sim;
 mod thread;
 pub mod unmap_log;

@@ -21,7 +21,7 @@ pub fn clear() {
 /// Whether this thread pinned since `clear`, leaving the flag as it is (so a caller around a
 /// nested clear/peek, e.g. the shim around the helper's front, still sees it).
 #[inline]
-pub fn peek() -> bool {
+pub(crate) fn peek() -> bool {
     PINNED.try_with(Cell::get).unwrap_or(false)
 }
 

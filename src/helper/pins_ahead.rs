@@ -41,7 +41,7 @@ use crate::rt::monotonic::monotonic_ns;
 const SLOTS: usize = 64;
 
 /// Longest wait of one unmap for the pins ahead it overlaps (ns).
-pub const MAX_WAIT_NS: u64 = 1_000_000_000;
+pub(crate) const MAX_WAIT_NS: u64 = 1_000_000_000;
 
 struct Slot {
     /// Odd while taken; each take and each release adds 1.

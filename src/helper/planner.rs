@@ -216,7 +216,7 @@ pub struct PlannerStats {
     pub queued: u64,
 }
 
-pub struct Planner {
+pub(crate) struct Planner {
     cfg: PlannerConfig,
     predictor: Predictor,
     pub cost: CostModel,
@@ -243,7 +243,7 @@ const LATENESS_HALF_LIFE: u64 = 100_000_000;
 const MAX_HANDLES: usize = 1 << 20;
 
 impl Planner {
-    pub fn new(cfg: PlannerConfig, cost: CostModel) -> Planner {
+    pub(crate) fn new(cfg: PlannerConfig, cost: CostModel) -> Planner {
         Planner {
             cfg,
             predictor: Predictor::new(cfg.predictor),
@@ -261,12 +261,12 @@ impl Planner {
     }
 
     /// Current slack: the configured lead plus the recent worst wake-up lateness.
-    pub fn slack(&self) -> u64 {
+    pub(crate) fn slack(&self) -> u64 {
         self.cfg.slack_ns + self.late_max
     }
 
     /// The helper meant to wake at `intended` and woke at `actual`.
-    pub fn observe_wake(&mut self, intended: u64, actual: u64) {
+    pub(crate) fn observe_wake(&mut self, intended: u64, actual: u64) {
         let late = actual
             .saturating_sub(intended)
             .min(self.cfg.max_lateness_ns);
@@ -278,7 +278,7 @@ impl Planner {
         }
     }
 
-    pub fn stats(&self) -> PlannerStats {
+    pub(crate) fn stats(&self) -> PlannerStats {
         PlannerStats {
             predictor: self.predictor.stats(),
             regions: self.regions.len() as u64,
@@ -298,7 +298,7 @@ impl Planner {
         }
     }
 
-    pub fn on_event(&mut self, ev: Event) {
+    pub(crate) fn on_event(&mut self, ev: Event) {
         match ev {
             Event::Use(u) => self.on_use(u),
             Event::Release { handle, t } => self.on_release(handle, t),
@@ -396,7 +396,7 @@ impl Planner {
     /// release was seen, over whatever was mapped there since (seen: `case6_stale_threads_helper`
     /// under AddressSanitizer, another thread's `mremap` failing with EFAULT). A use after the
     /// unmap re-arms the region.
-    pub fn on_unmapped(&mut self, start: usize, end: usize) {
+    pub(crate) fn on_unmapped(&mut self, start: usize, end: usize) {
         let lo = start.saturating_sub(self.max_len);
         let hits: Vec<Key> = self
             .by_start
@@ -424,7 +424,7 @@ impl Planner {
     }
 
     /// Unmaps were reported faster than the helper took them: forget every idle region's plan.
-    pub fn on_unmapped_everything(&mut self) {
+    pub(crate) fn on_unmapped_everything(&mut self) {
         self.on_unmapped(0, usize::MAX);
     }
 
@@ -446,7 +446,7 @@ impl Planner {
     }
 
     /// When the helper should next call `poll` (ns), if anything is scheduled.
-    pub fn next_wakeup(&mut self) -> Option<u64> {
+    pub(crate) fn next_wakeup(&mut self) -> Option<u64> {
         // Drop stale checks first (a use or a newer check replaced them).
         while let Some(&Reverse((t, key))) = self.checks.peek() {
             if self.regions.get(&key).is_some_and(|r| r.check_at == t) {
@@ -462,7 +462,7 @@ impl Planner {
     }
 
     /// The next action due at `now`, if any. Pins (deadlines) come first.
-    pub fn poll(&mut self, now: u64) -> Option<Action> {
+    pub(crate) fn poll(&mut self, now: u64) -> Option<Action> {
         while let Some(item) = self.rq.pop_due(now) {
             let Some(r) = self.regions.get(&item.key) else {
                 continue;
@@ -536,7 +536,7 @@ impl Planner {
 
     /// Report of an `Action::Pin` that ran from `t0` to `t1`: `Ok(true)` pinned, `Ok(false)`
     /// already cached, `Err` the backend refused (memory gone, no room).
-    pub fn pinned(&mut self, key: Key, res: Result<bool, ()>, t0: u64, t1: u64) {
+    pub(crate) fn pinned(&mut self, key: Key, res: Result<bool, ()>, t0: u64, t1: u64) {
         let pages = self.pages(&key);
         let Some(r) = self.regions.get(&key) else {
             return;
@@ -564,7 +564,7 @@ impl Planner {
 
     /// Report of an `Action::Unpin` that ran from `t0` to `t1` and unpinned `bytes` (0: nothing
     /// idle was cached there: in use after all, or already invalidated).
-    pub fn unpinned(&mut self, key: Key, bytes: usize, t0: u64, t1: u64) {
+    pub(crate) fn unpinned(&mut self, key: Key, bytes: usize, t0: u64, t1: u64) {
         let pages = self.pages(&key);
         if bytes > 0 {
             self.stats.helper_unpins += 1;

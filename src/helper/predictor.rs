@@ -49,7 +49,7 @@ impl Default for PredictorConfig {
 }
 
 /// Gaps remembered per signature.
-pub const HISTORY: usize = 5;
+pub(crate) const HISTORY: usize = 5;
 /// Threads tracked at most (their windows); past that the windows start over.
 const MAX_THREADS: usize = 4096;
 
@@ -89,7 +89,7 @@ impl Learned {
 
 /// A predicted next use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Prediction {
+pub(crate) struct Prediction {
     /// The earliest it may come: the shortest recent gap less the spread between it and the
     /// median (a period that jitters by +-20 % has its next gap below the shortest of the last
     /// five about one time in six: on a slow backend each such use cost its caller a whole pin,
@@ -139,7 +139,7 @@ pub struct PredictorStats {
     pub signatures: u64,
 }
 
-pub struct Predictor {
+pub(crate) struct Predictor {
     cfg: PredictorConfig,
     windows: HashMap<u32, Window>,
     sigs: HashMap<u64, Sig>,
@@ -149,7 +149,7 @@ pub struct Predictor {
 }
 
 impl Predictor {
-    pub fn new(mut cfg: PredictorConfig) -> Predictor {
+    pub(crate) fn new(mut cfg: PredictorConfig) -> Predictor {
         cfg.window = cfg.window.min(MAX_WINDOW);
         cfg.max_signatures = cfg.max_signatures.max(1);
         Predictor {
@@ -163,7 +163,8 @@ impl Predictor {
 
     /// Thread `tid` used `point` at time `t` (ns), and went on at once. Returns the signature
     /// of this occurrence.
-    pub fn observe(&mut self, tid: u32, point: CallPoint, t: u64) -> u64 {
+    #[cfg(test)]
+    pub(crate) fn observe(&mut self, tid: u32, point: CallPoint, t: u64) -> u64 {
         self.observe_span(tid, point, t, t)
     }
 
@@ -174,7 +175,13 @@ impl Predictor {
     /// made at a late pin early by the wait (seen in the MG skeleton on a slow backend: the next
     /// use of a level buffer one exchange later was dropped as overdue and the buffer unpinned
     /// just before it).
-    pub fn observe_span(&mut self, tid: u32, point: CallPoint, arrive: u64, leave: u64) -> u64 {
+    pub(crate) fn observe_span(
+        &mut self,
+        tid: u32,
+        point: CallPoint,
+        arrive: u64,
+        leave: u64,
+    ) -> u64 {
         let (t, leave) = (arrive, leave.max(arrive));
         if self.windows.len() >= MAX_THREADS && !self.windows.contains_key(&tid) {
             self.windows.clear();
@@ -231,17 +238,17 @@ impl Predictor {
     }
 
     /// The predicted next occurrence of `sig`, if learned.
-    pub fn next(&self, sig: u64) -> Option<Prediction> {
+    pub(crate) fn next(&self, sig: u64) -> Option<Prediction> {
         let s = self.sigs.get(&sig)?;
         Prediction::after(s.last, &s.period)
     }
 
     /// After a use under `sig` at `t`: the predicted next use of the same region, if learned.
-    pub fn next_after(&self, sig: u64, t: u64) -> Option<Prediction> {
+    pub(crate) fn next_after(&self, sig: u64, t: u64) -> Option<Prediction> {
         Prediction::after(t, &self.sigs.get(&sig)?.succ)
     }
 
-    pub fn stats(&self) -> PredictorStats {
+    pub(crate) fn stats(&self) -> PredictorStats {
         PredictorStats {
             signatures: self.sigs.len() as u64,
             ..self.stats

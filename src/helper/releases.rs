@@ -22,7 +22,7 @@ use std::collections::BinaryHeap;
 type Watched = Reverse<(u64, u64, u64)>;
 
 #[derive(Debug)]
-pub struct Releases {
+pub(crate) struct Releases {
     watched: BinaryHeap<Watched>,
     /// Handles looked at and still live during one `poll` (kept for its capacity).
     again: Vec<Watched>,
@@ -32,7 +32,7 @@ pub struct Releases {
 
 impl Releases {
     /// Looks at a new handle after `first` ns, then at doubling intervals up to `max` ns.
-    pub fn new(first: u64, max: u64) -> Releases {
+    pub(crate) fn new(first: u64, max: u64) -> Releases {
         let first = first.max(1);
         Releases {
             watched: BinaryHeap::new(),
@@ -43,7 +43,7 @@ impl Releases {
     }
 
     /// A use issued `handle` at `now`.
-    pub fn watch(&mut self, handle: u64, now: u64) {
+    pub(crate) fn watch(&mut self, handle: u64, now: u64) {
         self.watched.push(Reverse((
             now.saturating_add(self.first),
             handle,
@@ -53,7 +53,12 @@ impl Releases {
 
     /// Looks at every handle due by `now`; calls `released(handle)` once for each that
     /// `live(handle)` says is gone, and forgets it.
-    pub fn poll(&mut self, now: u64, live: impl Fn(u64) -> bool, mut released: impl FnMut(u64)) {
+    pub(crate) fn poll(
+        &mut self,
+        now: u64,
+        live: impl Fn(u64) -> bool,
+        mut released: impl FnMut(u64),
+    ) {
         while let Some(&Reverse((at, handle, every))) = self.watched.peek() {
             if at > now {
                 break;
@@ -71,11 +76,12 @@ impl Releases {
     }
 
     /// Handles watched now.
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
         self.watched.len()
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.watched.is_empty()
     }
 }

@@ -14,7 +14,7 @@
 
 /// One region to pin again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RqItem<K> {
+pub(crate) struct RqItem<K> {
     pub key: K,
     /// The pin must be done by then (ns).
     pub deadline: u64,
@@ -22,7 +22,7 @@ pub struct RqItem<K> {
     pub cost: u64,
 }
 
-pub struct RegQueue<K> {
+pub(crate) struct RegQueue<K> {
     /// Sorted by deadline.
     items: Vec<RqItem<K>>,
     /// Latest start of each item, same order.
@@ -40,7 +40,7 @@ impl<K: Copy + PartialEq> Default for RegQueue<K> {
 
 impl<K: Copy + PartialEq> RegQueue<K> {
     /// Queue `key` (replacing an earlier entry of it).
-    pub fn insert(&mut self, key: K, deadline: u64, cost: u64) {
+    pub(crate) fn insert(&mut self, key: K, deadline: u64, cost: u64) {
         self.items.retain(|i| i.key != key);
         let at = self.items.partition_point(|i| i.deadline <= deadline);
         self.items.insert(
@@ -55,7 +55,7 @@ impl<K: Copy + PartialEq> RegQueue<K> {
     }
 
     /// Drop `key` (its use came first, or its memory went away). Whether it was queued.
-    pub fn remove(&mut self, key: K) -> bool {
+    pub(crate) fn remove(&mut self, key: K) -> bool {
         let n = self.items.len();
         self.items.retain(|i| i.key != key);
         let removed = self.items.len() != n;
@@ -65,22 +65,24 @@ impl<K: Copy + PartialEq> RegQueue<K> {
         removed
     }
 
-    pub fn contains(&self, key: K) -> bool {
+    #[cfg(test)]
+    pub(crate) fn contains(&self, key: K) -> bool {
         self.items.iter().any(|i| i.key == key)
     }
 
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.items.len()
     }
 
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
         self.items.is_empty()
     }
 
     /// Whether one more pin of `cost` due by `deadline` could join the queue with every pin,
     /// the new one included, still starting no earlier than `free_at` (when the helper is free
     /// again): false means some pin would finish after its deadline, and its caller would pay.
-    pub fn can_add(&self, deadline: u64, cost: u64, free_at: u64) -> bool {
+    pub(crate) fn can_add(&self, deadline: u64, cost: u64, free_at: u64) -> bool {
         let at = self.items.partition_point(|i| i.deadline <= deadline);
         // The backward pass of `reschedule` over the items before `at`, the new one, the rest.
         let mut next_start = self.starts.get(at).copied().unwrap_or(u64::MAX);
@@ -92,12 +94,12 @@ impl<K: Copy + PartialEq> RegQueue<K> {
     }
 
     /// When the front item must start.
-    pub fn next_start(&self) -> Option<u64> {
+    pub(crate) fn next_start(&self) -> Option<u64> {
         self.starts.first().copied()
     }
 
     /// The front item, if its latest start is at or before `now`.
-    pub fn pop_due(&mut self, now: u64) -> Option<RqItem<K>> {
+    pub(crate) fn pop_due(&mut self, now: u64) -> Option<RqItem<K>> {
         if self.next_start()? > now {
             return None;
         }

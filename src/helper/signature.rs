@@ -10,11 +10,11 @@
 //! of the accurate predictions on CG, more than one adds little); `MAX_WINDOW` bounds the setting.
 
 /// The longest window the predictor accepts.
-pub const MAX_WINDOW: usize = 4;
+pub(crate) const MAX_WINDOW: usize = 4;
 
 /// One communication point: where it was called from and which memory it used.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
-pub struct CallPoint {
+pub(crate) struct CallPoint {
     /// The caller's return address (C API), a `#[track_caller]` location (Rust API), or 0 when
     /// unknown (the shim): then the address and the window carry the context alone.
     pub site: usize,
@@ -24,7 +24,7 @@ pub struct CallPoint {
 
 /// The previous points of one thread, most recent first.
 #[derive(Debug, Clone, Default)]
-pub struct Window {
+pub(crate) struct Window {
     prev: [CallPoint; MAX_WINDOW],
     len: usize,
 }
@@ -42,7 +42,7 @@ fn mix(h: u64, v: u64) -> u64 {
 impl Window {
     /// The signature of `cur` in this context, using the `window` most recent previous points
     /// (fewer at the start of the thread: a distinct context, as the paper's first iteration).
-    pub fn signature(&self, cur: CallPoint, window: usize) -> u64 {
+    pub(crate) fn signature(&self, cur: CallPoint, window: usize) -> u64 {
         let mut h = mix(mix(0, cur.site as u64), cur.addr as u64);
         let n = window.min(self.len);
         for p in &self.prev[..n] {
@@ -53,7 +53,7 @@ impl Window {
     }
 
     /// `cur` becomes the most recent previous point.
-    pub fn push(&mut self, cur: CallPoint) {
+    pub(crate) fn push(&mut self, cur: CallPoint) {
         self.prev.copy_within(0..MAX_WINDOW - 1, 1);
         self.prev[0] = cur;
         self.len = (self.len + 1).min(MAX_WINDOW);

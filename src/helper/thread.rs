@@ -345,7 +345,7 @@ impl Helper {
 
     /// Whether this is a child forked from the process that made the helper: its thread stayed
     /// in the parent, and the parent's threads may have held its locks at the fork.
-    pub fn in_forked_child(&self) -> bool {
+    pub(crate) fn in_forked_child(&self) -> bool {
         std::process::id() != self.pid
     }
 

@@ -34,7 +34,7 @@ pub(super) static LIBC_TEXT_HI: AtomicUsize = AtomicUsize::new(0);
 
 /// Learns libc's executable segment from the address of one of its functions. Called under the
 /// monitor's install mutex before the first patch is stored; later calls do nothing.
-pub fn learn_libc_text(libc_fn: usize) {
+pub(super) fn learn_libc_text(libc_fn: usize) {
     if LIBC_TEXT_HI.load(SeqCst) != 0 {
         return;
     }
@@ -54,7 +54,7 @@ const GLIBC_HEAP_MIN: usize = 8 << 20;
 /// size. An `mmap`ped chunk of exactly such a size at such an alignment would be taken for one
 /// too, which costs nothing unless the revoke worker also stops turning (then that `free` stops
 /// waiting at `FH_REVOKE_STALL`).
-pub fn glibc_heap_block(addr: usize, len: usize) -> bool {
+pub(super) fn glibc_heap_block(addr: usize, len: usize) -> bool {
     len >= GLIBC_HEAP_MIN && len.is_power_of_two() && addr & (len - 1) == 0
 }
 

@@ -136,7 +136,7 @@ fn deliver_pending(s: &Slot) {
 
 /// Run the listeners for [addr, addr+len) unless this thread is already inside a notification
 /// (then the range is delivered when that one ends). Returns whether they ran now.
-pub fn notify_guarded(addr: usize, len: usize, ev: UnmapEvent) -> bool {
+pub(super) fn notify_guarded(addr: usize, len: usize, ev: UnmapEvent) -> bool {
     if len == 0 {
         return false;
     }
@@ -176,7 +176,7 @@ pub fn notify_guarded(addr: usize, len: usize, ev: UnmapEvent) -> bool {
 }
 
 /// True while this thread is running listeners (lets the uffd reader mark itself too).
-pub fn in_hook() -> bool {
+pub(super) fn in_hook() -> bool {
     own_slot(me()).is_some()
 }
 

@@ -3,7 +3,7 @@
 
 /// One mapping (VMA) as the kernel lists it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Vma {
+pub(super) struct Vma {
     pub start: usize,
     pub end: usize,
     /// `rwxp` / `rw-s` as listed.
@@ -21,7 +21,7 @@ const BUF: usize = 8192;
 
 /// Call `f` for each mapping in address order until it returns false. Returns false if the file
 /// could not be read. Lines longer than the buffer are skipped.
-pub fn for_each_vma(mut f: impl FnMut(&Vma) -> bool) -> bool {
+pub(super) fn for_each_vma(mut f: impl FnMut(&Vma) -> bool) -> bool {
     // SAFETY: plain syscalls on a NUL-terminated literal path and a stack buffer we own.
     let fd = unsafe {
         libc::open(
@@ -79,7 +79,7 @@ pub fn for_each_vma(mut f: impl FnMut(&Vma) -> bool) -> bool {
 
 /// The mapping containing `addr`, if any.
 #[cfg(test)]
-pub fn find(addr: usize) -> Option<Vma> {
+pub(super) fn find(addr: usize) -> Option<Vma> {
     let mut found = None;
     for_each_vma(|v| {
         if v.start <= addr && addr < v.end {
@@ -110,7 +110,7 @@ fn dec(s: &[u8]) -> Option<u64> {
 }
 
 /// `start-end perms offset dev inode [path]`
-pub fn parse_line(line: &[u8]) -> Option<Vma> {
+pub(super) fn parse_line(line: &[u8]) -> Option<Vma> {
     let mut fields = line.split(|&b| b == b' ').filter(|f| !f.is_empty());
     let range = fields.next()?;
     let dash = range.iter().position(|&b| b == b'-')?;

@@ -64,10 +64,9 @@ use crate::rt::fork::{self, ForkHook, HeldAcrossFork};
 pub use caller::tells_libc_apart;
 pub use hooks::Hooked;
 pub use options::{MonitorOptions, MonitorStatus};
-pub use registry::{
-    listener_count, set_listener_limit_for_tests, subscribe, Subscription, MAX_LISTENERS,
-};
-pub use switches::test_disable;
+#[cfg(any(test, feature = "test-support"))]
+pub use registry::set_listener_limit_for_tests;
+pub use registry::{listener_count, subscribe, Subscription, MAX_LISTENERS};
 pub use uffd::UffdWatcher;
 pub use unmap_windows::{set_unmap_windows, UnmapWindows};
 
@@ -88,6 +87,7 @@ pub fn uffd_unwatch(addr: usize, len: usize) {
 
 /// Test hook: the userfaultfd reader fails as if a `read` had failed, retires and closes the fd
 /// (which unregisters everything); userfaultfd stays off in this process.
+#[cfg(any(test, feature = "test-support"))]
 #[doc(hidden)]
 pub fn test_fail_uffd_reader() {
     uffd::test_fail_reader()
@@ -95,17 +95,17 @@ pub fn test_fail_uffd_reader() {
 
 pub use crate::rt::seam::{MemoryListener, UnmapEvent};
 
+/// Tests: fan out an event of any kind, as the hooks or the reader would.
+#[cfg(test)]
+pub(crate) fn notify_event_for_tests(addr: usize, len: usize, ev: UnmapEvent) {
+    guard::notify_guarded(addr, len, ev);
+}
+
 /// Fan an event out to all listeners as [`UnmapEvent::Told`] (used by `fh_notify_unmapped` and
 /// the shim's hooks). Hook-safe: no allocation, no lock, no wait. A call made from inside a
 /// listener (on the same thread) is dropped, so a listener that unmaps memory cannot recurse.
 pub fn notify_unmapped(addr: usize, len: usize) {
     guard::notify_guarded(addr, len, UnmapEvent::Told);
-}
-
-/// Tests: fan out an event of any kind, as the hooks or the reader would.
-#[doc(hidden)]
-pub fn notify_event_for_tests(addr: usize, len: usize, ev: UnmapEvent) {
-    guard::notify_guarded(addr, len, ev);
 }
 
 /// Place 10 of `rt::fork`'s order: `install` takes the userfaultfd state (20) under it.

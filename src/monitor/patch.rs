@@ -35,14 +35,14 @@ static PATCHED: AtomicU32 = AtomicU32::new(0);
 static FAILED: AtomicU32 = AtomicU32::new(0);
 static UNSUPPORTED: AtomicU32 = AtomicU32::new(0);
 
-pub fn fill_status(s: &mut MonitorStatus) {
+pub(super) fn fill_status(s: &mut MonitorStatus) {
     s.patched = PATCHED.load(SeqCst);
     s.patch_failed = FAILED.load(SeqCst) & !s.patched;
     s.patch_unsupported = UNSUPPORTED.load(SeqCst) != 0;
 }
 
 /// Patch every hooked function not yet patched and not disabled. Called under the install mutex.
-pub fn install_hooks() {
+pub(super) fn install_hooks() {
     if !cfg!(target_arch = "x86_64") {
         UNSUPPORTED.store(1, SeqCst);
         return;
@@ -158,7 +158,7 @@ fn map_page_near(near: usize, page: usize) -> Option<usize> {
 }
 
 /// `jmp rel32` (E9 disp32) at `from` to `to`, if in range.
-pub fn jmp_rel32(from: usize, to: usize) -> Option<[u8; 5]> {
+pub(super) fn jmp_rel32(from: usize, to: usize) -> Option<[u8; 5]> {
     let disp = (to as i64).wrapping_sub(from as i64 + 5);
     let disp = i32::try_from(disp).ok()?;
     let mut c = [0xE9, 0, 0, 0, 0];
@@ -204,7 +204,7 @@ fn patch_one(_h: Hooked) -> Result<(), ()> {
 
 /// `movabs $target, %r11` (49 BB imm64) then `jmp *%r11` (41 FF E3). r11 is a scratch register
 /// in the SysV ABI that the caller never expects preserved, and it carries no argument.
-pub fn jump_to(target: usize) -> [u8; 13] {
+pub(super) fn jump_to(target: usize) -> [u8; 13] {
     let mut c = [0u8; 13];
     c[0] = 0x49;
     c[1] = 0xBB;

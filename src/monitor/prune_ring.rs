@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 
 const CAP: usize = 1024;
 
-pub struct PruneRing {
+pub(super) struct PruneRing {
     start: [AtomicUsize; CAP],
     end: [AtomicUsize; CAP],
     head: AtomicUsize, // next write (producer)
@@ -23,7 +23,7 @@ pub struct PruneRing {
 const Z: AtomicUsize = AtomicUsize::new(0);
 
 impl PruneRing {
-    pub const fn new() -> Self {
+    pub(super) const fn new() -> Self {
         PruneRing {
             start: [Z; CAP],
             end: [Z; CAP],
@@ -34,7 +34,7 @@ impl PruneRing {
     }
 
     /// Producer. Never blocks: a full ring drops the range (and says so at the next drain).
-    pub fn push(&self, start: usize, end: usize) {
+    pub(super) fn push(&self, start: usize, end: usize) {
         let h = self.head.load(SeqCst);
         if h.wrapping_sub(self.tail.load(SeqCst)) >= CAP {
             self.overflow.store(true, SeqCst);
@@ -47,7 +47,7 @@ impl PruneRing {
 
     /// Consumer: hand every published range to `f`, oldest first. Returns true if ranges were
     /// dropped since the last drain.
-    pub fn drain(&self, mut f: impl FnMut(usize, usize)) -> bool {
+    pub(super) fn drain(&self, mut f: impl FnMut(usize, usize)) -> bool {
         let h = self.head.load(SeqCst);
         let mut t = self.tail.load(SeqCst);
         while t != h {
@@ -64,7 +64,7 @@ impl PruneRing {
 
     /// Consumer: forget everything published so far (a forked child: the ranges are the
     /// parent's).
-    pub fn forget(&self) {
+    pub(super) fn forget(&self) {
         self.tail.store(self.head.load(SeqCst), SeqCst);
         self.overflow.store(false, SeqCst);
     }

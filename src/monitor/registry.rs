@@ -32,7 +32,7 @@ use crate::rt::fork::{self, ForkHook, HeldAcrossFork};
 use crate::rt::seam::UnmapEvent;
 
 /// Slots per chunk (a chunk is 4 KiB).
-pub const CHUNK: usize = 256;
+pub(super) const CHUNK: usize = 256;
 const MAX_CHUNKS: usize = 256;
 /// How many listeners can be subscribed at once (one per cache, plus tests).
 pub const MAX_LISTENERS: usize = CHUNK * MAX_CHUNKS;
@@ -264,12 +264,12 @@ impl Drop for Subscription {
 }
 
 /// Whether some subscribed listener wants [`UnmapEvent::Done`] events. One load.
-pub fn done_wanted() -> bool {
+pub(super) fn done_wanted() -> bool {
     DONE_WANTED.load(SeqCst) != 0
 }
 
 /// Fan an event out to every subscribed listener. No allocation, no lock: hook-safe.
-pub fn notify_all(addr: usize, len: usize, ev: UnmapEvent) {
+pub(super) fn notify_all(addr: usize, len: usize, ev: UnmapEvent) {
     each_listener(|l| l.on_event(addr, len, ev));
 }
 
@@ -323,6 +323,7 @@ pub fn listener_count() -> usize {
 /// Tests only: allow at most `limit` listeners at once (clamped to [`MAX_LISTENERS`]), to
 /// exercise what happens when no slot is left without subscribing tens of thousands. Subscriptions
 /// already made are kept.
+#[cfg(any(test, feature = "test-support"))]
 #[doc(hidden)]
 pub fn set_listener_limit_for_tests(limit: usize) {
     writers().limit = limit.min(MAX_LISTENERS);

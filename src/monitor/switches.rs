@@ -1,7 +1,7 @@
 //! Test-only switches that turn single event paths off, so tests can prove each path matters.
 //!
 //! Read from `FH_TEST_DISABLE_HOOKS` (comma list of `munmap,mremap,madvise,mmap,shmdt,shmat,uffd`)
-//! at every [`super::install`], or set with [`test_disable`]. A disabled function is not patched;
+//! at every [`super::install`]. A disabled function is not patched;
 //! a disabled uffd is not opened. Already-installed paths are not removed.
 
 use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
@@ -9,12 +9,12 @@ use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 use super::hooks::Hooked;
 
 /// Bit for userfaultfd (above every [`Hooked`] bit).
-pub const UFFD: u32 = 1 << 31;
+pub(super) const UFFD: u32 = 1 << 31;
 
 static DISABLED: AtomicU32 = AtomicU32::new(0);
 
 /// Parse a comma list of path names into bits; unknown names are ignored.
-pub fn parse(list: &str) -> u32 {
+pub(super) fn parse(list: &str) -> u32 {
     list.split(',').map(str::trim).fold(0, |acc, name| {
         acc | match name {
             "uffd" | "userfaultfd" => UFFD,
@@ -26,17 +26,12 @@ pub fn parse(list: &str) -> u32 {
     })
 }
 
-pub fn load_from_env() {
+pub(super) fn load_from_env() {
     if let Ok(v) = std::env::var("FH_TEST_DISABLE_HOOKS") {
         DISABLED.fetch_or(parse(&v), Relaxed);
     }
 }
 
-/// Disable paths by name (same names as the env variable) for later `install` calls. Test use.
-pub fn test_disable(list: &str) {
-    DISABLED.fetch_or(parse(list), Relaxed);
-}
-
-pub fn disabled(bit: u32) -> bool {
+pub(super) fn disabled(bit: u32) -> bool {
     DISABLED.load(Relaxed) & bit != 0
 }

@@ -11,10 +11,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// Handler id of the barrier's one-way message (ids >= 0xFF00 belong to the library).
-pub const BARRIER_AM: u16 = 0xFF00;
+pub(crate) const BARRIER_AM: u16 = 0xFF00;
 /// Handler id of the liveness ping a waiting rank sends to the peer it waits for: its reply (or
 /// `FH_ERR_PEER_LOST`) tells a slow peer from a dead one, so a barrier never hangs on a corpse.
-pub const PING_AM: u16 = 0xFF01;
+pub(crate) const PING_AM: u16 = 0xFF01;
 
 /// Arrivals per (epoch, round), filled by the handler, consumed by `enter`.
 #[derive(Default)]
@@ -23,7 +23,7 @@ struct Arrivals {
 }
 
 /// One rank's barrier state; `register` once on the endpoint, then `enter` collectively.
-pub struct AmBarrier {
+pub(crate) struct AmBarrier {
     arrivals: Arc<Mutex<Arrivals>>,
     /// Barriers entered so far; also serialises `enter` (one barrier at a time per rank).
     epoch: Mutex<u32>,
@@ -31,7 +31,7 @@ pub struct AmBarrier {
 
 impl AmBarrier {
     /// Registers the barrier's handler on `am`.
-    pub fn register(am: &Am) -> AmBarrier {
+    pub(crate) fn register(am: &Am) -> AmBarrier {
         let arrivals = Arc::new(Mutex::new(Arrivals::default()));
         let a = arrivals.clone();
         am.register_oneway(BARRIER_AM, move |_peer: Rank, payload: &[u8]| {
@@ -70,7 +70,12 @@ impl AmBarrier {
     /// Returns once every rank has entered the same barrier; progresses `am` while waiting. A
     /// peer waited for longer than `probe` is pinged: a dead one fails the barrier with
     /// `FH_ERR_PEER_LOST`; `timeout` bounds the whole wait (`FH_ERR_TIMEOUT`).
-    pub fn enter(&self, am: &Am, timeout: Option<Duration>, probe: Duration) -> FhResult<()> {
+    pub(crate) fn enter(
+        &self,
+        am: &Am,
+        timeout: Option<Duration>,
+        probe: Duration,
+    ) -> FhResult<()> {
         let mut epoch = self.epoch.lock().unwrap_or_else(|e| e.into_inner());
         let (rank, size) = (am.rank(), am.size());
         let deadline = timeout.map(|t| Instant::now() + t);

@@ -33,9 +33,9 @@
 use std::collections::VecDeque;
 
 /// Slots per peer reserved for credit-only messages (see the bound above).
-pub const RESERVED_CREDIT_ONLY: u32 = 2;
+pub(crate) const RESERVED_CREDIT_ONLY: u32 = 2;
 /// The slot per peer reserved for the bye at finalize.
-pub const RESERVED_BYE: u32 = 1;
+pub(crate) const RESERVED_BYE: u32 = 1;
 /// All reserved slots; a link needs at least one more (one data slot) per peer.
 pub const RESERVED: u32 = RESERVED_CREDIT_ONLY + RESERVED_BYE;
 
@@ -93,7 +93,7 @@ impl<M> PeerFlow<M> {
 
     /// Takes a credit if one is free and nothing waits before us (`admit` without building the
     /// message first, so the common path does not allocate one).
-    pub fn try_take(&mut self) -> bool {
+    pub(crate) fn try_take(&mut self) -> bool {
         if self.pending.is_empty() && self.credits > 0 {
             self.credits -= 1;
             true
@@ -109,7 +109,7 @@ impl<M> PeerFlow<M> {
     }
 
     /// The oldest queued message, if a credit is free for it (the credit is taken).
-    pub fn pop_sendable(&mut self) -> Option<M> {
+    pub(crate) fn pop_sendable(&mut self) -> Option<M> {
         if self.credits > 0 {
             let m = self.pending.pop_front()?;
             self.credits -= 1;
@@ -128,12 +128,12 @@ impl<M> PeerFlow<M> {
     }
 
     /// A data message from the peer was handled and its slot is free again: we owe it a credit.
-    pub fn handled_data(&mut self) {
+    pub(crate) fn handled_data(&mut self) {
         self.owed += 1;
     }
 
     /// Everything owed, for the credit field of a message being sent now.
-    pub fn take_owed(&mut self) -> u16 {
+    pub(crate) fn take_owed(&mut self) -> u16 {
         // owed <= D < 2^16: a peer can only fill the data slots its credits allow; a peer that
         // overruns is clamped here rather than wrapping.
         let n = self.owed.min(u16::MAX as u32) as u16;
@@ -142,32 +142,29 @@ impl<M> PeerFlow<M> {
     }
 
     /// Credits taken by `take_owed` for a message that then failed to reach the wire.
-    pub fn give_back_owed(&mut self, n: u16) {
+    pub(crate) fn give_back_owed(&mut self, n: u16) {
         self.owed += n as u32;
     }
 
     /// Whether to send a credit-only message now: we owe at least half the data slots.
-    pub fn wants_credit_only(&self) -> bool {
+    pub(crate) fn wants_credit_only(&self) -> bool {
         self.owed >= self.threshold
     }
 
     /// A send that had taken a credit failed before reaching the wire: the credit is ours again.
-    pub fn unsend(&mut self) {
+    pub(crate) fn unsend(&mut self) {
         self.credits = (self.credits + 1).min(self.data_slots);
     }
 
     /// Empties the queue (peer lost or finalized) so the caller can fail what was in it.
-    pub fn drain_pending(&mut self) -> impl Iterator<Item = M> + '_ {
+    pub(crate) fn drain_pending(&mut self) -> impl Iterator<Item = M> + '_ {
         self.pending.drain(..)
     }
 
     pub fn credits(&self) -> u32 {
         self.credits
     }
-    pub fn owed(&self) -> u32 {
-        self.owed
-    }
-    pub fn pending_len(&self) -> usize {
+    pub(crate) fn pending_len(&self) -> usize {
         self.pending.len()
     }
     /// Messages that found no credit, since creation.

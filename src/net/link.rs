@@ -122,7 +122,7 @@ pub struct RdmaOp {
 
 impl RdmaOp {
     /// The checks every link makes before posting: length in `1..=max`, neither range wraps.
-    pub fn validate(&self, max: usize) -> Result<(), LinkError> {
+    pub(crate) fn validate(&self, max: usize) -> Result<(), LinkError> {
         if self.len == 0 {
             return Err(LinkError::ZeroLength);
         }

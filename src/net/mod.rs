@@ -8,13 +8,14 @@
 //! Never calls: `cache`, `monitor` (a message buffer is registered once, never through the cache).
 //! Only `net/verbs` touches libibverbs here; everything else is tested with `sim` and no device.
 
-pub mod am;
-pub mod barrier;
+pub(crate) mod am;
+pub(crate) mod barrier;
 pub mod bootstrap;
 pub mod credits;
-pub mod link;
-pub mod peers;
+pub(crate) mod link;
+pub(crate) mod peers;
 pub mod settings;
+#[cfg(any(test, feature = "test-support"))]
 pub mod sim;
 pub mod solo;
 pub mod stats;

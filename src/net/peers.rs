@@ -16,9 +16,9 @@ use crate::rt::status::{fh_status, FhResult};
 use std::sync::Arc;
 
 /// Device chosen by name: `FH_DEVICE`, the same variable the cache's verbs backend reads.
-pub const DEVICE_ENV: &str = "FH_DEVICE";
+pub(crate) const DEVICE_ENV: &str = "FH_DEVICE";
 /// HCA port (default 1).
-pub const PORT_ENV: &str = "FH_IB_PORT";
+pub(crate) const PORT_ENV: &str = "FH_IB_PORT";
 
 /// How `Peers::new` builds the job.
 pub struct PeersConfig {

@@ -45,13 +45,13 @@ pub struct NetSettings {
     pub progress_spin: Option<Duration>,
 }
 
-pub const DEFAULT_MAX_SIZE: usize = 4096;
-pub const DEFAULT_RECV_DEPTH: u32 = 32;
-pub const DEFAULT_TIMEOUT_MS: u64 = 60_000;
-pub const DEFAULT_PROBE_MS: u64 = 1000;
-pub const DEFAULT_SPIN_US: u64 = 100;
-pub const DEFAULT_PROGRESS_SPIN_US: u64 = 100;
-pub const DEFAULT_MAX_QUEUED: usize = crate::net::am::queue_bound::DEFAULT;
+pub(crate) const DEFAULT_MAX_SIZE: usize = 4096;
+pub(crate) const DEFAULT_RECV_DEPTH: u32 = 32;
+pub(crate) const DEFAULT_TIMEOUT_MS: u64 = 60_000;
+pub(crate) const DEFAULT_PROBE_MS: u64 = 1000;
+pub(crate) const DEFAULT_SPIN_US: u64 = 100;
+pub(crate) const DEFAULT_PROGRESS_SPIN_US: u64 = 100;
+pub(crate) const DEFAULT_MAX_QUEUED: usize = crate::net::am::queue_bound::DEFAULT;
 
 impl Default for NetSettings {
     fn default() -> Self {

@@ -68,7 +68,7 @@ impl SimConfig {
 }
 
 /// The longest RDMA op the simulator accepts (as rxe's port maximum).
-pub const SIM_MAX_RDMA: usize = 1 << 31;
+pub(crate) const SIM_MAX_RDMA: usize = 1 << 31;
 
 /// Which `Link::rdma` posts the simulator refuses (`SimNet::fail_rdma_posts`). Posts are
 /// numbered in the order they reach the simulator, on every rank together, counting only those
@@ -548,7 +548,7 @@ impl SimNet {
     ///
     /// # Safety
     /// As `register`.
-    pub unsafe fn bind_window(
+    pub(crate) unsafe fn bind_window(
         &self,
         rank: Rank,
         peer: Rank,

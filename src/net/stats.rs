@@ -88,22 +88,22 @@ impl Stats {
     pub fn rejected(&self, r: Reject) {
         self.rejected[r.index()].fetch_add(1, Relaxed);
     }
-    pub fn credit_stall(&self) {
+    pub(crate) fn credit_stall(&self) {
         self.credit_stalls.fetch_add(1, Relaxed);
     }
-    pub fn excess_credits(&self) {
+    pub(crate) fn excess_credits(&self) {
         self.excess_credits.fetch_add(1, Relaxed);
     }
-    pub fn progress_wakeup(&self) {
+    pub(crate) fn progress_wakeup(&self) {
         self.progress_wakeups.fetch_add(1, Relaxed);
     }
-    pub fn peer_lost(&self) {
+    pub(crate) fn peer_lost(&self) {
         self.peers_lost.fetch_add(1, Relaxed);
     }
-    pub fn peer_given_up(&self) {
+    pub(crate) fn peer_given_up(&self) {
         self.peers_given_up.fetch_add(1, Relaxed);
     }
-    pub fn queue_overflow(&self) {
+    pub(crate) fn queue_overflow(&self) {
         self.queue_overflows.fetch_add(1, Relaxed);
     }
     pub fn probe(&self) {

@@ -18,7 +18,7 @@ pub const HEADER_LEN: usize = 16;
 /// First byte of every message: a stray or garbage buffer is unlikely to start with it.
 pub const MAGIC: u8 = 0xFA;
 /// Bumped on any incompatible change; a peer with another version is rejected, not guessed at.
-pub const VERSION: u8 = 1;
+pub(crate) const VERSION: u8 = 1;
 
 /// What a message is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -58,7 +58,7 @@ impl Kind {
 
     /// Request, reply and one-way hold a credit each (a data slot at the receiver); credit-only
     /// and bye use the slots reserved for them (see `credits`).
-    pub fn uses_credit(self) -> bool {
+    pub(crate) fn uses_credit(self) -> bool {
         matches!(self, Kind::Request | Kind::Reply | Kind::OneWay)
     }
 }
@@ -86,17 +86,6 @@ pub enum Reject {
 
 impl Reject {
     pub const COUNT: usize = 9;
-    pub const ALL: [Reject; Reject::COUNT] = [
-        Reject::Truncated,
-        Reject::BadMagic,
-        Reject::BadVersion,
-        Reject::UnknownKind,
-        Reject::BadLength,
-        Reject::Malformed,
-        Reject::UnknownHandler,
-        Reject::UnknownToken,
-        Reject::AfterFinalize,
-    ];
 
     pub fn index(self) -> usize {
         self as usize
@@ -134,7 +123,7 @@ impl Header {
 
     /// Rewrites only the credit field of an encoded message (a queued message gets the credits
     /// owed at the moment it is really sent, not when it was queued).
-    pub fn patch_credits(msg: &mut [u8], credits: u16) {
+    pub(crate) fn patch_credits(msg: &mut [u8], credits: u16) {
         msg[6..8].copy_from_slice(&credits.to_le_bytes());
     }
 

@@ -86,7 +86,7 @@ pub fn resolve(setting: ForkSetting, verbs: bool) -> ForkMode {
 /// -> Release, `IBV_FORK_DISABLED` (0) -> Retire. A libibverbs without that function (an old
 /// rdma-core) cannot say whether the kernel copies pinned pages: Retire, the mode that is
 /// right on either kind of kernel.
-pub fn from_status(status: Option<i32>) -> ForkMode {
+pub(crate) fn from_status(status: Option<i32>) -> ForkMode {
     match status {
         Some(2) => ForkMode::Keep,
         Some(1) => ForkMode::Release,

@@ -29,7 +29,7 @@ impl Access {
     pub const ALL: Access = Access(1 | 2 | 4 | 8);
 
     /// The rights an rkey carries onto the wire.
-    pub const REMOTE: Access = Access(2 | 4 | 8);
+    pub(crate) const REMOTE: Access = Access(2 | 4 | 8);
 
     /// True when a registration made with `self` may serve a request for `want`: exactly the
     /// remote rights asked for (an rkey must never grant more than was asked: a key handed out
@@ -42,7 +42,7 @@ impl Access {
 
     /// Same remote rights (the class a registration's rkey belongs to).
     #[inline]
-    pub fn same_remote(self, other: Access) -> bool {
+    pub(crate) fn same_remote(self, other: Access) -> bool {
         (self.0 ^ other.0) & Self::REMOTE.0 == 0
     }
     #[inline]

@@ -23,7 +23,7 @@ use crate::net::{Peers, Rank};
 use crate::rt::status::{fh_status, FhResult};
 
 /// The active-message id of the settings exchange.
-pub const AGREE_AM: u16 = 0xFE01;
+pub(crate) const AGREE_AM: u16 = 0xFE01;
 
 /// One setting that must be equal on every rank.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -156,7 +156,7 @@ pub fn exchange(peers: &Peers, mine: &[Agreed]) -> Result<(), String> {
 }
 
 /// `exchange`, reported as `fh_init` does: the message on stderr, `FH_ERR_BAD_CONFIG`.
-pub fn exchange_or_fail(peers: &Peers, mine: &[Agreed]) -> FhResult<()> {
+pub(crate) fn exchange_or_fail(peers: &Peers, mine: &[Agreed]) -> FhResult<()> {
     exchange(peers, mine).map_err(|m| {
         crate::fh_error!(
             "firehose: rank {}: settings differ across ranks: {m}",

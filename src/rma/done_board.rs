@@ -21,7 +21,7 @@ const PAGES: usize = 4096;
 
 type Page = [AtomicU32; PAGE];
 
-pub struct DoneBoard {
+pub(super) struct DoneBoard {
     pages: Box<[AtomicPtr<Page>]>,
 }
 
@@ -54,7 +54,7 @@ impl DoneBoard {
 
     /// Makes sure slot `key`'s word exists (called under the table's lock, when the slot is
     /// filled; allocates only the first time a page is reached).
-    pub fn ensure(&self, key: Key) {
+    pub(super) fn ensure(&self, key: Key) {
         let page = split(key).1 / PAGE;
         let Some(slot) = self.pages.get(page) else {
             return;
@@ -67,7 +67,7 @@ impl DoneBoard {
     }
 
     /// The request of `key` is done (under the table's lock).
-    pub fn set_done(&self, key: Key) {
+    pub(super) fn set_done(&self, key: Key) {
         let (gen, idx) = split(key);
         if let Some(w) = self.word(idx) {
             w.store(gen, Ordering::Release);
@@ -76,7 +76,7 @@ impl DoneBoard {
 
     /// Whether the request of `key` is done: `Some(true)` once `set_done` ran for it, `None`
     /// when its slot has no word (ask the table).
-    pub fn is_done(&self, key: Key) -> Option<bool> {
+    pub(super) fn is_done(&self, key: Key) -> Option<bool> {
         let (gen, idx) = split(key);
         self.word(idx).map(|w| w.load(Ordering::Acquire) == gen)
     }

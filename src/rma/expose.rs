@@ -87,7 +87,7 @@ impl Exposure {
     }
 
     /// Marks `[addr, addr + len)` as the library's own: never a target, in any mode.
-    pub fn add_library(&self, addr: u64, len: usize) {
+    pub(crate) fn add_library(&self, addr: u64, len: usize) {
         if let Some(s) = span(addr, len) {
             self.write().library.push(s);
         }

@@ -25,15 +25,16 @@
 
 pub mod agree;
 mod done_board;
-pub mod engine;
+pub(crate) mod engine;
 pub mod expose;
 mod ops;
 mod probe;
 pub mod revoke;
-pub mod self_copy;
+pub(crate) mod self_copy;
+#[cfg(any(test, feature = "test-support"))]
 pub mod sim_pins;
 mod slab;
-pub mod target_pins;
-pub mod windows;
+pub(crate) mod target_pins;
+pub(crate) mod windows;
 
 pub use engine::{Rma, RmaStats, FIREHOSE_AM};

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 /// One Firehose op: a piece of a request.
 #[derive(Debug, Clone)]
-pub struct Chunk {
+pub(super) struct Chunk {
     pub req: u64,
     pub peer: Rank,
     pub kind: RdmaKind,
@@ -28,7 +28,7 @@ pub struct Chunk {
 
 /// What the caller started.
 #[derive(Debug)]
-pub struct Request {
+pub(super) struct Request {
     pub chunks_left: u32,
     /// The pin-down cache handle of the local buffer (released when the request is done).
     pub reg: Option<u64>,
@@ -39,7 +39,7 @@ pub struct Request {
 }
 
 #[derive(Debug, Default)]
-pub struct Ops {
+pub(super) struct Ops {
     // Slabs, not hash maps: these two tables are touched ~7 times per put on the hit path
     // (start, post, completion, release, wait); a request's key is the caller's handle and a
     // chunk's the Firehose op id. A made-up or spent handle finds nothing.
@@ -55,7 +55,7 @@ pub struct Ops {
 }
 
 /// What finishing a chunk left to do outside the table's lock.
-pub struct Finished {
+pub(super) struct Finished {
     /// The chunk held firehose references: release its op.
     pub release: bool,
     /// The request is done and this registration must be released in the cache.
@@ -64,7 +64,7 @@ pub struct Finished {
 
 impl Ops {
     /// Record one completed segment of `chunk`; `Some` when it was the chunk's last.
-    pub fn seg_done(&mut self, chunk: Key, err: Option<fh_status>) -> Option<Finished> {
+    pub(super) fn seg_done(&mut self, chunk: Key, err: Option<fh_status>) -> Option<Finished> {
         let c = self.chunks.get_mut(chunk)?;
         if c.error.is_none() {
             c.error = err;
@@ -77,7 +77,7 @@ impl Ops {
     }
 
     /// Chunk `chunk` is over (all its segments done, or failed before any was posted).
-    pub fn finish_chunk(&mut self, chunk: Key, err: Option<fh_status>) -> Option<Finished> {
+    pub(super) fn finish_chunk(&mut self, chunk: Key, err: Option<fh_status>) -> Option<Finished> {
         let c = self.chunks.remove(chunk)?;
         let err = c.error.or(err);
         let req = self.reqs.get_mut(c.req)?;
@@ -107,7 +107,7 @@ impl Ops {
     }
 
     /// The result of a done request, removing it; `None` while it runs; unknown: an error.
-    pub fn take_if_done(&mut self, req: Key) -> FhResult<Option<FhResult<()>>> {
+    pub(super) fn take_if_done(&mut self, req: Key) -> FhResult<Option<FhResult<()>>> {
         match self.reqs.get(req) {
             None => Err(fh_status::FH_ERR_UNKNOWN_HANDLE),
             Some(r) if r.implicit => Err(fh_status::FH_ERR_UNKNOWN_HANDLE),
@@ -120,7 +120,7 @@ impl Ops {
     }
 
     /// Records a request; its key is the caller's handle.
-    pub fn add_request(&mut self, r: Request) -> Key {
+    pub(super) fn add_request(&mut self, r: Request) -> Key {
         let done = r.done;
         if !done {
             self.running += 1;
@@ -134,7 +134,7 @@ impl Ops {
     }
 
     /// Requests not yet done (explicit and implicit).
-    pub fn running(&self) -> usize {
+    pub(super) fn running(&self) -> usize {
         self.running
     }
 }

@@ -14,11 +14,11 @@ use std::time::{Duration, Instant};
 /// Polls between two clock reads. A poll costs at least a CQ poll (and an idle one a
 /// `sched_yield`: hundreds of ns natively), so the probe interval (1 s by default) and the
 /// bound are still kept to well under a millisecond.
-pub const CHECK_EVERY: u32 = 64;
+pub(super) const CHECK_EVERY: u32 = 64;
 
 /// What a wait has to do after a poll.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Due {
+pub(super) enum Due {
     Nothing,
     /// Probe the peers waited on (one probe interval passed).
     Probe,
@@ -26,7 +26,7 @@ pub enum Due {
     Expired,
 }
 
-pub struct WaitClock {
+pub(super) struct WaitClock {
     every: Duration,
     timeout: Option<Duration>,
     polls: u32,
@@ -36,7 +36,7 @@ pub struct WaitClock {
 
 impl WaitClock {
     /// Probe every `every`; give up `timeout` after the first clock read (`None`: never).
-    pub fn new(every: Duration, timeout: Option<Duration>) -> Self {
+    pub(super) fn new(every: Duration, timeout: Option<Duration>) -> Self {
         WaitClock {
             every,
             timeout,
@@ -47,7 +47,7 @@ impl WaitClock {
 
     /// Called after every poll of a wait that is not done; `now` reads the clock (called at most
     /// once per `CHECK_EVERY` calls).
-    pub fn tick(&mut self, now: impl FnOnce() -> Instant) -> Due {
+    pub(super) fn tick(&mut self, now: impl FnOnce() -> Instant) -> Due {
         self.polls += 1;
         if self.polls < CHECK_EVERY {
             return Due::Nothing;

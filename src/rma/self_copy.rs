@@ -8,7 +8,7 @@ use crate::rt::status::{fh_status, FhResult};
 
 /// Which side of a self copy is the "remote" address (the one that may be unmapped).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Dir {
+pub(crate) enum Dir {
     /// `local` -> `remote` (a put).
     Put,
     /// `remote` -> `local` (a get).
@@ -22,7 +22,7 @@ pub enum Dir {
 /// # Safety
 /// `local` must be valid for `len` bytes (readable for a put, writable for a get) for the call.
 /// `remote` may be anything: the kernel checks it.
-pub unsafe fn copy(dir: Dir, local: *mut u8, remote: u64, len: usize) -> FhResult<()> {
+pub(crate) unsafe fn copy(dir: Dir, local: *mut u8, remote: u64, len: usize) -> FhResult<()> {
     let mut done = 0usize;
     while done < len {
         let l = libc::iovec {

@@ -5,7 +5,7 @@
 //! generations wrap after 2^32 reuses of one slot.
 
 /// A key: generation (high 32 bits, never 0) and slot index (low 32 bits).
-pub type Key = u64;
+pub(super) type Key = u64;
 
 #[derive(Debug)]
 struct Slot<T> {
@@ -14,7 +14,7 @@ struct Slot<T> {
 }
 
 #[derive(Debug)]
-pub struct Slab<T> {
+pub(super) struct Slab<T> {
     slots: Vec<Slot<T>>,
     /// Empty slots, reused last-freed first (warm in the cache).
     free: Vec<u32>,
@@ -37,7 +37,7 @@ fn split(key: Key) -> (u32, usize) {
 
 impl<T> Slab<T> {
     /// Stores `val`; its key.
-    pub fn insert(&mut self, val: T) -> Key {
+    pub(super) fn insert(&mut self, val: T) -> Key {
         self.len += 1;
         let idx = match self.free.pop() {
             Some(i) => i,
@@ -58,11 +58,11 @@ impl<T> Slab<T> {
         self.slots.get(idx).filter(|s| s.gen == gen)
     }
 
-    pub fn get(&self, key: Key) -> Option<&T> {
+    pub(super) fn get(&self, key: Key) -> Option<&T> {
         self.slot(key)?.val.as_ref()
     }
 
-    pub fn get_mut(&mut self, key: Key) -> Option<&mut T> {
+    pub(super) fn get_mut(&mut self, key: Key) -> Option<&mut T> {
         let (gen, idx) = split(key);
         self.slots
             .get_mut(idx)
@@ -72,7 +72,7 @@ impl<T> Slab<T> {
     }
 
     /// Takes the value out; the key (and every earlier key of the slot) is spent.
-    pub fn remove(&mut self, key: Key) -> Option<T> {
+    pub(super) fn remove(&mut self, key: Key) -> Option<T> {
         let (gen, idx) = split(key);
         let s = self.slots.get_mut(idx).filter(|s| s.gen == gen)?;
         let v = s.val.take()?;
@@ -83,11 +83,11 @@ impl<T> Slab<T> {
     }
 
     #[cfg(test)]
-    pub fn len(&self) -> usize {
+    pub(super) fn len(&self) -> usize {
         self.len
     }
 
-    pub fn values(&self) -> impl Iterator<Item = &T> {
+    pub(super) fn values(&self) -> impl Iterator<Item = &T> {
         self.slots.iter().filter_map(|s| s.val.as_ref())
     }
 }

@@ -33,7 +33,7 @@ use firehose_proto::{PinFailure, RegionPins, Rights};
 /// put (with local write, which verbs requires alongside it). Nothing else: a region pinned for
 /// gets needs no write right, so read-only memory (`PROT_READ`, a read-only file mapping) can
 /// be registered, and its key cannot be used to write.
-pub fn access_of(rights: Rights) -> Access {
+pub(crate) fn access_of(rights: Rights) -> Access {
     let mut a = Access(0);
     if rights.covers(Rights::READ) {
         a = a.union(Access::REMOTE_READ);
@@ -45,13 +45,13 @@ pub fn access_of(rights: Rights) -> Access {
 }
 
 /// The remote rights alone of `rights` (a window's: local write stays with the region).
-pub fn remote_access_of(rights: Rights) -> Access {
+pub(crate) fn remote_access_of(rights: Rights) -> Access {
     Access(access_of(rights).0 & Access::REMOTE.0)
 }
 
 /// Verbs registrations made for peers, by (start address, region key): the rkey, or with
 /// windows the lkey (a region for windows has no remote key of its own).
-pub struct TargetPins {
+pub(crate) struct TargetPins {
     pd: Arc<Pd>,
     mrs: HashMap<(u64, u32), Mr>,
     /// Memory windows per holder (`None`: every holder gets the region's rkey).
@@ -68,7 +68,7 @@ pub struct TargetPins {
 }
 
 impl TargetPins {
-    pub fn new(pd: Arc<Pd>, tracked: Option<Arc<PinnedRanges>>) -> Self {
+    pub(crate) fn new(pd: Arc<Pd>, tracked: Option<Arc<PinnedRanges>>) -> Self {
         TargetPins {
             pd,
             mrs: HashMap::new(),
@@ -81,26 +81,14 @@ impl TargetPins {
     }
 
     /// Each holder gets a memory window of its own (see the module doc).
-    pub fn with_windows(mut self, windows: Windows) -> Self {
+    pub(crate) fn with_windows(mut self, windows: Windows) -> Self {
         self.windows = Some(windows);
         self
     }
 
     /// The windows' counters, when windows are on.
-    pub fn window_counters(&self) -> Option<Arc<WindowCounters>> {
+    pub(crate) fn window_counters(&self) -> Option<Arc<WindowCounters>> {
         self.windows.as_ref().map(Windows::counters)
-    }
-
-    pub fn bytes(&self) -> u64 {
-        self.bytes
-    }
-
-    pub fn regions(&self) -> usize {
-        self.mrs.len()
-    }
-
-    pub fn unknown_unpins(&self) -> u64 {
-        self.unknown_unpins
     }
 }
 

@@ -20,18 +20,18 @@ use crate::pin::Access;
 use firehose_proto::PinFailure;
 
 /// The environment variable.
-pub const MW_ENV: &str = "FH_MW";
+pub(crate) const MW_ENV: &str = "FH_MW";
 
 /// `FH_MW`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WindowMode {
+pub(crate) enum WindowMode {
     Auto,
     On,
     Off,
 }
 
 impl WindowMode {
-    pub fn parse(v: &str) -> Result<WindowMode, String> {
+    pub(crate) fn parse(v: &str) -> Result<WindowMode, String> {
         match v.trim().to_ascii_lowercase().as_str() {
             "" | "auto" => Ok(WindowMode::Auto),
             "on" | "1" | "yes" | "y" | "true" => Ok(WindowMode::On),
@@ -40,7 +40,7 @@ impl WindowMode {
         }
     }
 
-    pub fn from_env() -> Result<WindowMode, String> {
+    pub(crate) fn from_env() -> Result<WindowMode, String> {
         match std::env::var(MW_ENV) {
             Ok(v) => Self::parse(&v),
             Err(_) => Ok(WindowMode::Auto),
@@ -49,7 +49,7 @@ impl WindowMode {
 
     /// Whether to use windows, given whether the device binds type 2 windows; `Err` for `on`
     /// without them.
-    pub fn decide(self, device_has_them: bool) -> Result<bool, String> {
+    pub(crate) fn decide(self, device_has_them: bool) -> Result<bool, String> {
         match (self, device_has_them) {
             (WindowMode::Off, _) => Ok(false),
             (WindowMode::Auto, has) => Ok(has),
@@ -63,7 +63,7 @@ impl WindowMode {
 
 /// What the windows did, for stats (shared with the engine: the pins live under its lock).
 #[derive(Debug, Default)]
-pub struct WindowCounters {
+pub(crate) struct WindowCounters {
     /// Windows bound (one per grant of a region to a peer).
     pub bound: AtomicU64,
     /// Windows deallocated (a holder let go: release, revoke ack, or the holder was lost).
@@ -72,13 +72,6 @@ pub struct WindowCounters {
     pub failed: AtomicU64,
     /// `drop_key` for a key no live window has (a bug if ever non-zero).
     pub unknown: AtomicU64,
-}
-
-impl WindowCounters {
-    /// Windows bound now.
-    pub fn live(&self) -> u64 {
-        self.bound.load(Ordering::Relaxed) - self.dropped.load(Ordering::Relaxed)
-    }
 }
 
 /// A snapshot of the counters (`RmaStats::windows`).
@@ -93,7 +86,7 @@ pub struct WindowStats {
 }
 
 /// The live windows of one rank's target pins.
-pub struct Windows {
+pub(crate) struct Windows {
     link: Arc<VerbsLink>,
     pd: Arc<Pd>,
     /// Live windows by key, with the peer each serves.
@@ -103,7 +96,7 @@ pub struct Windows {
 
 impl Windows {
     /// Windows bound through `link`'s queue pairs, allocated on `pd` (the link's).
-    pub fn new(link: Arc<VerbsLink>, pd: Arc<Pd>) -> Windows {
+    pub(crate) fn new(link: Arc<VerbsLink>, pd: Arc<Pd>) -> Windows {
         Windows {
             link,
             pd,
@@ -112,13 +105,13 @@ impl Windows {
         }
     }
 
-    pub fn counters(&self) -> Arc<WindowCounters> {
+    pub(crate) fn counters(&self) -> Arc<WindowCounters> {
         self.counters.clone()
     }
 
     /// A window over `[addr, addr + len)` of `mr` for `peer` alone, with the remote rights
     /// `remote`; returns its key.
-    pub fn bind(
+    pub(crate) fn bind(
         &mut self,
         peer: Rank,
         mr: &Mr,
@@ -145,7 +138,7 @@ impl Windows {
     }
 
     /// `peer`'s window `key` dies now (deallocated: the device refuses it from this call on).
-    pub fn unbind(&mut self, peer: Rank, key: u32) {
+    pub(crate) fn unbind(&mut self, peer: Rank, key: u32) {
         match self.live.remove(&key) {
             Some((p, mw)) => {
                 debug_assert_eq!(p, peer, "window {key:#x} was bound for rank {p}");

@@ -110,7 +110,7 @@ pub(crate) struct HeldAcrossFork<G>(UnsafeCell<Option<G>>);
 unsafe impl<G> Sync for HeldAcrossFork<G> {}
 
 impl<G> HeldAcrossFork<G> {
-    pub const fn new() -> Self {
+    pub(crate) const fn new() -> Self {
         Self(UnsafeCell::new(None))
     }
 
@@ -118,7 +118,7 @@ impl<G> HeldAcrossFork<G> {
     ///
     /// # Safety
     /// Only from the `prepare` of the hook that owns this, with its lock just taken.
-    pub unsafe fn put(&self, g: G) {
+    pub(crate) unsafe fn put(&self, g: G) {
         *self.0.get() = Some(g);
     }
 
@@ -126,7 +126,7 @@ impl<G> HeldAcrossFork<G> {
     ///
     /// # Safety
     /// Only from the `parent` or `child` of the hook that owns this.
-    pub unsafe fn take(&self) -> Option<G> {
+    pub(crate) unsafe fn take(&self) -> Option<G> {
         (*self.0.get()).take()
     }
 }

@@ -231,14 +231,14 @@ fn teardown_exit(slot: usize) {
 }
 
 /// Marks the calling thread as the library's own, for the rest of its life.
-pub fn mark_thread() {
+pub(crate) fn mark_thread() {
     std::mem::forget(enter());
 }
 
 /// Whether this thread is inside the library (or is one of its threads). Hook-safe: no
 /// thread-local, no allocation, no lock (a scan of 8 slots). A thread it cannot find counts as
 /// inside while its window has overflowed.
-pub fn is_inside() -> bool {
+pub(crate) fn is_inside() -> bool {
     let id = me();
     match find(id) {
         Some(i) => TABLE[i].depth.load(Relaxed) != 0,
@@ -256,7 +256,7 @@ static FORK_HOOK: super::fork::ForkHook = super::fork::ForkHook {
 
 /// In the child of a fork (atfork child handler, one thread): the other threads are gone, so
 /// their slots and overflow counts are freed; the calling thread keeps its own.
-pub fn fork_child() {
+pub(crate) fn fork_child() {
     let id = me();
     for s in TABLE.iter() {
         let o = s.owner.load(Relaxed);

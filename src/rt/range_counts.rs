@@ -12,39 +12,39 @@
 use std::collections::BTreeMap;
 
 #[derive(Debug, Default, Clone)]
-pub struct RangeCounts {
+pub(crate) struct RangeCounts {
     m: BTreeMap<usize, u32>,
 }
 
 impl RangeCounts {
-    pub const fn new() -> Self {
+    pub(crate) const fn new() -> Self {
         RangeCounts { m: BTreeMap::new() }
     }
 
     #[cfg(test)]
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.m.is_empty()
     }
 
     /// How many times `addr` is covered.
-    pub fn count_at(&self, addr: usize) -> u32 {
+    pub(crate) fn count_at(&self, addr: usize) -> u32 {
         self.m.range(..=addr).next_back().map_or(0, |(_, &c)| c)
     }
 
     /// Number of stored boundaries (tests: the map does not grow with balanced add/sub).
     #[cfg(test)]
-    pub fn boundaries(&self) -> usize {
+    pub(crate) fn boundaries(&self) -> usize {
         self.m.len()
     }
 
     /// Some address in [start, end) is covered.
-    pub fn any_in(&self, start: usize, end: usize) -> bool {
+    pub(crate) fn any_in(&self, start: usize, end: usize) -> bool {
         start < end && (self.count_at(start) > 0 || self.m.range(start..end).any(|(_, &c)| c > 0))
     }
 
     /// The sub-ranges of [start, end) that nothing covers (adjacent ones merged), in address
     /// order.
-    pub fn zero_runs(&self, start: usize, end: usize) -> Vec<(usize, usize)> {
+    pub(crate) fn zero_runs(&self, start: usize, end: usize) -> Vec<(usize, usize)> {
         let mut runs: Vec<(usize, usize)> = Vec::new();
         if start >= end {
             return runs;
@@ -62,7 +62,7 @@ impl RangeCounts {
     }
 
     /// Cover [start, end) `n` times more.
-    pub fn add(&mut self, start: usize, end: usize, n: u32) {
+    pub(crate) fn add(&mut self, start: usize, end: usize, n: u32) {
         if start >= end || n == 0 {
             return;
         }
@@ -89,7 +89,7 @@ impl RangeCounts {
     /// Cover [start, end) `n` times less and return the sub-ranges whose count dropped to zero
     /// now (adjacent ones merged), in address order. Counts stop at zero, and parts already at
     /// zero are not returned: they were not covered (an unbalanced call).
-    pub fn sub(&mut self, start: usize, end: usize, n: u32) -> Vec<(usize, usize)> {
+    pub(crate) fn sub(&mut self, start: usize, end: usize, n: u32) -> Vec<(usize, usize)> {
         let mut zeroed: Vec<(usize, usize)> = Vec::new();
         self.sub_each(start, end, n, |s, e| zeroed.push((s, e)));
         zeroed
@@ -98,7 +98,13 @@ impl RangeCounts {
     /// `sub`, handing each zeroed run to `f` (in address order, adjacent ones merged) instead of
     /// returning a list: the mlock backend's unpin (every miss) then allocates nothing in its
     /// common case.
-    pub fn sub_each(&mut self, start: usize, end: usize, n: u32, mut f: impl FnMut(usize, usize)) {
+    pub(crate) fn sub_each(
+        &mut self,
+        start: usize,
+        end: usize,
+        n: u32,
+        mut f: impl FnMut(usize, usize),
+    ) {
         if start >= end || n == 0 {
             return;
         }

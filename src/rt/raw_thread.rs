@@ -15,7 +15,7 @@
 use std::ffi::{c_void, CStr};
 
 /// A started thread. Dropping it without `join` detaches it (as std's `JoinHandle` does).
-pub struct RawThread {
+pub(crate) struct RawThread {
     t: libc::pthread_t,
     joined: bool,
 }
@@ -31,7 +31,7 @@ extern "C" fn start(arg: *mut c_void) -> *mut c_void {
 
 /// Start `f` on a new thread named `name` (at most 15 bytes shown; longer is cut by the kernel's
 /// limit, and a failure to name it is ignored).
-pub fn spawn(name: &CStr, f: impl FnOnce() + Send + 'static) -> std::io::Result<RawThread> {
+pub(crate) fn spawn(name: &CStr, f: impl FnOnce() + Send + 'static) -> std::io::Result<RawThread> {
     let job: Box<Job> = Box::new(Box::new(f));
     let arg = Box::into_raw(job) as *mut c_void;
     let mut t: libc::pthread_t = 0;
@@ -53,13 +53,13 @@ pub fn spawn(name: &CStr, f: impl FnOnce() + Send + 'static) -> std::io::Result<
 
 impl RawThread {
     /// Whether the calling thread is this one (it must not join itself).
-    pub fn is_current(&self) -> bool {
+    pub(crate) fn is_current(&self) -> bool {
         // SAFETY: pthread_equal only compares the two ids.
         unsafe { libc::pthread_equal(self.t, libc::pthread_self()) != 0 }
     }
 
     /// Wait for the thread to end. Never call it on the thread itself (see `is_current`).
-    pub fn join(mut self) {
+    pub(crate) fn join(mut self) {
         self.joined = true;
         // SAFETY: a joinable thread of ours, joined once (`joined` keeps Drop from detaching).
         unsafe { libc::pthread_join(self.t, std::ptr::null_mut()) };

@@ -71,7 +71,7 @@ pub enum fh_status {
 
 impl fh_status {
     /// Static, NUL-terminated description of a status.
-    pub fn as_cstr(self) -> &'static std::ffi::CStr {
+    pub(crate) fn as_cstr(self) -> &'static std::ffi::CStr {
         use fh_status::*;
         match self {
             FH_OK => c"success",

@@ -1,9 +1,8 @@
 //! The userfaultfd's fork hook (its state's lock held across `fork`) and test hook.
 
-use std::sync::atomic::Ordering::SeqCst;
 use std::sync::MutexGuard;
 
-use super::state::{lock_state, State, FAIL_NEXT_READ};
+use super::state::{lock_state, State};
 use crate::rt::fork::{ForkHook, HeldAcrossFork};
 
 /// Place 20 of `rt::fork`'s order (registered by `install`, which takes it under place 10):
@@ -28,6 +27,7 @@ static HELD: HeldAcrossFork<MutexGuard<'static, Option<State>>> = HeldAcrossFork
 /// Test hook: make the reader fail as if its next `read` had failed, to prove that a dead reader
 /// leaves nothing registered (an unmap of a registered range would otherwise wait forever).
 /// Userfaultfd stays off in this process afterwards.
-pub fn test_fail_reader() {
-    FAIL_NEXT_READ.store(true, SeqCst);
+#[cfg(any(test, feature = "test-support"))]
+pub(crate) fn test_fail_reader() {
+    super::state::FAIL_NEXT_READ.store(true, std::sync::atomic::Ordering::SeqCst);
 }

@@ -49,8 +49,10 @@ mod reader;
 mod state;
 mod watch;
 
-pub use hooks::test_fail_reader;
+#[cfg(any(test, feature = "test-support"))]
+pub(super) use hooks::test_fail_reader;
 pub(super) use hooks::FORK_HOOK;
 pub use reader::quiesce;
-pub use state::fill_status;
-pub use watch::{open, unwatch, watch, UffdWatcher};
+pub(super) use state::fill_status;
+pub use watch::UffdWatcher;
+pub(super) use watch::{open, unwatch, watch};

@@ -67,7 +67,7 @@ pub(super) fn pack(started: u32, finished: u32) -> u64 {
     (started as u64) << 32 | finished as u64
 }
 
-pub fn fill_status(s: &mut MonitorStatus) {
+pub(crate) fn fill_status(s: &mut MonitorStatus) {
     s.uffd = ACTIVE.load(SeqCst);
     s.uffd_features = FEATURES.load(SeqCst);
     s.uffd_errno = ERRNO.load(SeqCst);

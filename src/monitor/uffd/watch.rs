@@ -41,7 +41,7 @@ fn page_span(addr: usize, len: usize) -> Option<(usize, usize)> {
 }
 
 /// Open the process's userfaultfd (idempotent). On failure, record errno and carry on without.
-pub fn open() {
+pub(crate) fn open() {
     let mut st = lock_state();
     ensure_open(&mut st);
 }
@@ -157,7 +157,7 @@ impl crate::rt::seam::RangeWatcher for UffdWatcher {
 
 /// Count one more watch of the pages under [addr, addr+len) and register them. Returns how many
 /// ranges were registered (1 normally; 0 if userfaultfd is off or refused all of it).
-pub fn watch(addr: usize, len: usize) -> usize {
+pub(crate) fn watch(addr: usize, len: usize) -> usize {
     if !ACTIVE.load(SeqCst) {
         return 0;
     }
@@ -225,7 +225,7 @@ fn register_by_vma(fd: c_int, s: usize, e: usize) -> (usize, (usize, usize)) {
 }
 
 /// Undo one [`watch`] with the same arguments: unregister the pages no live watch covers now.
-pub fn unwatch(addr: usize, len: usize) {
+pub(crate) fn unwatch(addr: usize, len: usize) {
     if !ACTIVE.load(SeqCst) {
         return; // never on, or retired: nothing of ours is registered
     }

@@ -21,7 +21,7 @@ struct Settle {
 }
 
 impl Inner {
-    pub fn progress(&self) -> FhResult<usize> {
+    pub(super) fn progress(&self) -> FhResult<usize> {
         let mut n = self.run_loopback();
         let mut done: Option<Settle> = None;
         let polled = self.link.poll(&mut |ev| {
@@ -181,7 +181,7 @@ impl Inner {
         self.tell_lost(from);
     }
 
-    pub fn finalize(&self) -> FhResult<()> {
+    pub(super) fn finalize(&self) -> FhResult<()> {
         if self.finalized.load(Ordering::Acquire) {
             return Ok(());
         }

@@ -32,13 +32,6 @@ pub struct Ticket {
     pub(super) peer: Rank,
 }
 
-impl Ticket {
-    /// The rank the request went to.
-    pub fn peer(&self) -> Rank {
-        self.peer
-    }
-}
-
 impl SendReply for Inner {
     fn send_reply(&self, peer: Rank, token: u32, payload: &[u8]) -> FhResult<()> {
         self.send_msg(peer, Kind::Reply, 0, token, payload)
@@ -103,13 +96,13 @@ pub(super) fn map_link_err(e: &LinkError) -> fh_status {
 }
 
 impl Inner {
-    pub fn peer(&self, r: Rank) -> MutexGuard<'_, Peer> {
+    pub(super) fn peer(&self, r: Rank) -> MutexGuard<'_, Peer> {
         self.peers[r as usize]
             .lock()
             .unwrap_or_else(|e| e.into_inner())
     }
 
-    pub fn out(&self, to: Rank) -> Out<'_> {
+    pub(super) fn out(&self, to: Rank) -> Out<'_> {
         Out {
             link: &*self.link,
             stats: &self.stats,
@@ -118,7 +111,7 @@ impl Inner {
     }
 
     /// Sends a request, reply or one-way message (or queues it for a credit, or for the own rank).
-    pub fn send_msg(
+    pub(super) fn send_msg(
         &self,
         peer: Rank,
         kind: Kind,
@@ -182,7 +175,7 @@ impl Inner {
     }
 
     /// The connection to `peer` is gone: fail everything waiting on it, queued messages too.
-    pub fn lose(&self, peer: Rank) {
+    pub(super) fn lose(&self, peer: Rank) {
         let mut p = self.peer(peer);
         let first = !p.lost;
         p.lost = true;
@@ -198,7 +191,7 @@ impl Inner {
 
     /// Tells the peer-loss handler about `peer`, once whatever the cause (a loss, a goodbye,
     /// giving up on it).
-    pub fn tell_lost(&self, peer: Rank) {
+    pub(super) fn tell_lost(&self, peer: Rank) {
         let first = !std::mem::replace(&mut self.peer(peer).told_lost, true);
         if first {
             if let Some(f) = self.handlers.lost() {
@@ -208,7 +201,7 @@ impl Inner {
     }
 
     /// Declares a live `peer` lost (see `Am::give_up`).
-    pub fn give_up(&self, peer: Rank) {
+    pub(super) fn give_up(&self, peer: Rank) {
         if peer >= self.size || peer == self.rank {
             return;
         }
@@ -318,7 +311,7 @@ impl Am {
     /// soon as the link is up (e.g. its first barrier round), so the owner registers its
     /// handlers first, then starts the thread. Without a thread nothing is delivered before the
     /// owner's first call, which comes after its registrations.
-    pub fn new_paused(link: Arc<dyn Link>, settings: NetSettings) -> FhResult<Am> {
+    pub(crate) fn new_paused(link: Arc<dyn Link>, settings: NetSettings) -> FhResult<Am> {
         let (rank, size) = (link.rank(), link.size());
         let max_size = settings.max_size.min(link.max_msg());
         if max_size <= HEADER_LEN || rank >= size {
@@ -355,7 +348,7 @@ impl Am {
 
     /// Starts the progress thread if the settings want one and it is not running yet (nor
     /// finalized). Idempotent.
-    pub fn start_progress_thread(&self) -> FhResult<()> {
+    pub(crate) fn start_progress_thread(&self) -> FhResult<()> {
         let mut t = self.thread.lock().unwrap_or_else(|e| e.into_inner());
         if !self.inner.settings.progress_thread
             || t.is_some()
@@ -419,7 +412,7 @@ impl Am {
     /// goodbye, or this rank gave up on it), or removes it with `None`. It
     /// may run on any thread, possibly inside a `send` that found the peer gone, so it must only
     /// record the fact (it must not send or take locks its caller may hold).
-    pub fn set_peer_lost_handler(&self, f: Option<Box<LostFn>>) {
+    pub(crate) fn set_peer_lost_handler(&self, f: Option<Box<LostFn>>) {
         self.inner.handlers.set_lost(f.map(Arc::from));
     }
 
@@ -496,7 +489,7 @@ impl Am {
     /// queued for it is dropped, its requests fail with `FH_ERR_PEER_LOST`, the peer-loss handler
     /// is told, and nothing more goes to it or is accepted from it. Counted in
     /// `StatsSnapshot::peers_given_up` (and `peers_lost`). Idempotent.
-    pub fn give_up(&self, peer: Rank) {
+    pub(crate) fn give_up(&self, peer: Rank) {
         self.inner.give_up(peer)
     }
 

@@ -15,22 +15,22 @@ use std::sync::{Arc, Mutex, RwLock};
 
 /// A request handler: the sender, the payload (valid during the call), and the `Replier`, which
 /// may be kept and used after the handler returns.
-pub type RequestFn = dyn Fn(Rank, &[u8], Replier) + Send + Sync;
+pub(super) type RequestFn = dyn Fn(Rank, &[u8], Replier) + Send + Sync;
 /// A one-way handler: the sender and the payload.
-pub type OneWayFn = dyn Fn(Rank, &[u8]) + Send + Sync;
+pub(super) type OneWayFn = dyn Fn(Rank, &[u8]) + Send + Sync;
 /// The RDMA completion handler: the peer, the op's token, and how it ended (see
 /// `LinkEvent::RdmaDone`).
-pub type RdmaFn = dyn Fn(Rank, u64, Result<(), LinkError>) + Send + Sync;
+pub(super) type RdmaFn = dyn Fn(Rank, u64, Result<(), LinkError>) + Send + Sync;
 /// Told once per peer when the endpoint declares it lost.
-pub type LostFn = dyn Fn(Rank) + Send + Sync;
+pub(super) type LostFn = dyn Fn(Rank) + Send + Sync;
 
 #[derive(Clone)]
-pub enum Handler {
+pub(super) enum Handler {
     Request(Arc<RequestFn>),
     OneWay(Arc<OneWayFn>),
 }
 
-pub struct Handlers {
+pub(super) struct Handlers {
     map: RwLock<FxHashMap<u16, Handler>>,
     /// The RDMA handler (from `Box::into_raw`), or null.
     rdma: AtomicPtr<Arc<RdmaFn>>,
@@ -64,7 +64,7 @@ impl Drop for Handlers {
 
 impl Handlers {
     /// Registers (or replaces) the handler of `id`.
-    pub fn set(&self, id: u16, h: Handler) {
+    pub(super) fn set(&self, id: u16, h: Handler) {
         self.map
             .write()
             .unwrap_or_else(|e| e.into_inner())
@@ -72,7 +72,7 @@ impl Handlers {
     }
 
     /// Sets (or, with `None`, removes) the RDMA completion handler.
-    pub fn set_rdma(&self, f: Option<Arc<RdmaFn>>) {
+    pub(super) fn set_rdma(&self, f: Option<Arc<RdmaFn>>) {
         let new = f.map_or(std::ptr::null_mut(), |f| Box::into_raw(Box::new(f)));
         let old = self.rdma.swap(new, Ordering::AcqRel);
         if !old.is_null() {
@@ -87,22 +87,22 @@ impl Handlers {
     }
 
     /// Sets (or, with `None`, removes) the peer-loss handler.
-    pub fn set_lost(&self, f: Option<Arc<LostFn>>) {
+    pub(super) fn set_lost(&self, f: Option<Arc<LostFn>>) {
         *self.lost.write().unwrap_or_else(|e| e.into_inner()) = f;
     }
 
-    pub fn lost(&self) -> Option<Arc<LostFn>> {
+    pub(super) fn lost(&self) -> Option<Arc<LostFn>> {
         self.lost.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
-    pub fn rdma(&self) -> Option<Arc<RdmaFn>> {
+    pub(super) fn rdma(&self) -> Option<Arc<RdmaFn>> {
         let p = self.rdma.load(Ordering::Acquire);
         // SAFETY: a non-null pointer is a live box (see `set_rdma`: never freed before `self`).
         (!p.is_null()).then(|| unsafe { (*p).clone() })
     }
 
     /// Calls the RDMA handler, if one is set (false if none).
-    pub fn call_rdma(&self, peer: Rank, token: u64, result: Result<(), LinkError>) -> bool {
+    pub(super) fn call_rdma(&self, peer: Rank, token: u64, result: Result<(), LinkError>) -> bool {
         let p = self.rdma.load(Ordering::Acquire);
         if p.is_null() {
             return false;
@@ -113,7 +113,7 @@ impl Handlers {
         true
     }
 
-    pub fn get(&self, id: u16) -> Option<Handler> {
+    pub(super) fn get(&self, id: u16) -> Option<Handler> {
         self.map
             .read()
             .unwrap_or_else(|e| e.into_inner())

@@ -11,12 +11,11 @@ mod endpoint;
 mod handlers;
 mod peer;
 mod progress_thread;
-pub mod queue_bound;
+pub(crate) mod queue_bound;
 mod replier;
 #[cfg(test)]
 mod tests;
 mod tickets;
 
 pub use endpoint::{Am, Ticket};
-pub use handlers::RdmaFn;
 pub use replier::Replier;

@@ -7,7 +7,7 @@ use crate::net::stats::Stats;
 use crate::net::wire::{Header, Kind, HEADER_LEN};
 use crate::net::{Link, LinkError, Rank};
 
-pub struct Peer {
+pub(super) struct Peer {
     pub flow: PeerFlow<Vec<u8>>,
     scratch: Vec<u8>,
     /// Queued messages popped for one batch (kept: no allocation per flush).
@@ -25,7 +25,7 @@ pub struct Peer {
 }
 
 /// Where a message goes out: the link, and the counters.
-pub struct Out<'a> {
+pub(super) struct Out<'a> {
     pub link: &'a dyn Link,
     pub stats: &'a Stats,
     pub to: Rank,
@@ -59,7 +59,7 @@ impl Out<'_> {
 const FLUSH_BATCH: usize = 16;
 
 impl Peer {
-    pub fn new(flow: PeerFlow<Vec<u8>>, max_size: usize) -> Peer {
+    pub(super) fn new(flow: PeerFlow<Vec<u8>>, max_size: usize) -> Peer {
         Peer {
             flow,
             scratch: Vec::with_capacity(max_size),
@@ -73,19 +73,19 @@ impl Peer {
     }
 
     /// Drops every queued message (the peer is gone, or we are).
-    pub fn drop_queued(&mut self) {
+    pub(super) fn drop_queued(&mut self) {
         self.flow.drain_pending().for_each(drop);
         self.queued_bytes = 0;
     }
 
     /// Nothing may be sent to this peer any more.
-    pub fn closed(&self) -> bool {
+    pub(super) fn closed(&self) -> bool {
         self.lost || self.got_bye || self.said_bye
     }
 
     /// Sends a request, reply or one-way now if a credit is free, else queues it (a stall, counted
     /// by the caller from the return value `Ok(false)`).
-    pub fn send_data(
+    pub(super) fn send_data(
         &mut self,
         out: &Out,
         mut h: Header,
@@ -118,7 +118,12 @@ impl Peer {
     /// A message from this peer is done with (its slot is free again): apply the credits it gave
     /// back, owe one for it if it held a credit, then send what that made possible: queued
     /// messages, and a credit-only message if we owe at least half the peer's data slots.
-    pub fn settle(&mut self, out: &Out, credits: u16, held_credit: bool) -> Result<(), LinkError> {
+    pub(super) fn settle(
+        &mut self,
+        out: &Out,
+        credits: u16,
+        held_credit: bool,
+    ) -> Result<(), LinkError> {
         if !self.flow.returned(credits as u32) {
             out.stats.excess_credits();
         }
@@ -129,7 +134,7 @@ impl Peer {
     }
 
     /// Sends queued messages while credits last, then a credit-only message if one is due.
-    pub fn flush(&mut self, out: &Out) -> Result<(), LinkError> {
+    pub(super) fn flush(&mut self, out: &Out) -> Result<(), LinkError> {
         if self.closed() {
             return Ok(());
         }
@@ -158,7 +163,7 @@ impl Peer {
     }
 
     /// Sends a credit-only or bye message (no credit needed: reserved slots) with all we owe.
-    pub fn send_control(&mut self, out: &Out, kind: Kind) -> Result<(), LinkError> {
+    pub(super) fn send_control(&mut self, out: &Out, kind: Kind) -> Result<(), LinkError> {
         let mut m = [0u8; HEADER_LEN];
         let h = Header {
             kind,

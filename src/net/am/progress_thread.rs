@@ -114,7 +114,7 @@ fn poll_while_busy(
 }
 
 impl ProgressThread {
-    pub fn start(inner: Arc<impl Progress>) -> std::io::Result<ProgressThread> {
+    pub(super) fn start(inner: Arc<impl Progress>) -> std::io::Result<ProgressThread> {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
         let spin = inner.spin();
@@ -150,7 +150,7 @@ impl ProgressThread {
 
     /// Stops the thread and waits for it, unless called on the thread itself (a handler that
     /// dropped the last `Am`): then it exits on its own after the current round.
-    pub fn stop(mut self) {
+    pub(super) fn stop(mut self) {
         self.stop_and_join();
     }
 

@@ -14,5 +14,4 @@
 //! Read with the other settings (`NetSettings::max_queued`, from `net/settings.rs`); an endpoint
 //! takes it from there and `Am::set_max_queued` changes it.
 
-pub const VAR: &str = "FH_AM_MAX_QUEUED";
-pub const DEFAULT: usize = 16 << 20;
+pub(crate) const DEFAULT: usize = 16 << 20;

@@ -23,11 +23,6 @@ pub struct Replier {
 }
 
 impl Replier {
-    /// The requester.
-    pub fn peer(&self) -> Rank {
-        self.peer
-    }
-
     /// Sends the reply (non-blocking: queued if no credit is free). `FH_ERR_FINALIZED` if the
     /// endpoint is finalized or gone.
     pub fn reply(self, payload: &[u8]) -> FhResult<()> {

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
-pub type Outcome = Result<Vec<u8>, fh_status>;
+pub(super) type Outcome = Result<Vec<u8>, fh_status>;
 
 struct Entry {
     peer: Rank,
@@ -28,7 +28,7 @@ struct Table {
 }
 
 #[derive(Default)]
-pub struct Tickets {
+pub(super) struct Tickets {
     table: Mutex<Table>,
     done: Condvar,
     /// Outcomes set so far (bumped after the outcome is in the table).
@@ -48,7 +48,7 @@ impl Tickets {
 
     /// How many outcomes were ever set: a waiter whose ticket was not settled at one value need
     /// not look again until it changes.
-    pub fn settled(&self) -> u64 {
+    pub(super) fn settled(&self) -> u64 {
         self.settled.load(Ordering::Acquire)
     }
 
@@ -63,7 +63,7 @@ impl Tickets {
 
     /// A new outstanding request to `peer`; its token is never 0 and never one in use, so a
     /// reply to a finished request (stale) cannot complete a newer one until 2^32 requests later.
-    pub fn open(&self, peer: Rank) -> u32 {
+    pub(super) fn open(&self, peer: Rank) -> u32 {
         let mut t = self.lock();
         loop {
             t.next = t.next.wrapping_add(1);
@@ -82,7 +82,7 @@ impl Tickets {
     }
 
     /// Settles a token with a reply from `from`; false if no such request is waiting for `from`.
-    pub fn complete(&self, token: u32, from: Rank, payload: &[u8]) -> bool {
+    pub(super) fn complete(&self, token: u32, from: Rank, payload: &[u8]) -> bool {
         let mut t = self.lock();
         match t.map.get_mut(&token) {
             Some(e) if e.peer == from && e.outcome.is_none() => {
@@ -96,7 +96,7 @@ impl Tickets {
     }
 
     /// Fails every outstanding request to `peer` (`None`: to everyone).
-    pub fn fail_peer(&self, peer: Option<Rank>, why: fh_status) {
+    pub(super) fn fail_peer(&self, peer: Option<Rank>, why: fh_status) {
         let mut t = self.lock();
         for e in t.map.values_mut() {
             if !matches!(peer, Some(p) if p != e.peer) && e.outcome.is_none() {
@@ -109,7 +109,7 @@ impl Tickets {
 
     /// The outcome if settled (the token is then spent); `Some(Err(UNKNOWN_HANDLE))` for a token
     /// that is not outstanding.
-    pub fn take(&self, token: u32) -> Option<Outcome> {
+    pub(super) fn take(&self, token: u32) -> Option<Outcome> {
         let mut t = self.lock();
         match t.map.get(&token) {
             None => Some(Err(fh_status::FH_ERR_UNKNOWN_HANDLE)),
@@ -119,12 +119,12 @@ impl Tickets {
     }
 
     /// Forgets a request (timed out, or cancelled): a reply that still comes is stale.
-    pub fn forget(&self, token: u32) {
+    pub(super) fn forget(&self, token: u32) {
         self.lock().map.remove(&token);
     }
 
     /// Sleeps until some request completes or `d` passes, unless `token` is settled already.
-    pub fn sleep(&self, token: u32, d: Duration) {
+    pub(super) fn sleep(&self, token: u32, d: Duration) {
         let t = self.lock();
         if let Some(Entry { outcome: None, .. }) = t.map.get(&token) {
             self.sleepers.fetch_add(1, Ordering::AcqRel);
@@ -136,13 +136,13 @@ impl Tickets {
         }
     }
 
-    pub fn outstanding(&self) -> usize {
+    pub(super) fn outstanding(&self) -> usize {
         self.lock().map.len()
     }
 
     /// Condvar notifications sent so far.
     #[cfg(test)]
-    pub fn notifies(&self) -> u64 {
+    pub(super) fn notifies(&self) -> u64 {
         self.notifies.load(Ordering::Relaxed)
     }
 }

@@ -16,14 +16,14 @@ use std::fmt;
 
 /// `allgather(ctx, send, len, recv)`: every rank sends `len` bytes from `send`; `recv` receives
 /// `size * len` bytes, rank 0's first. Returns 0 on success.
-pub type AllgatherFn = unsafe extern "C" fn(
+pub(crate) type AllgatherFn = unsafe extern "C" fn(
     ctx: *mut c_void,
     send: *const c_void,
     len: usize,
     recv: *mut c_void,
 ) -> c_int;
 /// `barrier(ctx)`: returns once every rank has called it; 0 on success.
-pub type BarrierFn = unsafe extern "C" fn(ctx: *mut c_void) -> c_int;
+pub(crate) type BarrierFn = unsafe extern "C" fn(ctx: *mut c_void) -> c_int;
 
 /// What the host hands in (the Rust side of `fh_bootstrap_ops`).
 #[derive(Debug, Clone, Copy)]

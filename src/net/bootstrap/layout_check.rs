@@ -6,7 +6,7 @@ use std::process::Command;
 
 /// Compiles `src` with `cc` plus `extra` arguments into a temporary executable, runs it and
 /// parses its `name value` lines.
-pub fn compile_and_run(src: &str, extra: &[String]) -> Result<Vec<(String, usize)>, String> {
+pub(crate) fn compile_and_run(src: &str, extra: &[String]) -> Result<Vec<(String, usize)>, String> {
     // Unique per test process and source, so parallel tests never share a binary.
     let stem = std::path::Path::new(src)
         .file_stem()
@@ -51,7 +51,7 @@ pub fn compile_and_run(src: &str, extra: &[String]) -> Result<Vec<(String, usize
 
 /// Panics with every difference listed (not just the first), and if either side names something
 /// the other does not.
-pub fn compare(ours: &[(&str, usize)], theirs: &[(String, usize)]) {
+pub(crate) fn compare(ours: &[(&str, usize)], theirs: &[(String, usize)]) {
     let mut bad = Vec::new();
     for (name, v) in ours {
         match theirs.iter().find(|(n, _)| n == name) {

@@ -6,12 +6,12 @@
 //! Owns: the job's rank and size, collective exchange before the links are up.
 //! May call: libc, the PMIx library (loaded at run time), the host's callbacks. Nothing else.
 
-pub mod callback;
+pub(crate) mod callback;
 #[cfg(test)]
 pub(crate) mod layout_check;
 pub mod local;
-pub mod pmix;
-pub mod select;
+pub(crate) mod pmix;
+pub(crate) mod select;
 
 pub use callback::{BadOps, CallbackBootstrap, HostOps};
 pub use local::{LocalBootstrap, LocalGroup, Single};

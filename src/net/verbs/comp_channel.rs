@@ -75,7 +75,7 @@ impl CompChannel {
     /// Sleep until the fd is readable or `timeout` passed. `Ok(true)` when readable. EINTR counts
     /// as a (spurious) wakeup: callers re-check their CQs anyway.
     /// A [`CompChannel::wake`] also ends the sleep (and is consumed): `Ok(true)` too.
-    pub fn wait_readable(&self, timeout: Duration) -> VerbsResult<bool> {
+    pub(crate) fn wait_readable(&self, timeout: Duration) -> VerbsResult<bool> {
         let mut pfd = [
             libc::pollfd {
                 fd: self.fd(),
@@ -119,7 +119,7 @@ impl CompChannel {
     }
 
     /// Read and acknowledge every pending event; returns how many there were. Never blocks.
-    pub fn drain_events(&self) -> VerbsResult<usize> {
+    pub(crate) fn drain_events(&self) -> VerbsResult<usize> {
         let mut n = 0;
         loop {
             let mut cq: *mut ibv_cq = std::ptr::null_mut();

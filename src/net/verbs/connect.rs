@@ -16,7 +16,7 @@ use super::comp_channel::CompChannel;
 use super::cq::{Cq, POLL_BATCH};
 use super::endpoint_blob::RankBlob;
 use super::link::VerbsLink;
-use super::path::{gid_index_from_env, Endpoint, Path};
+use super::path::{Endpoint, Path};
 use super::peer::Peer;
 use super::qp::{Qp, QpCaps, QpTiming, Sge};
 use super::reg_buf::RegBuf;
@@ -70,17 +70,6 @@ impl Default for VerbsLinkConfig {
             settings: LinkSettings::default(),
             timing: LINK_TIMING,
         }
-    }
-}
-
-impl VerbsLinkConfig {
-    /// Port 1, `FH_GID_INDEX`, `FH_AM_RECV_DEPTH`, `FH_AM_MAX_SIZE`; a bad value is an error.
-    pub fn from_env() -> Result<Self, LinkError> {
-        Ok(VerbsLinkConfig {
-            gid_index: gid_index_from_env().map_err(dev)?,
-            settings: LinkSettings::from_env().map_err(|e| LinkError::Device(e.to_string()))?,
-            ..Self::default()
-        })
     }
 }
 

@@ -45,7 +45,7 @@ pub struct Completion {
 }
 
 impl Completion {
-    pub fn is_success(&self) -> bool {
+    pub(crate) fn is_success(&self) -> bool {
         self.status == ibv_wc_status::IBV_WC_SUCCESS
     }
 
@@ -108,7 +108,7 @@ impl Cq {
 
     /// Ask for one event on the CQ's channel at the next completion (any completion, not only
     /// solicited ones). Completions already queued do not trigger it: re-poll after arming.
-    pub fn req_notify(&self) -> VerbsResult<()> {
+    pub(crate) fn req_notify(&self) -> VerbsResult<()> {
         // SAFETY: the CQ is alive; `ibv_req_notify_cq` is a verbs.h inline that calls the
         // provider's op (rdma-sys reimplements it the same way).
         let ret = unsafe { ibv_req_notify_cq(self.as_raw(), 0) };
@@ -121,7 +121,7 @@ impl Cq {
     /// Poll once into `out` (at most `out.len()`, and at most `POLL_BATCH`, entries); returns how
     /// many were written. No allocation: this is on the message path.
     #[inline]
-    pub fn poll_batch(&self, out: &mut [Completion]) -> VerbsResult<usize> {
+    pub(crate) fn poll_batch(&self, out: &mut [Completion]) -> VerbsResult<usize> {
         let mut wcs: [MaybeUninit<ibv_wc>; POLL_BATCH] =
             [const { MaybeUninit::uninit() }; POLL_BATCH];
         let want = out.len().min(POLL_BATCH) as i32;

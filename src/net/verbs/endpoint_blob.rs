@@ -24,13 +24,13 @@ use crate::pin::verbs::Gid;
 
 const MAGIC: u32 = u32::from_le_bytes(*b"FHVL");
 /// Bump when the layout changes.
-pub const VERSION: u16 = 2;
+pub(crate) const VERSION: u16 = 2;
 const HEADER: usize = 56;
 const PER_PEER: usize = 8;
 
 /// A blob that does not decode.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BlobError(pub String);
+pub(crate) struct BlobError(pub String);
 
 impl fmt::Display for BlobError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -42,7 +42,7 @@ impl std::error::Error for BlobError {}
 
 /// One rank's connection information.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RankBlob {
+pub(crate) struct RankBlob {
     pub rank: Rank,
     pub size: u32,
     pub lid: u16,
@@ -59,12 +59,12 @@ pub struct RankBlob {
 }
 
 /// Bytes one rank contributes in a job of `size` ranks.
-pub fn blob_len(size: u32) -> usize {
+pub(crate) fn blob_len(size: u32) -> usize {
     HEADER + PER_PEER * size as usize
 }
 
 impl RankBlob {
-    pub fn encode(&self) -> Vec<u8> {
+    pub(crate) fn encode(&self) -> Vec<u8> {
         let mut b = Vec::with_capacity(blob_len(self.size));
         b.extend_from_slice(&MAGIC.to_le_bytes());
         b.extend_from_slice(&VERSION.to_le_bytes());
@@ -87,7 +87,7 @@ impl RankBlob {
     }
 
     /// Decode the blob at position `rank` of a job of `size` ranks.
-    pub fn decode(b: &[u8], rank: Rank, size: u32) -> Result<Self, BlobError> {
+    pub(crate) fn decode(b: &[u8], rank: Rank, size: u32) -> Result<Self, BlobError> {
         if b.len() != blob_len(size) {
             return Err(BlobError(format!(
                 "rank {rank}: {} bytes, expected {} for {size} ranks",
@@ -137,7 +137,7 @@ impl RankBlob {
     }
 
     /// Split an allgather result into the `size` blobs, each checked.
-    pub fn decode_all(all: &[u8], size: u32) -> Result<Vec<Self>, BlobError> {
+    pub(crate) fn decode_all(all: &[u8], size: u32) -> Result<Vec<Self>, BlobError> {
         let len = blob_len(size);
         if all.len() != len * size as usize {
             return Err(BlobError(format!(

@@ -50,7 +50,7 @@ const SEND_CQ_POLL_EVERY: u32 = 32;
 /// How long a lost peer's `PeerLost` waits for the flush completions of its outstanding RDMA
 /// ops (so they are reported first). A device flushes within milliseconds; past this the loss
 /// is reported anyway, and a late flush still reports its op (after the `PeerLost`).
-pub const RDMA_FLUSH_GRACE: Duration = Duration::from_secs(5);
+pub(super) const RDMA_FLUSH_GRACE: Duration = Duration::from_secs(5);
 
 /// A finished RDMA op, reaped and waiting for `poll` to deliver it.
 type RdmaDone = (Rank, u64, Result<(), LinkError>);
@@ -154,11 +154,6 @@ impl VerbsLink {
     fn drop_one(&self) -> usize {
         self.dropped.fetch_add(1, Ordering::Relaxed);
         0
-    }
-
-    /// Whether `peer` is still connected (as far as completions have shown so far).
-    pub fn is_alive(&self, peer: Rank) -> bool {
-        self.peer(peer).is_ok_and(Peer::is_alive)
     }
 
     #[inline]

@@ -13,15 +13,15 @@
 mod comp_channel;
 mod connect;
 mod cq;
-pub mod endpoint_blob;
+pub(crate) mod endpoint_blob;
 mod link;
 mod path;
 mod peer;
 mod qp;
 mod reg_buf;
-pub mod settings;
-pub mod windows;
-pub mod wr_id;
+pub(crate) mod settings;
+pub(crate) mod windows;
+pub(crate) mod wr_id;
 
 pub use comp_channel::CompChannel;
 pub use connect::{VerbsLinkConfig, LINK_TIMING};

@@ -47,7 +47,7 @@ pub(super) struct Peer {
 }
 
 impl Peer {
-    pub fn new(qp: Qp, probe_addr: u64, probe_rkey: u32, sq_depth: u32) -> Self {
+    pub(super) fn new(qp: Qp, probe_addr: u64, probe_rkey: u32, sq_depth: u32) -> Self {
         Peer {
             qp,
             probe_addr,
@@ -63,19 +63,19 @@ impl Peer {
     }
 
     #[inline]
-    pub fn is_alive(&self) -> bool {
+    pub(super) fn is_alive(&self) -> bool {
         self.state.load(Ordering::Acquire) == ALIVE
     }
 
     /// Reported lost by `poll`: receives still in the CQ from it are dropped, not delivered.
     #[inline]
-    pub fn is_reported(&self) -> bool {
+    pub(super) fn is_reported(&self) -> bool {
         self.state.load(Ordering::Acquire) == REPORTED
     }
 
     /// Mark the peer lost. True only for the call that changed the state (the caller then counts
     /// one unreported loss).
-    pub fn mark_lost(&self, reason: LinkError) -> bool {
+    pub(super) fn mark_lost(&self, reason: LinkError) -> bool {
         let mut r = self.reason.lock().unwrap_or_else(|p| p.into_inner());
         if self
             .state
@@ -91,7 +91,7 @@ impl Peer {
     }
 
     /// Claim the report of a loss: `Some(reason)` exactly once per lost peer.
-    pub fn take_report(&self) -> Option<LinkError> {
+    pub(super) fn take_report(&self) -> Option<LinkError> {
         if self
             .state
             .compare_exchange(LOST, REPORTED, Ordering::AcqRel, Ordering::Acquire)
@@ -105,26 +105,26 @@ impl Peer {
     }
 
     /// When the peer was marked lost (`None` while alive).
-    pub fn lost_at(&self) -> Option<Instant> {
+    pub(super) fn lost_at(&self) -> Option<Instant> {
         self.lost_at.get().copied()
     }
 
     /// Remember the token of the RDMA op about to be posted as `seq` (caller holds `posted`).
     #[inline]
-    pub fn set_token(&self, seq: u64, token: u64) {
+    pub(super) fn set_token(&self, seq: u64, token: u64) {
         let i = (seq % self.tokens.len() as u64) as usize;
         self.tokens[i].store(token, Ordering::Release);
     }
 
     /// The token of RDMA op `seq` (valid until `completed` passes `seq`).
     #[inline]
-    pub fn token(&self, seq: u64) -> u64 {
+    pub(super) fn token(&self, seq: u64) -> u64 {
         self.tokens[(seq % self.tokens.len() as u64) as usize].load(Ordering::Acquire)
     }
 
     /// A signaled work request `seq` completed: so did everything before it.
     #[inline]
-    pub fn complete_through(&self, seq: u64) {
+    pub(super) fn complete_through(&self, seq: u64) {
         self.completed.fetch_max(seq + 1, Ordering::AcqRel);
     }
 }

@@ -100,10 +100,10 @@ const RETRY_CNT: u8 = 7;
 const RNR_RETRY: u8 = 7; // 7 = retry forever on receiver-not-ready
 const MIN_RNR_TIMER: u8 = 12; // 0.64 ms
 /// Outstanding RDMA READs by default; rxe and every HCA support at least 1.
-pub const RD_ATOMIC: u8 = 1;
+pub(super) const RD_ATOMIC: u8 = 1;
 const HOP_LIMIT: u8 = 64;
 /// Most work requests `post_send_chain` posts in one call.
-pub const MAX_CHAIN: usize = 16;
+pub(super) const MAX_CHAIN: usize = 16;
 
 /// The flags of the plain `post_*` calls: one completion each.
 const SIGNALED: SendFlags = SendFlags {
@@ -226,7 +226,7 @@ impl Qp {
     }
 
     /// RESET -> INIT on `port`, allowing the remote side the rights in `remote_access`.
-    pub fn to_init(&self, port: u8, remote_access: Access) -> VerbsResult<()> {
+    pub(crate) fn to_init(&self, port: u8, remote_access: Access) -> VerbsResult<()> {
         // SAFETY: plain-data struct; all-zero is valid and means "unset".
         let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
         a.qp_state = ibv_qp_state::IBV_QPS_INIT;
@@ -237,13 +237,13 @@ impl Qp {
         self.modify(&mut a, m | mask::IBV_QP_ACCESS_FLAGS, "ibv_modify_qp(INIT)")
     }
 
-    /// INIT -> RTR: bind to the remote QP (address vector, remote QPN and starting PSN).
-    pub fn to_rtr(&self, path: &Path, remote: &Endpoint) -> VerbsResult<()> {
-        self.to_rtr_with(path, remote, QpTiming::default())
-    }
-
     /// INIT -> RTR with `timing.min_rnr_timer` (the only timing field the responder side uses).
-    pub fn to_rtr_with(&self, path: &Path, remote: &Endpoint, timing: QpTiming) -> VerbsResult<()> {
+    pub(crate) fn to_rtr_with(
+        &self,
+        path: &Path,
+        remote: &Endpoint,
+        timing: QpTiming,
+    ) -> VerbsResult<()> {
         // SAFETY: plain-data struct; all-zero is valid and means "unset".
         let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
         a.qp_state = ibv_qp_state::IBV_QPS_RTR;
@@ -274,13 +274,8 @@ impl Qp {
         self.modify(&mut a, m, "ibv_modify_qp(RTR)")
     }
 
-    /// RTR -> RTS: start sending from `psn`, with the default timing.
-    pub fn to_rts(&self, psn: u32) -> VerbsResult<()> {
-        self.to_rts_with(psn, QpTiming::default())
-    }
-
     /// RTR -> RTS: start sending from `psn` with `timing`.
-    pub fn to_rts_with(&self, psn: u32, timing: QpTiming) -> VerbsResult<()> {
+    pub(crate) fn to_rts_with(&self, psn: u32, timing: QpTiming) -> VerbsResult<()> {
         // SAFETY: plain-data struct; all-zero is valid and means "unset".
         let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
         a.qp_state = ibv_qp_state::IBV_QPS_RTS;
@@ -310,7 +305,7 @@ impl Qp {
     }
 
     /// `connect` with explicit transport timing.
-    pub fn connect_with(
+    pub(crate) fn connect_with(
         &self,
         path: &Path,
         local_psn: u32,
@@ -437,7 +432,7 @@ impl Qp {
     /// until this or a later signalled work request of this QP completes. With `flags.inline`:
     /// `local.len <= caps().max_inline_data` and `local` readable for the call (lkey unused).
     #[inline]
-    pub unsafe fn post_send_with(
+    pub(crate) unsafe fn post_send_with(
         &self,
         wr_id: u64,
         local: Sge,
@@ -454,7 +449,7 @@ impl Qp {
     ///
     /// # Safety
     /// Each entry as `post_send_with`.
-    pub unsafe fn post_send_chain(
+    pub(crate) unsafe fn post_send_chain(
         &self,
         sends: &[(u64, Sge, SendFlags)],
     ) -> Result<(), (usize, VerbsError)> {
@@ -521,7 +516,7 @@ impl Qp {
     /// # Safety
     /// As `post_send_with` for `local`, plus: `[remote_addr, +len)` must be memory the peer allows
     /// us to write and does not otherwise rely on.
-    pub unsafe fn post_rdma_write_with(
+    pub(crate) unsafe fn post_rdma_write_with(
         &self,
         wr_id: u64,
         local: Sge,
@@ -546,7 +541,7 @@ impl Qp {
     ///
     /// # Safety
     /// As `post_rdma_read`.
-    pub unsafe fn post_rdma_read_with(
+    pub(crate) unsafe fn post_rdma_read_with(
         &self,
         wr_id: u64,
         local: Sge,

@@ -77,7 +77,7 @@ impl LinkSettings {
     }
 
     /// Check values built in code the same way the environment's are.
-    pub fn validate(&self) -> Result<(), SettingsError> {
+    pub(crate) fn validate(&self) -> Result<(), SettingsError> {
         let check = |name, v: u64, lo: u64, hi: u64| {
             if v < lo || v > hi {
                 Err(SettingsError(format!(

@@ -68,7 +68,7 @@ impl VerbsLink {
     /// `access` (`REMOTE_READ` and/or `REMOTE_WRITE`), and return the key to give that peer.
     /// `mr` must have local write if `access` has remote write, and `MW_BIND`. Nothing is bound
     /// (and an error returned) for a range outside `mr`, an empty one, or a lost peer.
-    pub fn bind_window(
+    pub(crate) fn bind_window(
         &self,
         peer: Rank,
         mw: &mut Mw,

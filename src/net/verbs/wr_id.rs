@@ -8,11 +8,11 @@
 use crate::net::Rank;
 
 /// Ranks must fit the 30-bit peer field.
-pub const MAX_RANKS: u32 = 1 << 30;
+pub(crate) const MAX_RANKS: u32 = 1 << 30;
 
 /// What a work request was posted for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WrKind {
+pub(crate) enum WrKind {
     /// A receive slot.
     Recv = 0,
     /// A SEND of a message.
@@ -25,7 +25,7 @@ pub enum WrKind {
 
 /// Pack a work request id. `peer < MAX_RANKS`.
 #[inline]
-pub fn encode(kind: WrKind, peer: Rank, low: u32) -> u64 {
+pub(crate) fn encode(kind: WrKind, peer: Rank, low: u32) -> u64 {
     debug_assert!(peer < MAX_RANKS);
     ((kind as u64) << 62) | (u64::from(peer & (MAX_RANKS - 1)) << 32) | u64::from(low)
 }
@@ -33,7 +33,7 @@ pub fn encode(kind: WrKind, peer: Rank, low: u32) -> u64 {
 /// Unpack a work request id. Every 2-bit kind is in use, so every id decodes; the caller still
 /// checks the peer and slot against its tables (`Option` is kept for a future kind that is not).
 #[inline]
-pub fn decode(wr_id: u64) -> Option<(WrKind, Rank, u32)> {
+pub(crate) fn decode(wr_id: u64) -> Option<(WrKind, Rank, u32)> {
     let kind = match wr_id >> 62 {
         0 => WrKind::Recv,
         1 => WrKind::Send,
@@ -46,7 +46,7 @@ pub fn decode(wr_id: u64) -> Option<(WrKind, Rank, u32)> {
 /// The full sequence number whose low 32 bits are `low`, given that it is at or after
 /// `completed` and fewer than 2^32 sequence numbers past it.
 #[inline]
-pub fn full_seq(completed: u64, low: u32) -> u64 {
+pub(crate) fn full_seq(completed: u64, low: u32) -> u64 {
     completed + u64::from(low.wrapping_sub(completed as u32))
 }
 

@@ -52,7 +52,7 @@ impl Context {
     /// Port attributes (ports are numbered from 1).
     /// How many RDMA READs (and atomics) one QP may have outstanding: `(as initiator, as
     /// responder)` = the device's `max_qp_init_rd_atom` and `max_qp_rd_atom`.
-    pub fn rd_atomic_limits(&self) -> VerbsResult<(u32, u32)> {
+    pub(crate) fn rd_atomic_limits(&self) -> VerbsResult<(u32, u32)> {
         // SAFETY: ibv_device_attr is plain data; all-zero is a valid value.
         let mut attr: ibv_device_attr = unsafe { std::mem::zeroed() };
         // SAFETY: the context is open and `attr` is a valid out-pointer.
@@ -68,7 +68,7 @@ impl Context {
 
     /// Whether the device binds type 2 memory windows (type 2A or 2B): keys bound through one
     /// queue pair that work on its connection only.
-    pub fn has_type2_windows(&self) -> VerbsResult<bool> {
+    pub(crate) fn has_type2_windows(&self) -> VerbsResult<bool> {
         // SAFETY: ibv_device_attr is plain data; all-zero is a valid value.
         let mut attr: ibv_device_attr = unsafe { std::mem::zeroed() };
         // SAFETY: the context is open and `attr` is a valid out-pointer.
@@ -81,7 +81,7 @@ impl Context {
         Ok(attr.device_cap_flags & type2 != 0 && attr.max_mw > 0)
     }
 
-    pub fn query_port(&self, port: u8) -> VerbsResult<PortInfo> {
+    pub(crate) fn query_port(&self, port: u8) -> VerbsResult<PortInfo> {
         // SAFETY: ibv_port_attr is plain data; all-zero is a valid value.
         let mut attr: ibv_port_attr = unsafe { std::mem::zeroed() };
         // SAFETY: the context is open and `attr` is a valid out-pointer of the right size
@@ -101,7 +101,7 @@ impl Context {
     }
 
     /// GID `index` of `port`.
-    pub fn query_gid(&self, port: u8, index: u8) -> VerbsResult<Gid> {
+    pub(crate) fn query_gid(&self, port: u8, index: u8) -> VerbsResult<Gid> {
         let mut gid = ibv_gid { raw: [0; 16] };
         // SAFETY: the context is open and `gid` is a valid out-pointer.
         let ret = unsafe { ibv_query_gid(self.as_raw(), port, i32::from(index), &mut gid) };
@@ -149,7 +149,7 @@ impl PortInfo {
     }
 
     /// RoCE (Soft-RoCE included): addressing needs a GRH with a GID; LIDs are unused.
-    pub fn is_ethernet(&self) -> bool {
+    pub(crate) fn is_ethernet(&self) -> bool {
         self.link_layer == LINK_LAYER_ETHERNET
     }
 }
@@ -160,7 +160,7 @@ pub struct Gid(pub [u8; 16]);
 
 impl Gid {
     /// An unpopulated GID table slot reads as all zeros.
-    pub fn is_zero(&self) -> bool {
+    pub(crate) fn is_zero(&self) -> bool {
         self.0.iter().all(|&b| b == 0)
     }
 

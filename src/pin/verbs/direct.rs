@@ -30,6 +30,7 @@ struct Direct {
     reg_mr_iova2: Option<RegMrIova2Fn>,
     dereg_mr: DeregMrFn,
     /// Whether both came from libibverbs' handle (not the linked fallback).
+    #[cfg_attr(not(test), allow(dead_code))]
     from_handle: bool,
 }
 
@@ -89,7 +90,12 @@ fn get() -> &'static Direct {
 ///
 /// # Safety
 /// As `ibv_reg_mr`: `pd` is a live protection domain.
-pub unsafe fn reg_mr(pd: *mut ibv_pd, addr: *mut c_void, len: usize, access: c_int) -> *mut ibv_mr {
+pub(crate) unsafe fn reg_mr(
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    len: usize,
+    access: c_int,
+) -> *mut ibv_mr {
     match get().reg_mr_iova2 {
         // SAFETY: the caller's contract is libibverbs' own; the access flags are the same bits.
         Some(f) => unsafe { f(pd, addr, len, addr as u64, access as std::ffi::c_uint) },
@@ -102,13 +108,14 @@ pub unsafe fn reg_mr(pd: *mut ibv_pd, addr: *mut c_void, len: usize, access: c_i
 ///
 /// # Safety
 /// As `ibv_dereg_mr`: `mr` came from [`reg_mr`] and is deregistered once.
-pub unsafe fn dereg_mr(mr: *mut ibv_mr) -> c_int {
+pub(crate) unsafe fn dereg_mr(mr: *mut ibv_mr) -> c_int {
     // SAFETY: the caller's contract is libibverbs' own.
     unsafe { (get().dereg_mr)(mr) }
 }
 
 /// Whether registrations bypass interposers (both functions came from libibverbs' handle).
-pub fn bypasses_interposers() -> bool {
+#[cfg(test)]
+pub(crate) fn bypasses_interposers() -> bool {
     get().from_handle
 }
 

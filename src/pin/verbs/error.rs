@@ -31,7 +31,7 @@ impl VerbsError {
 
     /// The error of a verb that returns its errno directly (`ibv_modify_qp`, `ibv_post_send`...).
     /// Some providers return -1 and set errno instead, so a negative value reads errno.
-    pub fn from_ret(op: &'static str, ret: i32) -> Self {
+    pub(crate) fn from_ret(op: &'static str, ret: i32) -> Self {
         if ret < 0 {
             Self::last(op)
         } else {

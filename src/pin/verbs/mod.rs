@@ -10,7 +10,7 @@
 
 mod context;
 mod device;
-pub mod direct;
+pub(crate) mod direct;
 mod error;
 mod mr;
 mod mw;

@@ -43,7 +43,7 @@ impl Mw {
 
     /// The key the next bind must carry: the index part stays, the low 8 bits (the key part the
     /// consumer owns) move on, so a key of an earlier binding never works again.
-    pub fn next_rkey(&self) -> u32 {
+    pub(crate) fn next_rkey(&self) -> u32 {
         let k = self.rkey();
         (k & !0xff) | (k.wrapping_add(1) & 0xff)
     }
@@ -57,7 +57,7 @@ impl Mw {
     /// Record the key of a bind just posted. Libibverbs updates it only for type 1 binds; a
     /// provider checks the window's current key in the next bind request (rxe does), so it must
     /// follow every type 2 bind.
-    pub fn set_rkey(&mut self, rkey: u32) {
+    pub(crate) fn set_rkey(&mut self, rkey: u32) {
         // SAFETY: `raw` points to a live window; we have it exclusively.
         unsafe { (*self.raw.as_ptr()).rkey = rkey }
     }

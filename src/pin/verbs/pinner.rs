@@ -40,7 +40,7 @@ impl VerbsPinner {
     /// # Safety
     /// `pd` must be a valid `struct ibv_pd *` that stays allocated for as long as this pinner and
     /// every registration it returned are alive (the caller deallocates it only afterwards).
-    pub unsafe fn from_raw_pd(pd: *mut ibv_pd) -> Option<Self> {
+    pub(crate) unsafe fn from_raw_pd(pd: *mut ibv_pd) -> Option<Self> {
         if pd.is_null() {
             return None;
         }
@@ -49,11 +49,6 @@ impl VerbsPinner {
             _owned: None,
             dereg_failures: AtomicU64::new(0),
         })
-    }
-
-    /// The PD registrations are made on.
-    pub fn pd_raw(&self) -> *mut ibv_pd {
-        self.pd
     }
 
     /// How many `ibv_dereg_mr` calls failed (`unpin` cannot return an error, so it counts them).

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 /// Sleeps while `*word == expected`, at most `timeout` (`None`: until woken). Returns on a
 /// wake-up, a changed value, the timeout, or a signal; the caller re-checks its condition.
-pub fn wait(word: &AtomicU32, expected: u32, timeout: Option<Duration>) {
+pub(super) fn wait(word: &AtomicU32, expected: u32, timeout: Option<Duration>) {
     let ts = timeout.map(|t| libc::timespec {
         tv_sec: t.as_secs().min(i64::MAX as u64) as libc::time_t,
         tv_nsec: t.subsec_nanos() as libc::c_long,
@@ -28,7 +28,7 @@ pub fn wait(word: &AtomicU32, expected: u32, timeout: Option<Duration>) {
 }
 
 /// Wakes up to `n` threads sleeping in [`wait`] on `word`.
-pub fn wake(word: &AtomicU32, n: i32) {
+pub(super) fn wake(word: &AtomicU32, n: i32) {
     // SAFETY: FUTEX_WAKE only uses the address as a key; it reads and writes no memory.
     unsafe {
         libc::syscall(
@@ -41,7 +41,7 @@ pub fn wake(word: &AtomicU32, n: i32) {
 }
 
 /// Wakes every thread sleeping on `word`.
-pub fn wake_all(word: &AtomicU32) {
+pub(super) fn wake_all(word: &AtomicU32) {
     wake(word, i32::MAX);
 }
 

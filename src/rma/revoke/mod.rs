@@ -22,11 +22,11 @@
 
 mod futex;
 mod listener;
-pub mod pinned;
-pub mod queue;
-pub mod settings;
+pub(crate) mod pinned;
+pub(crate) mod queue;
+pub(crate) mod settings;
 mod shared;
-pub mod worker;
+pub(crate) mod worker;
 
 pub use pinned::{Overlap, PinnedRanges};
 pub use settings::RevokeSettings;

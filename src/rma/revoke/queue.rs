@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::SeqCst};
 use std::time::{Duration, Instant};
 
 /// Slots of a queue made by `Revocation` (waiters at once before sweeps take over).
-pub const DEFAULT_SLOTS: usize = 64;
+pub(crate) const DEFAULT_SLOTS: usize = 64;
 
 const FREE: u32 = 0;
 const CLAIMED: u32 = 1;
@@ -37,14 +37,14 @@ struct Slot {
 
 /// What a push got: a slot, or a sweep request (the queue was full).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Ticket {
+pub(crate) enum Ticket {
     Slot(usize),
     Sweep(u32),
 }
 
 /// How a wait ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Waited {
+pub(crate) enum Waited {
     Done,
     TimedOut,
     /// The queue was closed (the context is going away): nothing more will be revoked.
@@ -53,7 +53,7 @@ pub enum Waited {
     Stalled,
 }
 
-pub struct RevokeQueue {
+pub(crate) struct RevokeQueue {
     slots: Box<[Slot]>,
     /// Bumped by every push: the worker sleeps on it.
     work: AtomicU32,
@@ -78,7 +78,7 @@ fn reached(a: u32, b: u32) -> bool {
 }
 
 impl RevokeQueue {
-    pub fn new(slots: usize) -> Self {
+    pub(crate) fn new(slots: usize) -> Self {
         RevokeQueue {
             slots: (0..slots.max(1)).map(|_| Slot::default()).collect(),
             work: AtomicU32::new(0),
@@ -96,7 +96,7 @@ impl RevokeQueue {
 
     /// Hook side: queues a revoke of `[addr, addr + len)`. `detached`: nobody will wait for it.
     /// No allocation, no lock.
-    pub fn push(&self, addr: u64, len: u64, detached: bool) -> Ticket {
+    pub(crate) fn push(&self, addr: u64, len: u64, detached: bool) -> Ticket {
         for (i, s) in self.slots.iter().enumerate() {
             if s.state.load(SeqCst) == FREE
                 && s.state
@@ -118,13 +118,19 @@ impl RevokeQueue {
 
     /// Hook side: sleeps until the ticket's revoke is over, at most `timeout`. A slot is freed
     /// here (or handed to the worker to free). No allocation, no lock.
-    pub fn wait(&self, t: Ticket, timeout: Duration) -> Waited {
+    #[cfg(test)]
+    pub(crate) fn wait(&self, t: Ticket, timeout: Duration) -> Waited {
         self.wait_watching(t, timeout, None)
     }
 
     /// As [`RevokeQueue::wait`], and with `stall`, also gives up (`Stalled`) once the worker has
     /// not [`RevokeQueue::beat`] for that long: it may be blocked on a lock this thread holds.
-    pub fn wait_watching(&self, t: Ticket, timeout: Duration, stall: Option<Duration>) -> Waited {
+    pub(crate) fn wait_watching(
+        &self,
+        t: Ticket,
+        timeout: Duration,
+        stall: Option<Duration>,
+    ) -> Waited {
         let start = Instant::now();
         let mut last_beat = (self.beat.load(SeqCst), start);
         // `Err(why)`: stop waiting now. `Ok(nap)`: sleep at most that long, then look again.
@@ -190,18 +196,18 @@ impl RevokeQueue {
     }
 
     /// Worker side: a sign of life, given at every turn of its loop (see `wait_watching`).
-    pub fn beat(&self) {
+    pub(crate) fn beat(&self) {
         self.beat.fetch_add(1, SeqCst);
     }
 
     /// Worker side: the counter to pass to [`RevokeQueue::sleep`], read *before* looking for
     /// work (a push after the read makes the sleep return at once).
-    pub fn work_seq(&self) -> u32 {
+    pub(crate) fn work_seq(&self) -> u32 {
         self.work.load(SeqCst)
     }
 
     /// Worker side: sleeps until a push after `seen`, a close, or `timeout`.
-    pub fn sleep(&self, seen: u32, timeout: Duration) {
+    pub(crate) fn sleep(&self, seen: u32, timeout: Duration) {
         if !self.closed.load(SeqCst) {
             futex::wait(&self.work, seen, Some(timeout));
         }
@@ -209,7 +215,7 @@ impl RevokeQueue {
 
     /// Worker side: takes every queued range (`f(slot, addr, len)`); each must later be
     /// [`RevokeQueue::complete`]d. Returns how many.
-    pub fn take(&self, mut f: impl FnMut(usize, u64, u64)) -> usize {
+    pub(crate) fn take(&self, mut f: impl FnMut(usize, u64, u64)) -> usize {
         let mut n = 0;
         for (i, s) in self.slots.iter().enumerate() {
             let st = s.state.load(SeqCst);
@@ -235,7 +241,7 @@ impl RevokeQueue {
     }
 
     /// Worker side: the revoke of a taken slot is over: wake its waiter (or free it).
-    pub fn complete(&self, slot: usize) {
+    pub(crate) fn complete(&self, slot: usize) {
         let s = &self.slots[slot];
         loop {
             let st = s.state.load(SeqCst);
@@ -258,7 +264,7 @@ impl RevokeQueue {
     /// tracking it by itself, and must then not [`RevokeQueue::complete`] the slot. `false`
     /// while a waiter is still there (only the worker moves a `WORKING | ORPHAN` slot on, so
     /// the check and the store do not race with anybody).
-    pub fn release_orphan(&self, slot: usize) -> bool {
+    pub(crate) fn release_orphan(&self, slot: usize) -> bool {
         let s = &self.slots[slot];
         if s.state.load(SeqCst) != WORKING | ORPHAN {
             return false;
@@ -268,19 +274,19 @@ impl RevokeQueue {
     }
 
     /// Worker side: the newest sweep request, if one is not yet covered.
-    pub fn sweep_wanted(&self) -> Option<u32> {
+    pub(crate) fn sweep_wanted(&self) -> Option<u32> {
         let asked = self.sweep_asked.load(SeqCst);
         (asked != self.sweep_done.load(SeqCst)).then_some(asked)
     }
 
     /// Worker side: a sweep started after request `req` was read is over.
-    pub fn sweep_finished(&self, req: u32) {
+    pub(crate) fn sweep_finished(&self, req: u32) {
         self.sweep_done.store(req, SeqCst);
         futex::wake_all(&self.sweep_done);
     }
 
     /// Stops everything: waiters return `Closed`, the worker's sleep returns.
-    pub fn close(&self) {
+    pub(crate) fn close(&self) {
         self.closed.store(true, SeqCst);
         self.kick();
         futex::wake_all(&self.work);
@@ -290,12 +296,13 @@ impl RevokeQueue {
         futex::wake_all(&self.sweep_done);
     }
 
-    pub fn is_closed(&self) -> bool {
+    pub(crate) fn is_closed(&self) -> bool {
         self.closed.load(SeqCst)
     }
 
     /// Slots not free (tests: all come back).
-    pub fn busy(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn busy(&self) -> usize {
         self.slots
             .iter()
             .filter(|s| s.state.load(SeqCst) != FREE)

@@ -25,8 +25,8 @@ use crate::config::ConfigError;
 use crate::rt::status::{fh_status, FhResult};
 use std::time::Duration;
 
-pub const DEFAULT_TIMEOUT_MS: u64 = 1000;
-pub const DEFAULT_STALL_MS: u64 = 100;
+pub(crate) const DEFAULT_TIMEOUT_MS: u64 = 1000;
+pub(crate) const DEFAULT_STALL_MS: u64 = 100;
 const MAX_TIMEOUT_MS: u64 = 3_600_000;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -66,7 +66,7 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    pub fn new(settings: RevokeSettings, slots: usize) -> Arc<Shared> {
+    pub(crate) fn new(settings: RevokeSettings, slots: usize) -> Arc<Shared> {
         Arc::new(Shared {
             pinned: Arc::new(PinnedRanges::new()),
             queue: queue::RevokeQueue::new(slots),
@@ -76,7 +76,7 @@ impl Shared {
         })
     }
 
-    pub fn snapshot(&self) -> RevokeStats {
+    pub(crate) fn snapshot(&self) -> RevokeStats {
         let s = &self.stats;
         RevokeStats {
             started: s.started.load(Relaxed),

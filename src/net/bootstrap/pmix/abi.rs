@@ -10,32 +10,32 @@
 use std::ffi::{c_char, c_int, c_void};
 
 /// `pmix_status_t`.
-pub type Status = c_int;
+pub(super) type Status = c_int;
 /// `PMIX_SUCCESS`.
-pub const PMIX_SUCCESS: Status = 0;
+pub(super) const PMIX_SUCCESS: Status = 0;
 
 /// `PMIX_MAX_NSLEN + 1`: a namespace is a NUL-terminated `char[256]`.
-pub const NSPACE_LEN: usize = 256;
+pub(super) const NSPACE_LEN: usize = 256;
 /// `PMIX_MAX_KEYLEN + 1`: an info key is a NUL-terminated `char[512]`.
-pub const KEY_LEN: usize = 512;
+pub(super) const KEY_LEN: usize = 512;
 /// `PMIX_RANK_WILDCARD`: "every rank of the namespace" (job-level keys live there).
-pub const PMIX_RANK_WILDCARD: u32 = u32::MAX - 1;
+pub(super) const PMIX_RANK_WILDCARD: u32 = u32::MAX - 1;
 
 /// `pmix_data_type_t` values used here.
-pub const PMIX_BOOL: u16 = 1;
-pub const PMIX_UINT32: u16 = 14;
-pub const PMIX_BYTE_OBJECT: u16 = 27;
+pub(super) const PMIX_BOOL: u16 = 1;
+pub(super) const PMIX_UINT32: u16 = 14;
+pub(super) const PMIX_BYTE_OBJECT: u16 = 27;
 /// `pmix_scope_t` `PMIX_GLOBAL`: the value is visible to local and remote ranks.
-pub const PMIX_GLOBAL: u8 = 3;
+pub(super) const PMIX_GLOBAL: u8 = 3;
 
 /// Attribute keys (NUL-terminated, as the C API takes them).
-pub const KEY_JOB_SIZE: &std::ffi::CStr = c"pmix.job.size";
-pub const KEY_COLLECT_DATA: &std::ffi::CStr = c"pmix.collect";
+pub(super) const KEY_JOB_SIZE: &std::ffi::CStr = c"pmix.job.size";
+pub(super) const KEY_COLLECT_DATA: &std::ffi::CStr = c"pmix.collect";
 
 /// `pmix_proc_t`.
 #[repr(C)]
 #[derive(Clone, Copy)]
-pub struct Proc {
+pub(super) struct Proc {
     pub nspace: [c_char; NSPACE_LEN],
     pub rank: u32,
 }
@@ -43,7 +43,7 @@ pub struct Proc {
 /// `pmix_byte_object_t`.
 #[repr(C)]
 #[derive(Clone, Copy)]
-pub struct ByteObject {
+pub(super) struct ByteObject {
     pub bytes: *mut c_char,
     pub size: usize,
 }
@@ -51,7 +51,7 @@ pub struct ByteObject {
 /// The `data` union of `pmix_value_t` (only the members used here, plus padding to full size).
 #[repr(C)]
 #[derive(Clone, Copy)]
-pub union ValueData {
+pub(super) union ValueData {
     pub flag: bool,
     pub uint32: u32,
     pub bo: ByteObject,
@@ -63,7 +63,7 @@ pub union ValueData {
 /// `pmix_value_t`.
 #[repr(C)]
 #[derive(Clone, Copy)]
-pub struct Value {
+pub(super) struct Value {
     pub type_: u16,
     pub data: ValueData,
 }
@@ -71,7 +71,7 @@ pub struct Value {
 /// `pmix_info_t`.
 #[repr(C)]
 #[derive(Clone, Copy)]
-pub struct Info {
+pub(super) struct Info {
     pub key: [c_char; KEY_LEN],
     /// `pmix_info_directives_t`.
     pub flags: u32,
@@ -80,7 +80,7 @@ pub struct Info {
 
 impl Proc {
     /// A proc with an empty namespace, as `PMIx_Init` wants to be handed one to fill.
-    pub fn zeroed() -> Proc {
+    pub(super) fn zeroed() -> Proc {
         Proc {
             nspace: [0; NSPACE_LEN],
             rank: 0,
@@ -90,7 +90,7 @@ impl Proc {
 
 impl Info {
     /// A boolean attribute (e.g. `PMIX_COLLECT_DATA = true`).
-    pub fn flag(key: &std::ffi::CStr, on: bool) -> Info {
+    pub(super) fn flag(key: &std::ffi::CStr, on: bool) -> Info {
         let mut k = [0 as c_char; KEY_LEN];
         let bytes = key.to_bytes();
         assert!(bytes.len() < KEY_LEN, "PMIx keys are at most 511 bytes");

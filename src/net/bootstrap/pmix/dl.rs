@@ -9,11 +9,11 @@ use super::abi::{Info, Proc, Status, Value};
 use std::ffi::{c_char, c_void, CStr};
 
 /// The soname of PMIx 2.x..5.x clients (PMIx 4.2.2 on Debian 12 ships `libpmix.so.2.6.2`).
-pub const LIBPMIX: &CStr = c"libpmix.so.2";
+pub(super) const LIBPMIX: &CStr = c"libpmix.so.2";
 
 /// The resolved entry points (signatures as in `pmix.h`).
 #[derive(Clone, Copy)]
-pub struct PmixFns {
+pub(super) struct PmixFns {
     pub init: unsafe extern "C" fn(proc_: *mut Proc, info: *mut Info, ninfo: usize) -> Status,
     pub finalize: unsafe extern "C" fn(info: *const Info, ninfo: usize) -> Status,
     pub put: unsafe extern "C" fn(scope: u8, key: *const c_char, val: *mut Value) -> Status,
@@ -38,7 +38,7 @@ pub struct PmixFns {
 
 impl PmixFns {
     /// "PMIX_ERR_TIMEOUT (-24)": the library's name for a status, and the number.
-    pub fn describe(&self, status: Status) -> String {
+    pub(super) fn describe(&self, status: Status) -> String {
         // SAFETY: PMIx_Error_string takes any status and returns a pointer to a static
         // NUL-terminated string (or NULL, handled), never freed.
         let p = unsafe { (self.error_string)(status) };
@@ -58,7 +58,7 @@ static LOADED: crate::rt::race_once::RaceOnce<Result<PmixFns, String>> =
 
 /// libpmix's functions, loading the library on the first call. The error (library or symbol
 /// missing) is also kept, so a failing host pays for `dlopen` once.
-pub fn pmix() -> Result<&'static PmixFns, String> {
+pub(super) fn pmix() -> Result<&'static PmixFns, String> {
     LOADED
         .get_or_init(|| open(LIBPMIX))
         .as_ref()
@@ -66,7 +66,7 @@ pub fn pmix() -> Result<&'static PmixFns, String> {
 }
 
 /// Loads `name` and resolves every function (uncached; `pmix()` is the cached entry point).
-pub fn open(name: &CStr) -> Result<PmixFns, String> {
+pub(super) fn open(name: &CStr) -> Result<PmixFns, String> {
     // SAFETY: `name` is a NUL-terminated string. RTLD_LOCAL keeps PMIx's symbols out of the
     // global namespace (its plugins link libpmix themselves); RTLD_NOW makes a missing symbol
     // fail here rather than at a first call.
