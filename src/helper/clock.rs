@@ -2,7 +2,7 @@
 //! `u64` arguments, so the predictor, the queues and the planner run on a simulated clock in
 //! tests.
 //!
-//! Two sources, chosen once per process by the first helper that starts ([`select`],
+//! Two sources, chosen once per process by the first helper that starts (`select`,
 //! `FH_HELPER_CLOCK`):
 //! - `monotonic`: `clock_gettime(CLOCK_MONOTONIC)`. A vDSO read of the TSC (~25 ns) where the
 //!   kernel's clocksource is `tsc`; where it is not (hpet, acpi_pm: virtual machines without a
@@ -13,7 +13,7 @@
 //!   helper compares comes from this one source, so its drift against the wall clock does not
 //!   matter; a TSC that differs between cores (the reason a kernel may not use it) only blurs
 //!   the predictions, and a wrong prediction only makes a caller pin as without a helper.
-//! - `auto` (default): `tsc` when a `clock_gettime` costs more than [`SLOW_CLOCK_NS`] here, else
+//! - `auto` (default): `tsc` when a `clock_gettime` costs more than `SLOW_CLOCK_NS` here, else
 //!   `monotonic`.
 
 use std::sync::OnceLock;

@@ -23,7 +23,7 @@
 //! `malloc` may need: `caller.rs`); a thread inside the library (`crate::rt::inside`: a C API call
 //! may hold a cache's mutex, the mlock backend its count lock, and the helper threads are marked
 //! for good, so two helpers never wait for each other); the thread that announced the pin (a
-//! signal handler or an allocation of its own); and anything after [`MAX_WAIT_NS`] (a lock we do
+//! signal handler or an allocation of its own); and anything after `MAX_WAIT_NS` (a lock we do
 //! not know of, e.g. in another allocator, or a cache's mutex held by a Rust-API caller: the
 //! wait ends, and the unmap goes ahead as it did before this existed).
 //! Unmaps by raw system calls are seen only after the fact (userfaultfd) and cannot wait.

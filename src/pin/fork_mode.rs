@@ -56,7 +56,7 @@ impl ForkMode {
 /// `FH_FORK_MODE`: `auto` (the default) or a fixed mode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ForkSetting {
-    /// Keep for the mlock backend; for verbs, what libibverbs reports (see [`from_status`]).
+    /// Keep for the mlock backend; for verbs, what libibverbs reports (see `from_status`).
     Auto,
     Fixed(ForkMode),
 }

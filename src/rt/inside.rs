@@ -6,10 +6,10 @@
 //! `rma::revoke`, after an unmap) waits for a helper thread that takes the library's locks (the
 //! Firehose engine, the active-message endpoint and its receive stash, the pin-down cache). A
 //! thread inside the library may hold one of them while it frees memory; if it waited there, it
-//! would wait for itself. So a listener never waits on a thread that [`is_inside`]: it only
+//! would wait for itself. So a listener never waits on a thread that `is_inside`: it only
 //! queues its work.
 //!
-//! Why the depth lives in a table and not in a thread-local: [`is_inside`] runs in hook context,
+//! Why the depth lives in a table and not in a thread-local: `is_inside` runs in hook context,
 //! possibly inside glibc's heap trimming with a malloc arena's mutex held. In a library loaded
 //! with `dlopen` a thread-local is reached through `__tls_get_addr`, which allocates on a thread's
 //! first access (and may reallocate the thread's vector after another `dlopen`): a deadlock on
@@ -19,7 +19,7 @@
 //! thread-local with a destructor frees the slot when the thread exits.
 //!
 //! A thread that finds no free slot in its window is counted in that window's overflow; while
-//! the count is not zero, [`is_inside`] answers "inside" for every thread of that window it
+//! the count is not zero, `is_inside` answers "inside" for every thread of that window it
 //! cannot find (never waiting is always safe; waiting on oneself is not). The same holds for the
 //! duration of an entry made after the thread's release ran (from another thread-local's
 //! destructor at thread exit): then the slot is gone, and the entry is counted there instead.

@@ -108,7 +108,7 @@ impl CompChannel {
         Ok(n > 0)
     }
 
-    /// Ends a current or the next [`CompChannel::wait_readable`] at once. Any thread; no lock.
+    /// Ends a current or the next `CompChannel::wait_readable` at once. Any thread; no lock.
     pub fn wake(&self) {
         if self.wake_fd >= 0 {
             let one = 1u64;

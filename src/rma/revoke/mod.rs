@@ -48,7 +48,7 @@ pub struct Revocation {
 
 impl Revocation {
     /// Nothing runs yet: hand [`Revocation::pinned`] to the pins, then [`Revocation::start`].
-    /// `slots`: queue slots ([`queue::DEFAULT_SLOTS`]; more concurrent waiters start sweeps).
+    /// `slots`: queue slots (`queue::DEFAULT_SLOTS`; more concurrent waiters start sweeps).
     pub fn new(settings: RevokeSettings, slots: usize) -> Revocation {
         Revocation {
             shared: Shared::new(settings, slots),
