@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::net::verbs::VerbsLink;
-use crate::net::{LinkError, Rank};
+use crate::net::Rank;
 use crate::pin::verbs::{Mr, Mw, Pd};
 use crate::pin::Access;
 use firehose_proto::PinFailure;
@@ -129,7 +129,7 @@ impl Windows {
         };
         let key = match self.link.bind_window(peer, &mut mw, mr, addr, len, remote) {
             Ok(k) => k,
-            Err(LinkError::PeerLost(_)) => return fail(PinFailure::Other),
+            // A lost peer or a refused bind: this grant is refused, nothing was bound.
             Err(_) => return fail(PinFailure::Other),
         };
         self.live.insert(key, (peer, mw));
