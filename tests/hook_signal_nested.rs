@@ -66,7 +66,8 @@ fn unmap_in_a_signal_handler_during_a_hook_is_reported() {
     // Control: the same munmap from the handler, outside any hook, is reported.
     let v = map(VICTIM_LEN);
     VICTIM.store(v, SeqCst);
-    // SAFETY: raising to ourselves; the handler unmaps `v`.
+    rec.clear(); // (the mmap reported its new range)
+                 // SAFETY: raising to ourselves; the handler unmaps `v`.
     unsafe { libc::raise(libc::SIGUSR1) };
     assert!(rec.saw_cover(v, VICTIM_LEN), "control: handler munmap seen");
     rec.clear();
@@ -76,7 +77,8 @@ fn unmap_in_a_signal_handler_during_a_hook_is_reported() {
     VICTIM.store(v, SeqCst);
     let t = map(TRIGGER_LEN);
     TRIGGER.store(t, SeqCst);
-    // SAFETY: our mapping.
+    rec.clear(); // (the mmaps reported their new ranges)
+                 // SAFETY: our mapping.
     assert_eq!(unsafe { libc::munmap(t as *mut _, TRIGGER_LEN) }, 0);
     assert!(rec.saw_cover(t, TRIGGER_LEN), "trigger seen");
     VICTIM.store(0, SeqCst);

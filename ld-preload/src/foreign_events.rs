@@ -27,9 +27,15 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 pub const SRC_UCM: u32 = 1;
 /// libopen-pal's release hooks were subscribed to.
 pub const SRC_OPAL: u32 = 2;
+/// libucm's VM_MAPPED events too (with `SRC_UCM`).
+pub const SRC_UCM_MAPPED: u32 = 4;
 
 /// `UCM_EVENT_VM_UNMAPPED` (`UCS_BIT(17)`).
 const UCM_EVENT_VM_UNMAPPED: c_int = 1 << 17;
+/// `UCM_EVENT_VM_MAPPED` (`UCS_BIT(16)`): after mmap, mremap, shmat and sbrk hand out addresses.
+/// A registration found there is of pages some raw unmap took away before its userfaultfd event
+/// was read (see `firehose::monitor`'s `UnmapEvent::Fresh`, what our own patches report).
+const UCM_EVENT_VM_MAPPED: c_int = 1 << 16;
 /// libopen-pal's `OPAL_MEMORY_MUNMAP_SUPPORT`: its hooks see munmap (so `free`'s unmaps too).
 const OPAL_MEMORY_MUNMAP_SUPPORT: c_int = 2;
 
@@ -55,8 +61,8 @@ pub fn subscribe() -> u32 {
         return live();
     }
     let mut got = live();
-    if got & SRC_UCM == 0 && subscribe_ucm() {
-        got |= SRC_UCM;
+    if got & SRC_UCM == 0 {
+        got |= subscribe_ucm();
     }
     if got & SRC_OPAL == 0 && subscribe_opal() {
         got |= SRC_OPAL;
@@ -86,17 +92,23 @@ fn symbol(name: &CStr, sym: &CStr) -> Option<*mut c_void> {
     }
 }
 
-fn subscribe_ucm() -> bool {
+fn subscribe_ucm() -> u32 {
     let Some(f) = symbol(c"libucm.so.0", c"ucm_set_event_handler") else {
-        return false;
+        return 0;
     };
     // SAFETY: the symbol is libucm's `ucm_set_event_handler`, whose C signature this type is;
     // the callback lives as long as the process (this library is never unloaded).
-    let status = unsafe {
+    unsafe {
         let set: UcmSetHandler = std::mem::transmute(f);
-        set(UCM_EVENT_VM_UNMAPPED, 0, on_ucm, std::ptr::null_mut())
-    };
-    status == 0 // UCS_OK
+        let both = UCM_EVENT_VM_UNMAPPED | UCM_EVENT_VM_MAPPED;
+        if set(both, 0, on_ucm, std::ptr::null_mut()) == 0 {
+            SRC_UCM | SRC_UCM_MAPPED // UCS_OK
+        } else if set(UCM_EVENT_VM_UNMAPPED, 0, on_ucm, std::ptr::null_mut()) == 0 {
+            SRC_UCM // a libucm that cannot hook the mapping side: the unmaps alone
+        } else {
+            0
+        }
+    }
 }
 
 fn subscribe_opal() -> bool {
@@ -118,8 +130,9 @@ fn subscribe_opal() -> bool {
     }
 }
 
-/// libucm's callback: `event` points at `ucm_event_t`, whose `vm_unmapped` member is
-/// `{ void *address; size_t size; }` at its start.
+/// libucm's callback: `event` points at `ucm_event_t`, whose `vm_unmapped` and `vm_mapped`
+/// members are both `{ void *address; size_t size; }` at its start. Either way the range's
+/// registrations go: before an unmap, or after new memory was mapped there.
 unsafe extern "C" fn on_ucm(_event_type: c_int, event: *mut c_void, _arg: *mut c_void) {
     if event.is_null() {
         return;
@@ -140,7 +153,9 @@ unsafe extern "C" fn on_opal(buf: *mut c_void, len: usize, _cbdata: *mut c_void,
 /// For `FH_STATS`: the live sources by name.
 pub fn describe(bits: u32) -> String {
     let mut v = Vec::new();
-    if bits & SRC_UCM != 0 {
+    if bits & SRC_UCM_MAPPED != 0 {
+        v.push("UCX libucm VM_UNMAPPED and VM_MAPPED events");
+    } else if bits & SRC_UCM != 0 {
         v.push("UCX libucm VM_UNMAPPED events");
     }
     if bits & SRC_OPAL != 0 {
@@ -199,16 +214,40 @@ mod tests {
                 0,
             );
             assert_ne!(p, libc::MAP_FAILED);
+            // (This mmap resolved to the shim's exported one, which reported the new range.)
+            seen.0.store(0, Ordering::SeqCst);
+            seen.1.store(0, Ordering::SeqCst);
             let real: unsafe extern "C" fn(*mut c_void, usize) -> c_int =
                 std::mem::transmute(libc_munmap);
             assert_eq!(real(p, 64 << 10), 0);
             p as usize
         };
         let (a, l) = (seen.0.load(Ordering::SeqCst), seen.1.load(Ordering::SeqCst));
-        println!(
-            "FH_UCM_RESULT live={got} covered={}",
-            a <= p && p + (64 << 10) <= a + l
-        );
+        let covered = a <= p && p + (64 << 10) <= a + l;
+        // And a new mapping through libc's own mmap (VM_MAPPED): its range is reported.
+        seen.0.store(0, Ordering::SeqCst);
+        seen.1.store(0, Ordering::SeqCst);
+        let libc_mmap = symbol(c"libc.so.6", c"mmap").expect("libc's mmap");
+        type Mmap =
+            unsafe extern "C" fn(*mut c_void, usize, c_int, c_int, c_int, i64) -> *mut c_void;
+        // SAFETY: libc's mmap, a fresh private mapping (left mapped: the child exits).
+        let q = unsafe {
+            let real: Mmap = std::mem::transmute(libc_mmap);
+            let rw = libc::PROT_READ | libc::PROT_WRITE;
+            let q = real(
+                std::ptr::null_mut(),
+                64 << 10,
+                rw,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            );
+            assert_ne!(q, libc::MAP_FAILED);
+            q as usize
+        };
+        let (a, l) = (seen.0.load(Ordering::SeqCst), seen.1.load(Ordering::SeqCst));
+        let mapped = a <= q && q + (64 << 10) <= a + l;
+        println!("FH_UCM_RESULT live={got} covered={covered} mapped={mapped}");
     }
 
     fn run_child(extra: &[(&str, &str)]) -> String {
@@ -232,14 +271,21 @@ mod tests {
     }
 
     /// With libucm loaded (as Open MPI's UCX component loads it), its VM_UNMAPPED events reach
-    /// every subscribed listener before a munmap returns; with the subscription turned off
+    /// every subscribed listener before a munmap returns, and its VM_MAPPED events after an mmap
+    /// returns (`live=5`: both kinds subscribed); with the subscription turned off
     /// (`FH_TEST_DISABLE_HOOKS=foreign`) nothing does: the events come from the subscription.
     #[test]
     fn libucm_events_reach_the_caches() {
         let on = run_child(&[]);
-        assert!(on.contains("FH_UCM_RESULT live=1 covered=true"), "{on}");
+        assert!(
+            on.contains("FH_UCM_RESULT live=5 covered=true mapped=true"),
+            "{on}"
+        );
         let off = run_child(&[("FH_TEST_DISABLE_HOOKS", "foreign")]);
-        assert!(off.contains("FH_UCM_RESULT live=0 covered=false"), "{off}");
+        assert!(
+            off.contains("FH_UCM_RESULT live=0 covered=false mapped=false"),
+            "{off}"
+        );
     }
 
     /// Without either library loaded nothing is subscribed, and nothing gets loaded by trying.
@@ -251,6 +297,10 @@ mod tests {
         assert_eq!(
             describe(SRC_UCM | SRC_OPAL),
             "UCX libucm VM_UNMAPPED events, Open MPI release hooks"
+        );
+        assert_eq!(
+            describe(SRC_UCM | SRC_UCM_MAPPED),
+            "UCX libucm VM_UNMAPPED and VM_MAPPED events"
         );
     }
 }

@@ -1,4 +1,5 @@
-//! Exported libc unmap-family functions: tell the monitor first, then call the next definition.
+//! Exported libc unmap-family functions: tell the monitor first, then call the next definition
+//! (and, for `mmap`/`mremap`, tell it again of the new addresses they hand out).
 //!
 //! Mostly a second net: the monitor patches libc's own entries (which also catches glibc-internal
 //! calls from free/realloc) and reads userfaultfd events. These exports work even where patching is
@@ -8,7 +9,7 @@
 
 use std::ffi::{c_int, c_void};
 
-use firehose::monitor::ranges::{madvise_drops_pages, mmap_replaces};
+use firehose::monitor::ranges::{madvise_drops_pages, mmap_replaces, mremap_fresh};
 
 use crate::{real_libc, settings};
 
@@ -89,14 +90,21 @@ pub unsafe extern "C" fn mremap(
     } else {
         std::ptr::null_mut()
     };
-    match real_libc::mremap() {
+    let r = match real_libc::mremap() {
         // SAFETY: forwarding; `target` is only meaningful (and only read) with MREMAP_FIXED.
         Some(f) => unsafe { f(old, old_len, new_len, flags, target) },
         // SAFETY: the raw system call takes the same five arguments.
         None => unsafe {
             libc::syscall(libc::SYS_mremap, old, old_len, new_len, flags, target) as *mut c_void
         },
+    };
+    if r != libc::MAP_FAILED && firehose::monitor::reports_fresh() {
+        let fresh = mremap_fresh(old as usize, old_len, new_len, flags, r as usize);
+        if let Some((start, span)) = fresh {
+            notify(start, span);
+        }
     }
+    r
 }
 
 /// # Safety
@@ -114,7 +122,9 @@ pub unsafe extern "C" fn madvise(addr: *mut c_void, len: usize, advice: c_int) -
     }
 }
 
-/// Only `MAP_FIXED` matters: it replaces whatever was mapped at `addr`.
+/// `MAP_FIXED` replaces whatever was mapped at `addr` (told before the call); any other mapping
+/// is new memory at addresses a raw unmap may have freed before its userfaultfd event was read
+/// (told after the call: see `firehose::monitor`'s `UnmapEvent::Fresh`).
 ///
 /// # Safety
 /// Same contract as libc `mmap`.
@@ -127,17 +137,22 @@ pub unsafe extern "C" fn mmap(
     fd: c_int,
     off: libc::off_t,
 ) -> *mut c_void {
-    if let Some((start, span)) = mmap_replaces(addr as usize, len, flags) {
+    let replaces = mmap_replaces(addr as usize, len, flags);
+    if let Some((start, span)) = replaces {
         notify(start, span);
     }
-    match real_libc::mmap() {
+    let r = match real_libc::mmap() {
         // SAFETY: forwarding the caller's arguments to the real function.
         Some(f) => unsafe { f(addr, len, prot, flags, fd, off) },
         // SAFETY: the raw system call has the same contract on 64-bit Linux.
         None => unsafe {
             libc::syscall(libc::SYS_mmap, addr, len, prot, flags, fd, off) as *mut c_void
         },
+    };
+    if replaces.is_none() && r != libc::MAP_FAILED && firehose::monitor::reports_fresh() {
+        notify(r as usize, len);
     }
+    r
 }
 
 /// # Safety

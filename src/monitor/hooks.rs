@@ -12,7 +12,9 @@ use libc::{c_int, c_long, c_void, off_t, size_t};
 use super::caller::{self, by_caller};
 use super::guard::notify_guarded;
 use super::maps;
-use super::ranges::{madvise_drops_pages, mmap_replaces, mremap_ranges, page_span, PAGE};
+use super::ranges::{
+    madvise_drops_pages, mmap_replaces, mremap_fresh, mremap_ranges, page_span, PAGE,
+};
 use super::registry::done_wanted;
 use super::unmap_windows::{unmap_windows, UnmapWindows};
 use crate::rt::seam::UnmapEvent;
@@ -158,6 +160,14 @@ fn done(range: Option<(usize, usize)>, ran: bool, ok: bool, trim: bool) {
     }
 }
 
+/// After a successful call that handed out new addresses (`mmap` without MAP_FIXED, `mremap`
+/// moving or growing): see [`UnmapEvent::Fresh`].
+fn fresh(range: Option<(usize, usize)>) {
+    if super::reports_fresh() {
+        notify_ev(range, UnmapEvent::Fresh);
+    }
+}
+
 fn fail_einval() {
     // SAFETY: as in errno_ptr.
     unsafe { *errno_ptr() = libc::EINVAL };
@@ -238,6 +248,15 @@ unsafe extern "C" fn fh_mremap(
     for (range, ran) in ranges.into_iter().zip(ran) {
         done(range, ran, r != libc::MAP_FAILED, false);
     }
+    if r != libc::MAP_FAILED {
+        fresh(mremap_fresh(
+            old as usize,
+            old_size,
+            new_size,
+            flags,
+            r as usize,
+        ));
+    }
     r
 }
 
@@ -271,6 +290,9 @@ unsafe extern "C" fn mmap_body<const BY_LIBC: bool>(
         ) as *mut c_void
     };
     done(range, ran, r != libc::MAP_FAILED, BY_LIBC);
+    if range.is_none() && r != libc::MAP_FAILED {
+        fresh(page_span(r as usize, len));
+    }
     r
 }
 

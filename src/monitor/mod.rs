@@ -17,6 +17,10 @@
 //!   glibc's internal calls from free/realloc/malloc_trim (they jump to the same code we patch);
 //!   and, for listeners that want it (`wants_done`), again after a successful call, before it
 //!   returns (`UnmapEvent::Done`: the remote-pinning driver waits there for its revocation).
+//!   A successful `mmap` or moving/growing `mremap` reports the new range after the call
+//!   (`UnmapEvent::Fresh`): a registration found there belongs to pages some raw unmap took away
+//!   (its userfaultfd event may not be read yet), so another thread mapping the hole never
+//!   inherits it.
 //! - userfaultfd (`uffd/`): UNMAP/REMOVE/REMAP events for the ranges a [`UffdWatcher`] watches
 //!   (exactly the pinned ranges, registered while pinned); catches raw syscalls and brk shrinking,
 //!   but only *after* the unmap (`UnmapEvent::Late`).
@@ -71,6 +75,12 @@ pub use uffd::UffdWatcher;
 pub use unmap_windows::{set_unmap_windows, UnmapWindows};
 
 pub use uffd::quiesce;
+
+/// Whether new mappings are reported (`UnmapEvent::Fresh`); false only under the test switch
+/// `FH_TEST_DISABLE_HOOKS=fresh` (read at `install`), which the shim's exported `mmap` obeys too.
+pub fn reports_fresh() -> bool {
+    !switches::disabled(switches::FRESH)
+}
 
 /// Watch a range with userfaultfd now (what `UffdWatcher::watch` does: count it and register
 /// its pages); returns how many ranges were registered (1, or 0 when userfaultfd is off or refused

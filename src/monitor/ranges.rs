@@ -69,11 +69,56 @@ pub fn mmap_replaces(addr: usize, len: usize, flags: i32) -> Option<(usize, usiz
     }
 }
 
+/// Addresses a successful `mremap` returning `r` made new (see `UnmapEvent::Fresh`): all of the
+/// result if the mapping moved (with MREMAP_FIXED that range was already reported before the
+/// call, as `mremap_ranges`' destination), else the part it grew by. None when nothing is new.
+pub fn mremap_fresh(
+    old: usize,
+    old_size: usize,
+    new_size: usize,
+    flags: i32,
+    r: usize,
+) -> Option<(usize, usize)> {
+    if r != old {
+        if flags & libc::MREMAP_FIXED != 0 {
+            None
+        } else {
+            page_span(r, new_size)
+        }
+    } else if new_size > old_size {
+        old.checked_add(old_size)
+            .and_then(|tail| page_span(tail, new_size - old_size))
+    } else {
+        None
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     const M: usize = 1 << 20;
+
+    #[test]
+    fn mremap_fresh_is_the_moved_or_grown_part() {
+        let (a, b) = (0x10_0000, 0x20_0000);
+        // Moved without MREMAP_FIXED: the whole result.
+        assert_eq!(
+            mremap_fresh(a, M, 2 * M, libc::MREMAP_MAYMOVE, b),
+            Some((b, 2 * M))
+        );
+        // Moved to a fixed destination: reported before the call already.
+        let fixed = libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED;
+        assert_eq!(mremap_fresh(a, M, M, fixed, b), None);
+        // Grown in place: the tail.
+        assert_eq!(
+            mremap_fresh(a, M, 3 * M, libc::MREMAP_MAYMOVE, a),
+            Some((a + M, 2 * M))
+        );
+        // Shrunk or same size in place: nothing new.
+        assert_eq!(mremap_fresh(a, 2 * M, M, 0, a), None);
+        assert_eq!(mremap_fresh(a, M, M, 0, a), None);
+    }
 
     #[test]
     fn page_span_widens_and_rejects_empty() {

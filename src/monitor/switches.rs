@@ -1,8 +1,10 @@
 //! Test-only switches that turn single event paths off, so tests can prove each path matters.
 //!
-//! Read from `FH_TEST_DISABLE_HOOKS` (comma list of `munmap,mremap,madvise,mmap,shmdt,shmat,uffd`)
-//! at every [`super::install`]. A disabled function is not patched;
-//! a disabled uffd is not opened. Already-installed paths are not removed.
+//! Read from `FH_TEST_DISABLE_HOOKS` (comma list of
+//! `munmap,mremap,madvise,mmap,shmdt,shmat,uffd,fresh`) at every [`super::install`]. A disabled
+//! function is not patched; a disabled uffd is not opened; `fresh` keeps the patched `mmap` and
+//! `mremap` from reporting the new ranges they return (`UnmapEvent::Fresh`). Already-installed
+//! paths are not removed.
 
 use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 
@@ -10,6 +12,8 @@ use super::hooks::Hooked;
 
 /// Bit for userfaultfd (above every [`Hooked`] bit).
 pub(super) const UFFD: u32 = 1 << 31;
+/// Bit for the `Fresh` reports of `mmap`/`mremap` (above every [`Hooked`] bit).
+pub(super) const FRESH: u32 = 1 << 30;
 
 static DISABLED: AtomicU32 = AtomicU32::new(0);
 
@@ -18,6 +22,7 @@ pub(super) fn parse(list: &str) -> u32 {
     list.split(',').map(str::trim).fold(0, |acc, name| {
         acc | match name {
             "uffd" | "userfaultfd" => UFFD,
+            "fresh" => FRESH,
             other => Hooked::ALL
                 .iter()
                 .find(|h| h.name() == other)

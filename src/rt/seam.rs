@@ -37,6 +37,12 @@ pub enum UnmapEvent {
     /// `fh_notify_unmapped` / `monitor::notify_unmapped`: whenever the caller says (documented
     /// as safe inside a memory hook: must not wait).
     Told,
+    /// A patched `mmap` or `mremap` just returned this range as new memory, before its caller
+    /// sees it. Whatever was registered there before is of pages that went earlier by a path no
+    /// hook saw: a raw `munmap` system call on another thread whose userfaultfd event is still
+    /// unread (the kernel frees the addresses before it queues the event). Without this, that
+    /// thread's stale registration could be found by whoever maps the hole next. Must not wait.
+    Fresh,
 }
 
 impl UnmapEvent {

@@ -78,6 +78,7 @@ fn reader(fd: c_int, dying: &mut Option<bool>) {
     // first use), then declare the thread ready: from here on nothing allocates or locks.
     let _ = super::super::guard::in_hook();
     let _ = errno();
+    let delay = test_delay();
     // SAFETY: getpid has no preconditions.
     let me = unsafe { libc::getpid() };
     READER_PID.store(me, SeqCst);
@@ -126,6 +127,9 @@ fn reader(fd: c_int, dying: &mut Option<bool>) {
             fail(dying, true, libc::EIO);
             continue;
         }
+        if let Some(d) = delay {
+            std::thread::sleep(d); // nanosleep: no allocation, no lock
+        }
         // Before `read`: the unmapping thread is released by the read itself (see `quiesce`).
         BATCHES.store(pack(done.wrapping_add(1), done), SeqCst);
         // SAFETY: reading whole messages into our stack array.
@@ -166,6 +170,26 @@ fn reader(fd: c_int, dying: &mut Option<bool>) {
     }
     BATCHES.store(pack(done, done), SeqCst);
     READER_PID.store(0, SeqCst);
+}
+
+/// `FH_TEST_UFFD_DELAY_US`: a test switch that makes the reader sleep this long between seeing
+/// events and reading them, so that the window in which an unmapped range's event is queued but
+/// unread (another thread may already map the hole) is wide enough for a test to land in. Read
+/// once, with `getenv` (no allocation), before the reader declares itself ready.
+fn test_delay() -> Option<Duration> {
+    // SAFETY: a NUL-terminated name; the value is read at once, before anything could change it.
+    let v = unsafe { libc::getenv(c"FH_TEST_UFFD_DELAY_US".as_ptr()) };
+    if v.is_null() {
+        return None;
+    }
+    // SAFETY: getenv returned a NUL-terminated string.
+    let us: u64 = unsafe { std::ffi::CStr::from_ptr(v) }
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    (us > 0).then(|| Duration::from_micros(us.min(10_000_000)))
 }
 
 /// The reader hit error `e`: from now on it only works towards [`retire`].

@@ -43,7 +43,7 @@ impl MemoryListener for RevokeListener {
             // `crate::rt::inside`, not needed in every hook.
             UnmapEvent::Done => Wait::Full,
             UnmapEvent::DoneInLibcTrim => Wait::WhileWorking,
-            UnmapEvent::Late | UnmapEvent::Told => Wait::Never,
+            UnmapEvent::Late | UnmapEvent::Told | UnmapEvent::Fresh => Wait::Never,
         };
         self.0.unmapped(addr as u64, len as u64, how);
     }
