@@ -24,6 +24,8 @@ mod foreign_events;
 mod fork;
 mod guard;
 mod init;
+#[cfg(test)]
+mod miss_bench;
 mod miss_cost;
 mod pd_cache;
 mod real_libc;

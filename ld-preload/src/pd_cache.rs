@@ -50,6 +50,9 @@ pub struct PdCache {
     /// The real backend, for MR handles (`None` for a test double).
     pinner: Option<Arc<RealPinner>>,
 }
+/// Test doubles' caches watch their ranges with userfaultfd (the native miss benchmark).
+#[cfg(test)]
+pub static TEST_UFFD: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 #[cfg(test)]
 static TEST_PINNERS: Mutex<Vec<(usize, Arc<dyn Pinner>)>> = Mutex::new(Vec::new());
 
@@ -479,7 +482,7 @@ impl PdCache {
             Parts {
                 pinner,
                 limits,
-                uffd_watch: false,
+                uffd_watch: TEST_UFFD.load(Ordering::Relaxed),
                 fork: fork_mode::resolve(cfg.fork, true),
                 events: true,
                 helper: assembly::helper_config(&cfg.helper),
