@@ -89,6 +89,8 @@ pub static MISS: MissCosts = MissCosts {
 /// Start of a registration through a cache: forget what the backend did before.
 #[inline]
 pub fn begin() -> u64 {
+    // The calibration starts with the first registration (one load after that).
+    let _ = origin();
     let _ = PIN_NS.try_with(|c| c.set(0));
     let _ = UNPIN_NS.try_with(|c| c.set(0));
     let _ = UNPINS.try_with(|c| c.set(0));

@@ -232,6 +232,24 @@ mod tests {
     };
 
     #[test]
+    fn a_timed_re_registration_is_released_and_counted_nowhere() {
+        let _s = crate::serial::serial();
+        let p = RealPinner::new(std::ptr::null_mut(), &FAKE);
+        let held = p.pin(0x40_0000, 8192, Access(1)).unwrap();
+        let regs = COUNTERS.real_regs.load(Ordering::Relaxed);
+        let pinned = COUNTERS.pinned_now.load(Ordering::Relaxed);
+        let (reg, dereg) = p.time_reg_dereg(0x40_0000, 8192, Access(1)).unwrap();
+        assert!(reg > 0 && dereg > 0);
+        assert_eq!(COUNTERS.real_regs.load(Ordering::Relaxed), regs);
+        assert_eq!(COUNTERS.pinned_now.load(Ordering::Relaxed), pinned);
+        // The cached MR's handle is still the one found (the sample's MR shares its lkey).
+        // SAFETY: the token is a live fake MR.
+        let h = unsafe { (*(held.token as *mut IbvMr)).handle };
+        assert_eq!(p.handle_of(held.lkey), h);
+        p.unpin(held, 0x40_0000, 8192);
+    }
+
+    #[test]
     fn handle_of_follows_registrations_through_collisions_and_key_reuse() {
         let _s = crate::serial::serial();
         let p = RealPinner::new(std::ptr::null_mut(), &FAKE);
