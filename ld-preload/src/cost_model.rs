@@ -95,6 +95,8 @@ pub static RESIDENT_DEREG: Mutex<Fit> = Mutex::new(Fit::new());
 static SAMPLE_EVERY: AtomicU64 = AtomicU64::new(DEFAULT_SAMPLE_EVERY);
 static HITS_SEEN: AtomicU64 = AtomicU64::new(0);
 static SAMPLES: AtomicU64 = AtomicU64::new(0);
+/// What the samples themselves took (they run on the application's thread).
+static SAMPLE_NS: AtomicU64 = AtomicU64::new(0);
 
 /// One hit in this many is sampled (`FH_STATS_SAMPLE`).
 pub const DEFAULT_SAMPLE_EVERY: u64 = 256;
@@ -130,6 +132,12 @@ pub fn record_resident(bytes: usize, reg: u64, dereg: u64) {
     record(&RESIDENT_REG, bytes, reg);
     record(&RESIDENT_DEREG, bytes, dereg);
     SAMPLES.fetch_add(1, Ordering::Relaxed);
+    SAMPLE_NS.fetch_add(reg.saturating_add(dereg), Ordering::Relaxed);
+}
+
+/// Total ns the samples took.
+pub fn sample_ns() -> u64 {
+    SAMPLE_NS.load(Ordering::Relaxed)
 }
 
 /// How many re-registrations were sampled.

@@ -58,12 +58,35 @@ pub fn ns_per_tick() -> f64 {
     dns / dt as f64
 }
 
+/// Real registration and deregistration time (ns) and deregistration count on this thread since
+/// `begin`: what the backend did inside the current registration.
+#[derive(Clone, Copy, Default)]
+struct Stages {
+    pin_ns: u64,
+    unpin_ns: u64,
+    unpins: u64,
+}
+
 thread_local! {
-    /// Real registration and deregistration time (ns) and deregistration count on this thread
-    /// since `begin`: what the backend did inside the current registration.
-    static PIN_NS: Cell<u64> = const { Cell::new(0) };
-    static UNPIN_NS: Cell<u64> = const { Cell::new(0) };
-    static UNPINS: Cell<u64> = const { Cell::new(0) };
+    static STAGES: Cell<Stages> = const {
+        Cell::new(Stages {
+            pin_ns: 0,
+            unpin_ns: 0,
+            unpins: 0,
+        })
+    };
+}
+
+fn stages() -> Stages {
+    STAGES.try_with(|c| c.get()).unwrap_or_default()
+}
+
+fn update(f: impl FnOnce(&mut Stages)) {
+    let _ = STAGES.try_with(|c| {
+        let mut s = c.get();
+        f(&mut s);
+        c.set(s);
+    });
 }
 
 /// Process-wide sums over the recorded misses.
@@ -91,21 +114,21 @@ pub static MISS: MissCosts = MissCosts {
 pub fn begin() -> u64 {
     // The calibration starts with the first registration (one load after that).
     let _ = origin();
-    let _ = PIN_NS.try_with(|c| c.set(0));
-    let _ = UNPIN_NS.try_with(|c| c.set(0));
-    let _ = UNPINS.try_with(|c| c.set(0));
+    let _ = STAGES.try_with(|c| c.set(Stages::default()));
     ticks()
 }
 
 /// The backend pinned (a real registration) for `ns`.
 pub fn pinned(ns: u64) {
-    let _ = PIN_NS.try_with(|c| c.set(c.get().saturating_add(ns)));
+    update(|s| s.pin_ns = s.pin_ns.saturating_add(ns));
 }
 
 /// The backend unpinned (a real deregistration) for `ns`.
 pub fn unpinned(ns: u64) {
-    let _ = UNPIN_NS.try_with(|c| c.set(c.get().saturating_add(ns)));
-    let _ = UNPINS.try_with(|c| c.set(c.get() + 1));
+    update(|s| {
+        s.unpin_ns = s.unpin_ns.saturating_add(ns);
+        s.unpins += 1;
+    });
 }
 
 /// End of a registration that missed: `t0` from `begin`, `t1` after the event sync, `t2` now.
@@ -114,12 +137,10 @@ pub fn record_miss(t0: u64, t1: u64, t2: u64) {
     m.misses.fetch_add(1, Relaxed);
     m.total_ticks.fetch_add(t2.wrapping_sub(t0), Relaxed);
     m.quiesce_ticks.fetch_add(t1.wrapping_sub(t0), Relaxed);
-    m.reg_ns
-        .fetch_add(PIN_NS.try_with(|c| c.get()).unwrap_or(0), Relaxed);
-    m.dereg_ns
-        .fetch_add(UNPIN_NS.try_with(|c| c.get()).unwrap_or(0), Relaxed);
-    m.deregs
-        .fetch_add(UNPINS.try_with(|c| c.get()).unwrap_or(0), Relaxed);
+    let s = stages();
+    m.reg_ns.fetch_add(s.pin_ns, Relaxed);
+    m.dereg_ns.fetch_add(s.unpin_ns, Relaxed);
+    m.deregs.fetch_add(s.unpins, Relaxed);
 }
 
 /// Forget the recorded misses (the native benchmark, between modes).
@@ -287,12 +308,12 @@ mod tests {
         pinned(500);
         unpinned(200);
         unpinned(300);
-        assert_eq!(PIN_NS.with(|c| c.get()), 500);
-        assert_eq!(UNPINS.with(|c| c.get()), 2);
+        assert_eq!(stages().pin_ns, 500);
+        assert_eq!((stages().unpins, stages().unpin_ns), (2, 500));
         let _ = begin();
         assert_eq!(
-            (PIN_NS.with(|c| c.get()), UNPIN_NS.with(|c| c.get())),
-            (0, 0)
+            (stages().pin_ns, stages().unpin_ns, stages().unpins),
+            (0, 0, 0)
         );
         assert!(ticks() >= t0 || cfg!(not(target_arch = "x86_64")));
         assert!(ns_per_tick() > 0.0);

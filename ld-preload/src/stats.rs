@@ -132,10 +132,11 @@ pub fn summary(s: &FhPreloadStats) -> String {
     } else {
         format!(
             "~{:.3} ms estimated from {} sampled re-registrations of resident pages \
-             (1 hit in {}, t = a + b*bytes)",
+             (1 hit in {}, t = a + b*bytes; the samples took {:.3} ms)",
             s.saved_ns as f64 / 1e6,
             s.resident_samples,
             crate::cost_model::sample_every(),
+            crate::cost_model::sample_ns() as f64 / 1e6,
         )
     };
     let lookups = s.hits + s.misses;
