@@ -175,7 +175,7 @@ fn hits(n: usize) -> f64 {
     for _ in 0..n {
         // SAFETY: as in `through_shim`; the range stays cached, so every call but the first hits.
         unsafe {
-            let mr = register_for_test(pdp, p, LEN, p as u64, 1 | 2 | 4, || std::ptr::null_mut());
+            let mr = register_for_test(pdp, p, LEN, p as u64, 1 | 2 | 4, std::ptr::null_mut);
             assert!(!mr.is_null());
             assert_eq!(ibv_dereg_mr(mr), 0);
         }
