@@ -147,7 +147,15 @@ pub fn line() -> Option<String> {
     ))
 }
 
-/// Back to the start state (tests; and a forked child keeps its parent's, which is fine).
+/// In a forked child (atfork handler: atomics only): caching again, with an empty window. The
+/// recent keys stay (the child's memory is a copy of its parent's).
+pub fn restart_in_child() {
+    BYPASSING.store(false, Relaxed);
+    SEEN.store(0, Relaxed);
+    USEFUL.store(0, Relaxed);
+}
+
+/// Back to the start state (tests).
 #[cfg(test)]
 pub fn reset() {
     BYPASSING.store(false, Relaxed);
@@ -194,6 +202,11 @@ mod tests {
         );
         assert_eq!(BYPASSED.load(Relaxed) - b0, direct);
         assert!(bypassing(), "still fresh: still bypassing");
+        // A forked child starts caching again (its registrations are its own).
+        restart_in_child();
+        assert!(!bypassing());
+        assert_eq!((SEEN.load(Relaxed), USEFUL.load(Relaxed)), (0, 0));
+        BYPASSING.store(true, Relaxed);
         // The program turns to a working set of 8 buffers: repeats go to the cache and are
         // useful; within a window caching resumes.
         let mut routed_to_cache_repeat = 0;
