@@ -24,8 +24,12 @@ struct fh_preload_stats {
     uint64_t real_deregs, real_dereg_ns;             /* real ibv_dereg_mr calls by the caches */
     uint64_t caches; /* live caches: one per protection domain and remote-rights class */
     uint64_t hit_bytes;                              /* bytes of registrations served by hits */
-    uint64_t saved_ns; /* estimate: each hit priced by a t = a + b*bytes fit over the misses */
+    uint64_t saved_ns; /* estimate: each hit priced by a t = a + b*bytes fit over sampled
+                          re-registrations of resident pages (FH_STATS_SAMPLE; 0 without samples) */
     uint64_t stale_deregs; /* ibv_dereg_mr/ibv_rereg_mr of a wrapper already deregistered: EINVAL */
+    uint64_t resident_samples; /* sampled re-registrations behind saved_ns */
+    uint64_t saved_upper_ns;   /* upper bound: hits priced by a fit over the misses (first touch) */
+    uint64_t bypassed_reg;     /* passed straight through by FH_BYPASS=auto (in passthrough_reg) */
 };
 
 /* Copies up to `size` bytes of a snapshot into *out. 0, or -1 if out is NULL or size < 8. */

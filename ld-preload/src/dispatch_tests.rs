@@ -734,3 +734,65 @@ fn closing_a_device_drops_the_caches_of_its_domains_only() {
     pd_cache::drop_pd(b.ptr());
     assert_eq!(b.pinner.live_count(), 0);
 }
+
+/// Registrations from a new address every time (every one a miss) go straight to libibverbs
+/// after one window (`bypass.rs`): the real MR, never a wrapper, nothing cached. A range
+/// registered again goes through the cache, and the bypassed MR is never what it hands out.
+#[test]
+fn fresh_addresses_are_bypassed_and_never_served_from_the_cache() {
+    let _s = serial();
+    crate::bypass::reset();
+    let mut f = fake_pd(0xC7);
+    let n = crate::bypass::WINDOW as usize + 8;
+    let len = 8192;
+    let buf = anon(n * 2 * len);
+    let real_mr = 0x4321usize as *mut IbvMr;
+    let s0 = snapshot();
+    // SAFETY: a fake pd whose cache never calls libibverbs; the pass-through closure returns a
+    // dummy; `buf` is mapped.
+    unsafe {
+        let at = |i: usize| buf.add(i * 2 * len) as *mut c_void;
+        let mut wrappers = 0;
+        for i in 0..n {
+            let p = register_for_test(f.ptr(), at(i), len, at(i) as u64, RW as u32, || real_mr);
+            if p == real_mr {
+                continue;
+            }
+            // The window's registrations, then the first probe (`bypass::PROBE`).
+            assert!(
+                i <= crate::bypass::WINDOW as usize,
+                "cached after the window"
+            );
+            wrappers += 1;
+            assert_eq!(ibv_dereg_mr(p), 0);
+        }
+        let s1 = snapshot();
+        let bypassed = s1.bypassed_reg - s0.bypassed_reg;
+        assert_eq!(wrappers, crate::bypass::WINDOW as usize + 1);
+        assert_eq!(bypassed as usize, n - wrappers, "all but the probe");
+        assert_eq!(
+            s1.passthrough_reg - s0.passthrough_reg,
+            bypassed,
+            "a bypass is a pass-through"
+        );
+        assert_eq!(
+            s1.app_reg_calls - s0.app_reg_calls,
+            (s1.hits + s1.misses + s1.passthrough_reg) - (s0.hits + s0.misses + s0.passthrough_reg),
+            "app calls = hits + misses + pass-throughs"
+        );
+        let pins = f.pinner.pins();
+        assert_eq!(
+            pins as usize, wrappers,
+            "bypassed ones were never pinned by the cache"
+        );
+        // The last address again: a repeat goes to the cache (a wrapper, a fresh pin there).
+        let again = register_for_test(f.ptr(), at(n - 1), len, at(n - 1) as u64, RW as u32, || {
+            real_mr
+        });
+        assert!(!again.is_null() && again != real_mr, "a repeat is cached");
+        assert_eq!(f.pinner.pins(), pins + 1);
+        assert_eq!(ibv_dereg_mr(again), 0);
+        libc::munmap(buf as *mut c_void, n * 2 * len);
+    }
+    crate::bypass::reset();
+}

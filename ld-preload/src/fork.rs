@@ -19,7 +19,7 @@
 use std::cell::UnsafeCell;
 use std::sync::MutexGuard;
 
-use crate::cost_model::{Fit, DEREG, REG};
+use crate::cost_model::{Fit, DEREG, REG, RESIDENT_DEREG, RESIDENT_REG};
 use crate::wrapper::Slot;
 
 /// The locks held across `fork`, in acquisition order.
@@ -28,6 +28,10 @@ struct Guards {
     pds: crate::pd_cache::ForkGuard,
     _reg: MutexGuard<'static, Fit>,
     _dereg: MutexGuard<'static, Fit>,
+    /// The sampled re-registrations' fits: a child forked while a thread recorded a sample
+    /// would otherwise hang in its first `fh_preload_stats`.
+    _resident_reg: MutexGuard<'static, Fit>,
+    _resident_dereg: MutexGuard<'static, Fit>,
 }
 
 /// Guards held between prepare and parent/child. Only touched by the forking thread, inside
@@ -52,6 +56,8 @@ extern "C" fn prepare() {
             pds: crate::pd_cache::fork_lock(),
             _reg: lock(&REG),
             _dereg: lock(&DEREG),
+            _resident_reg: lock(&RESIDENT_REG),
+            _resident_dereg: lock(&RESIDENT_DEREG),
         };
         // SAFETY: see `Held`.
         unsafe { *HELD.0.get() = Some(g) };
@@ -62,6 +68,8 @@ extern "C" fn child() {
     let _ = std::panic::catch_unwind(|| {
         // The counters are the parent's copy: a summary from the child would double-count them.
         crate::settings::forget_stats_fd();
+        // The child's registrations are its own: it starts caching, with an empty window.
+        crate::bypass::restart_in_child();
         // SAFETY: see `Held`. This process has one thread now.
         if let Some(g) = unsafe { (*HELD.0.get()).as_mut() } {
             g.pds.forget_in_child();

@@ -13,6 +13,7 @@
 //! `fh_*` C ABI is linked in but not exported, and the SONAME is `libfirehose_preload.so`
 //! (`build.rs`).
 
+mod bypass;
 mod coexist;
 mod cost_model;
 mod counters;
@@ -23,6 +24,9 @@ mod foreign_events;
 mod fork;
 mod guard;
 mod init;
+#[cfg(test)]
+mod miss_bench;
+mod miss_cost;
 mod pd_cache;
 mod real_libc;
 mod real_pinner;

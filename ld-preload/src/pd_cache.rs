@@ -50,11 +50,15 @@ pub struct PdCache {
     /// The real backend, for MR handles (`None` for a test double).
     pinner: Option<Arc<RealPinner>>,
 }
+/// Test doubles' caches watch their ranges with userfaultfd (the native miss benchmark).
+#[cfg(test)]
+pub static TEST_UFFD: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 #[cfg(test)]
 static TEST_PINNERS: Mutex<Vec<(usize, Arc<dyn Pinner>)>> = Mutex::new(Vec::new());
 
 /// Remote access bits: requests differing in these never share a cache.
-const REMOTE_RIGHTS: u32 = Access::REMOTE_WRITE.0 | Access::REMOTE_READ.0 | Access::REMOTE_ATOMIC.0;
+pub const REMOTE_RIGHTS: u32 =
+    Access::REMOTE_WRITE.0 | Access::REMOTE_READ.0 | Access::REMOTE_ATOMIC.0;
 
 /// (pd address, remote-rights class).
 type Key = (usize, u32);
@@ -478,7 +482,7 @@ impl PdCache {
             Parts {
                 pinner,
                 limits,
-                uffd_watch: false,
+                uffd_watch: TEST_UFFD.load(Ordering::Relaxed),
                 fork: fork_mode::resolve(cfg.fork, true),
                 events: true,
                 helper: assembly::helper_config(&cfg.helper),
@@ -495,13 +499,30 @@ impl PdCache {
         len: usize,
         access: Access,
     ) -> FhResult<(Registration, bool)> {
+        let t0 = crate::miss_cost::begin();
         pin_flag::clear();
         // Undispatched userfaultfd events first (see `firehose::monitor::quiesce`).
         firehose::monitor::quiesce();
+        let t1 = crate::miss_cost::ticks();
         // No call site from the hooks: the helper's signatures use the address and the context
         // window of previous registrations alone.
         let r = self.helper.register(&self.cache, 0, addr, len, access)?;
-        Ok((r, !pin_flag::take()))
+        let hit = !pin_flag::take();
+        if !hit {
+            crate::miss_cost::record_miss(t0, t1, crate::miss_cost::ticks());
+        }
+        Ok((r, hit))
+    }
+
+    /// Time a real registration and deregistration of `[addr, addr + len)`, which a hit just
+    /// found registered (so resident and pinned): what that hit avoided. Recorded in the
+    /// resident-pages cost model (`cost_model.rs`); nothing else sees this registration.
+    pub fn sample_resident(&self, addr: usize, len: usize, access: Access) {
+        if let Some(p) = &self.pinner {
+            if let Some((reg, dereg)) = p.time_reg_dereg(addr, len, access) {
+                crate::cost_model::record_resident(len, reg, dereg);
+            }
+        }
     }
 
     /// Release one registration returned by `register`.

@@ -3,6 +3,10 @@
 //! - `FH_DISABLE=1`: every hook passes straight through (no cache, no monitor, no wrappers).
 //! - `FH_STATS=1`: a one-screen summary at exit, to a duplicate of stderr taken at start-up (the
 //!   application may close fd 2 first), or to `FH_STATS_FILE` (appended) when set.
+//! - `FH_BYPASS=auto|off`: pass registrations that almost never come back straight through
+//!   (`bypass.rs`); `off` always caches.
+//! - `FH_STATS_SAMPLE=N`: with `FH_STATS`, one hit in N (default 256, 0: none) is re-registered
+//!   for real, timed, to price hits (`cost_model.rs`).
 //! - `FH_TEST_NO_INVALIDATE=1` (tests only): no monitor, no notifications, so stale-registration
 //!   tests can be shown to fail.
 //! - Cache limits and `FH_MONITOR` come from the library's own `FH_*` variables; without
@@ -84,8 +88,43 @@ pub fn load() {
     MONITOR_EXPLICIT.store(std::env::var_os("FH_MONITOR").is_some(), Ordering::Relaxed);
     DISABLED.store(env_flag("FH_DISABLE"), Ordering::Relaxed);
     NO_INVALIDATE.store(env_flag("FH_TEST_NO_INVALIDATE"), Ordering::Relaxed);
+    crate::bypass::set_enabled(bypass_setting(std::env::var("FH_BYPASS").ok().as_deref()));
+    if let Some(n) = sample_setting(std::env::var("FH_STATS_SAMPLE").ok().as_deref()) {
+        crate::cost_model::set_sample_every(n);
+    }
     if env_flag("FH_STATS") && !disabled() {
         STATS_FD.store(open_stats_fd(), Ordering::Relaxed);
+    }
+}
+
+/// `FH_BYPASS`: `auto` (or unset, empty) adapts; `off`/`0`/`no`/`false` always caches. Anything
+/// else is reported once and `auto` applies.
+fn bypass_setting(v: Option<&str>) -> bool {
+    match v.map(|s| s.trim().to_ascii_lowercase()).as_deref() {
+        None | Some("" | "auto") => true,
+        Some("off" | "0" | "no" | "false") => false,
+        Some(other) => {
+            eprintln!("firehose-preload: FH_BYPASS={other:?} is not auto or off: auto");
+            true
+        }
+    }
+}
+
+/// `FH_STATS_SAMPLE`: sample one hit in N (0: none). `None` (the default applies) when unset or
+/// invalid (reported once).
+fn sample_setting(v: Option<&str>) -> Option<u64> {
+    let v = v?.trim();
+    if v.is_empty() {
+        return None;
+    }
+    match v.parse::<u64>() {
+        Ok(n) => Some(n),
+        Err(_) => {
+            eprintln!(
+                "firehose-preload: FH_STATS_SAMPLE={v:?} is not a count: the default applies"
+            );
+            None
+        }
     }
 }
 
@@ -134,6 +173,20 @@ mod tests {
             assert!(!truthy(Some(v)), "{v:?}");
         }
         assert!(!truthy(None));
+    }
+
+    #[test]
+    fn bypass_and_sample_settings_parse() {
+        assert!(bypass_setting(None));
+        assert!(bypass_setting(Some("auto")));
+        assert!(!bypass_setting(Some("OFF")));
+        assert!(!bypass_setting(Some("0")));
+        assert!(bypass_setting(Some("bogus")), "invalid: auto");
+        assert_eq!(sample_setting(None), None);
+        assert_eq!(sample_setting(Some("")), None);
+        assert_eq!(sample_setting(Some("0")), Some(0));
+        assert_eq!(sample_setting(Some(" 1024 ")), Some(1024));
+        assert_eq!(sample_setting(Some("lots")), None);
     }
 
     #[test]

@@ -34,10 +34,19 @@ pub struct FhPreloadStats {
     /// Live caches (one per protection domain and remote-rights class).
     pub caches: u64,
     pub hit_bytes: u64,
-    /// Size-aware estimate of the time hits saved (`cost_model.rs`).
+    /// Estimate of the time hits saved, priced by the sampled re-registrations of resident pages
+    /// (`cost_model.rs`; 0 without samples: `FH_STATS` off or no hit yet).
     pub saved_ns: u64,
     /// `ibv_dereg_mr`/`ibv_rereg_mr` of a wrapper already deregistered: refused (EINVAL).
     pub stale_deregs: u64,
+    /// Sampled re-registrations behind `saved_ns`.
+    pub resident_samples: u64,
+    /// Upper bound of the time saved: hits priced by the line fitted on the misses (which also
+    /// paid the first touch of their pages).
+    pub saved_upper_ns: u64,
+    /// Registrations passed straight through by the adaptive bypass (`FH_BYPASS`; also counted
+    /// in `passthrough_reg`).
+    pub bypassed_reg: u64,
 }
 
 pub const FLAG_ACTIVE: u32 = 1;
@@ -76,8 +85,11 @@ pub fn snapshot() -> FhPreloadStats {
         real_dereg_ns: ld(&c.real_dereg_ns),
         caches: pds,
         hit_bytes: ld(&c.hit_bytes),
-        saved_ns: crate::cost_model::saved_ns(cache.hits, ld(&c.hit_bytes)),
+        saved_ns: crate::cost_model::resident_saved_ns(cache.hits, ld(&c.hit_bytes)),
         stale_deregs: ld(&c.stale_dereg),
+        resident_samples: crate::cost_model::samples(),
+        saved_upper_ns: crate::cost_model::saved_ns(cache.hits, ld(&c.hit_bytes)),
+        bypassed_reg: ld(&crate::bypass::BYPASSED),
     }
 }
 
@@ -114,7 +126,19 @@ pub fn summary(s: &FhPreloadStats) -> String {
     let dereg_us = mean_us(s.real_dereg_ns, s.real_deregs);
     // Every hit is a registration (and later a deregistration) the application did not pay for.
     let saved_ms = s.hits as f64 * (reg_us + dereg_us) / 1000.0;
-    let sized_ms = s.saved_ns as f64 / 1e6;
+    let sized_ms = s.saved_upper_ns as f64 / 1e6;
+    let estimate = if s.resident_samples == 0 {
+        "not estimated: no sampled re-registration (FH_STATS_SAMPLE=0, or no hit)".to_string()
+    } else {
+        format!(
+            "~{:.3} ms estimated from {} sampled re-registrations of resident pages \
+             (1 hit in {}, t = a + b*bytes; the samples took {:.3} ms)",
+            s.saved_ns as f64 / 1e6,
+            s.resident_samples,
+            crate::cost_model::sample_every(),
+            crate::cost_model::sample_ns() as f64 / 1e6,
+        )
+    };
     let lookups = s.hits + s.misses;
     let hit_pct = if lookups == 0 {
         0.0
@@ -123,11 +147,12 @@ pub fn summary(s: &FhPreloadStats) -> String {
     };
     format!(
         "firehose-preload (pid {pid}) summary\n\
-         \x20 registrations: {calls} app calls ({nested} nested calls passed through), {pt} uncached\n\
+         \x20 registrations: {calls} app calls ({nested} nested calls passed through), {pt} uncached ({byp} bypassed)\n\
          \x20 cache:         {hits} hits, {misses} misses ({hit_pct:.1}% hits), {ev} evictions, {inv} invalidations\n\
          \x20 pinned:        {now} bytes now, peak {peak} bytes, {pds} cache(s) (per pd and remote rights)\n\
          \x20 miss cost:     ibv_reg_mr {reg_us:.1} us mean over {nr}, ibv_dereg_mr {dereg_us:.1} us mean over {nd}\n\
-         \x20 time saved:    at most ~{sized_ms:.3} ms priced by size (t = a + b*bytes fitted on the misses, {hit_bytes} hit bytes)\n\
+         \x20 time saved:    {estimate}\n\
+         \x20                at most ~{sized_ms:.3} ms priced by size (t = a + b*bytes fitted on the misses, {hit_bytes} hit bytes)\n\
          \x20                at most ~{saved_ms:.3} ms by hits x mean reg+dereg cost\n\
          \x20                (upper bounds: a miss also paid the first touch of its pages, which a hit's\n\
          \x20                re-registration of resident pages would not; time the job with and without)\n",
@@ -136,6 +161,7 @@ pub fn summary(s: &FhPreloadStats) -> String {
         calls = s.app_reg_calls,
         nested = s.nested_calls,
         pt = s.passthrough_reg,
+        byp = s.bypassed_reg,
         hits = s.hits,
         misses = s.misses,
         ev = s.evictions,
@@ -167,7 +193,18 @@ pub extern "C" fn print_at_exit() {
                 s.stale_deregs
             ));
         }
+        if let Some(lines) = crate::miss_cost::lines(&crate::miss_cost::current()) {
+            text.push_str(&lines);
+        }
+        if let Some(line) = crate::bypass::line() {
+            text.push_str(&line);
+        }
         text.push_str(&crate::pd_cache::monitor_line());
+        if let Some(n) = crate::miss_cost::mappings() {
+            text.push_str(&format!(
+                "  mappings:      {n} in /proc/self/maps at exit\n"
+            ));
+        }
         if let Some(line) = crate::pd_cache::fork_line() {
             text.push_str(&line);
         }
@@ -206,6 +243,16 @@ mod tests {
         assert!(t.contains("ibv_reg_mr 40.0 us mean over 10"), "{t}");
         assert!(t.contains("at most ~50.000 ms by hits x mean"), "{t}");
         assert!(t.contains("upper bounds"), "{t}");
+        assert!(t.contains("not estimated: no sampled"), "{t}");
+        let sampled = summary(&FhPreloadStats {
+            resident_samples: 4,
+            saved_ns: 12_500_000,
+            ..s
+        });
+        assert!(
+            sampled.contains("~12.500 ms estimated from 4 sampled re-registrations"),
+            "{sampled}"
+        );
         assert!(t.lines().count() <= 24, "one screen");
     }
 

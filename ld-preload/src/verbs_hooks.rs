@@ -16,7 +16,7 @@ use crate::counters::{bump, COUNTERS};
 use crate::ffi_types::*;
 use crate::guard::Outermost;
 use crate::wrapper::{self, Backing, Taken, WrapperMr};
-use crate::{pd_cache, real_verbs, settings};
+use crate::{bypass, cost_model, pd_cache, real_verbs, settings};
 
 fn set_errno(e: c_int) {
     // SAFETY: __errno_location returns this thread's errno slot.
@@ -35,7 +35,13 @@ pub fn cacheable(access: u32) -> bool {
 ///
 /// # Safety
 /// `pd` is a live protection domain of the caller.
-unsafe fn cached_reg(pd: *mut IbvPd, addr: *mut c_void, len: usize, access: u32) -> *mut IbvMr {
+unsafe fn cached_reg(
+    pd: *mut IbvPd,
+    addr: *mut c_void,
+    len: usize,
+    access: u32,
+    repeat: bool,
+) -> *mut IbvMr {
     let Ok(cache) = pd_cache::for_pd(pd, Access(access)) else {
         return std::ptr::null_mut();
     };
@@ -51,10 +57,16 @@ unsafe fn cached_reg(pd: *mut IbvPd, addr: *mut c_void, len: usize, access: u32)
         }
         Err(_) => return std::ptr::null_mut(),
     };
+    bypass::cached(repeat, hit);
     if hit {
         COUNTERS
             .hit_bytes
             .fetch_add(len as u64, std::sync::atomic::Ordering::Relaxed);
+        // What this hit avoided, measured now and then (`cost_model.rs`); the caller gets the
+        // cached registration either way.
+        if cost_model::should_sample() {
+            cache.sample_resident(addr as usize, len, Access(access));
+        }
     }
     let mr = IbvMr {
         // SAFETY: `pd` is live per the contract; `context` is its public first field.
@@ -109,10 +121,21 @@ unsafe fn register(
         && len != 0
         && iova == addr as u64
         && cacheable(access);
-    if try_cache {
+    // Registrations that almost never come back go straight through (`bypass.rs`).
+    let route = if try_cache {
+        bypass::route(
+            pd as usize,
+            addr as usize,
+            len,
+            access & pd_cache::REMOTE_RIGHTS,
+        )
+    } else {
+        bypass::Route::Direct
+    };
+    if let bypass::Route::Cache { repeat } = route {
         // SAFETY: `pd` is the caller's live protection domain (non-NULL, checked above).
         let r = catch_unwind(AssertUnwindSafe(|| unsafe {
-            cached_reg(pd, addr, len, access)
+            cached_reg(pd, addr, len, access, repeat)
         }));
         if let Ok(mr) = r {
             if !mr.is_null() {

@@ -72,6 +72,7 @@ pub use options::{MonitorOptions, MonitorStatus};
 pub use registry::set_listener_limit_for_tests;
 pub use registry::{listener_count, subscribe, Subscription, MAX_LISTENERS};
 pub use uffd::UffdWatcher;
+pub use uffd::{watch_costs, WatchCosts};
 pub use unmap_windows::{set_unmap_windows, UnmapWindows};
 
 pub use uffd::quiesce;

@@ -54,5 +54,6 @@ pub(super) use hooks::test_fail_reader;
 pub(super) use hooks::FORK_HOOK;
 pub use reader::quiesce;
 pub(super) use state::fill_status;
+pub use state::{watch_costs, WatchCosts};
 pub use watch::UffdWatcher;
 pub(super) use watch::{open, unwatch, watch};

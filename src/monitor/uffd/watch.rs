@@ -148,11 +148,36 @@ pub struct UffdWatcher;
 
 impl crate::rt::seam::RangeWatcher for UffdWatcher {
     fn watch(&self, addr: usize, len: usize) {
+        if !ACTIVE.load(SeqCst) {
+            return;
+        }
+        let t0 = std::time::Instant::now();
         watch(addr, len);
+        add_elapsed(&WATCH_CALLS, &WATCH_NS, t0);
     }
     fn unwatch(&self, addr: usize, len: usize) {
+        if !ACTIVE.load(SeqCst) {
+            return;
+        }
+        let t0 = std::time::Instant::now();
         unwatch(addr, len);
+        add_elapsed(&UNWATCH_CALLS, &UNWATCH_NS, t0);
     }
+}
+
+/// Count one call of `t0`'s duration (only watched and unwatched ranges pay the two clock reads:
+/// a miss, an unpin).
+fn add_elapsed(
+    calls: &std::sync::atomic::AtomicU64,
+    ns: &std::sync::atomic::AtomicU64,
+    t0: std::time::Instant,
+) {
+    use std::sync::atomic::Ordering::Relaxed;
+    calls.fetch_add(1, Relaxed);
+    ns.fetch_add(
+        u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX),
+        Relaxed,
+    );
 }
 
 /// Count one more watch of the pages under [addr, addr+len) and register them. Returns how many

@@ -1,0 +1,265 @@
+//! Adaptive bypass (`FH_BYPASS=auto`, the default): when recent registrations almost never come
+//! back, stop caching and hand them straight to libibverbs.
+//!
+//! A workload that registers every message from a new address (a benchmark that walks its buffer,
+//! an application that allocates each message) only misses; each miss pays, beyond the real
+//! `ibv_reg_mr`, the cache's bookkeeping and the userfaultfd registration of the range, and the
+//! idle regions it leaves pinned are later evicted or invalidated. Passed through, such a
+//! registration costs what it costs without the shim.
+//!
+//! A bypassed registration is the application's own MR from libibverbs, exactly as a pass-through
+//! (`passthrough_reg` counts it): no wrapper, never in a cache, deregistered by the application
+//! with the real `ibv_dereg_mr`. It cannot go stale, and the caches' invalidation is unchanged
+//! (regions cached before the switch stay watched and invalidated as always).
+//!
+//! The decision, per window of `WINDOW` registrations (process-wide, relaxed counters):
+//! a registration is *useful* when the cache hit, or when the same (domain, address, length,
+//! remote rights) was registered recently (a direct-mapped table of recent keys, `GHOST`): a
+//! repeat the cache would serve, unless memory went away in between, which still says the program
+//! re-registers. Fewer than 1 in 8 useful: bypass. While bypassing, the keys are still
+//! remembered, a repeat still goes through the cache, and one other registration in `PROBE` does
+//! too (so that registrations of sub-ranges of a region cached earlier are seen to hit); 1 in 4
+//! useful: cache again.
+//!
+//! The thresholds: measured natively (`miss_bench.rs`), a miss costs about 1.6 times the plain
+//! registration and deregistration it stands for (userfaultfd registration and unregistration of
+//! the range, a victim's deregistration on the miss's path, bookkeeping), and a hit saves all of
+//! it, so caching breaks even at roughly 1 useful in 3; in the Soft-RoCE VM the registration
+//! itself costs more and the overhead is relatively smaller. 1 in 8 is kept conservative on
+//! purpose: bypassing a workload that does hit loses every hit, while caching one that hits
+//! rarely only loses the overhead of its misses.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering::Relaxed};
+
+/// Registrations per decision.
+pub const WINDOW: u32 = 256;
+/// While bypassing, one registration in this many still goes through the cache.
+pub const PROBE: u64 = 64;
+const GHOSTS: usize = 4096;
+
+/// `FH_BYPASS`: `auto` (default) or `off` (always cache).
+static ENABLED: AtomicBool = AtomicBool::new(true);
+static BYPASSING: AtomicBool = AtomicBool::new(false);
+static SEEN: AtomicU32 = AtomicU32::new(0);
+static USEFUL: AtomicU32 = AtomicU32::new(0);
+static PROBES: AtomicU64 = AtomicU64::new(0);
+/// Registrations passed straight through, and how often the mode changed.
+pub static BYPASSED: AtomicU64 = AtomicU64::new(0);
+pub static SWITCHES: AtomicU64 = AtomicU64::new(0);
+static GHOST: [AtomicU64; GHOSTS] = [const { AtomicU64::new(0) }; GHOSTS];
+/// Last decision's useful fraction, in 1/256 (for the summary).
+static LAST_USEFUL: AtomicU8 = AtomicU8::new(0);
+
+pub fn set_enabled(on: bool) {
+    ENABLED.store(on, Relaxed);
+}
+
+pub fn enabled() -> bool {
+    ENABLED.load(Relaxed)
+}
+
+pub fn bypassing() -> bool {
+    BYPASSING.load(Relaxed)
+}
+
+/// Where a cacheable registration goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    /// Through the cache; `repeat`: its key was registered recently. Report the outcome with
+    /// `cached`.
+    Cache { repeat: bool },
+    /// Straight to libibverbs (already counted).
+    Direct,
+}
+
+fn key(pd: usize, addr: usize, len: usize, rights: u32) -> u64 {
+    let mut h = (pd as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    h ^= (addr as u64).wrapping_mul(0xC2B2_AE3D_27D4_EB4F);
+    h = h.rotate_left(29) ^ (len as u64).wrapping_mul(0x1656_67B1_9E37_79F9);
+    h ^= rights as u64;
+    h | 1 // never 0: 0 is an empty slot
+}
+
+/// Remember this key; true if it was the last one in its slot (a recent repeat).
+fn remember(k: u64) -> bool {
+    GHOST[(k >> 52) as usize % GHOSTS].swap(k, Relaxed) == k
+}
+
+/// Route one cacheable registration of `[addr, addr + len)` in `pd` with remote rights `rights`.
+pub fn route(pd: usize, addr: usize, len: usize, rights: u32) -> Route {
+    if !enabled() {
+        return Route::Cache { repeat: false };
+    }
+    let repeat = remember(key(pd, addr, len, rights));
+    if bypassing() && !(repeat || PROBES.fetch_add(1, Relaxed).is_multiple_of(PROBE)) {
+        BYPASSED.fetch_add(1, Relaxed);
+        count(false);
+        return Route::Direct;
+    }
+    Route::Cache { repeat }
+}
+
+/// The outcome of a registration routed to the cache.
+pub fn cached(repeat: bool, hit: bool) {
+    if enabled() {
+        count(repeat || hit);
+    }
+}
+
+fn count(useful: bool) {
+    if useful {
+        USEFUL.fetch_add(1, Relaxed);
+    }
+    if SEEN.fetch_add(1, Relaxed) + 1 == WINDOW {
+        let u = USEFUL.swap(0, Relaxed);
+        SEEN.store(0, Relaxed);
+        decide(u, WINDOW);
+    }
+}
+
+/// End of a window with `useful` of `seen` registrations useful.
+fn decide(useful: u32, seen: u32) {
+    LAST_USEFUL.store((useful * 256 / seen.max(1)).min(255) as u8, Relaxed);
+    let now = bypassing();
+    let next = if now {
+        useful * 4 < seen // resume caching at 1 in 4
+    } else {
+        useful * 8 < seen // bypass below 1 in 8
+    };
+    if next != now {
+        BYPASSING.store(next, Relaxed);
+        SWITCHES.fetch_add(1, Relaxed);
+    }
+}
+
+/// The `FH_STATS` line (`None` with `FH_BYPASS=off`).
+pub fn line() -> Option<String> {
+    if !enabled() {
+        return None;
+    }
+    Some(format!(
+        "  bypass:        {} registrations passed straight to libibverbs (FH_BYPASS=auto: under 1 in 8 \
+         repeated or hit), {} switches, now {}; last window {:.0}% useful\n",
+        BYPASSED.load(Relaxed),
+        SWITCHES.load(Relaxed),
+        if bypassing() { "bypassing" } else { "caching" },
+        LAST_USEFUL.load(Relaxed) as f64 * 100.0 / 256.0,
+    ))
+}
+
+/// In a forked child (atfork handler: atomics only): caching again, with an empty window. The
+/// recent keys stay (the child's memory is a copy of its parent's).
+pub fn restart_in_child() {
+    BYPASSING.store(false, Relaxed);
+    SEEN.store(0, Relaxed);
+    USEFUL.store(0, Relaxed);
+}
+
+/// Back to the start state (tests).
+#[cfg(test)]
+pub fn reset() {
+    BYPASSING.store(false, Relaxed);
+    SEEN.store(0, Relaxed);
+    USEFUL.store(0, Relaxed);
+    PROBES.store(0, Relaxed);
+    for g in &GHOST {
+        g.store(0, Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fresh_addresses_bypass_and_repeats_resume_caching() {
+        let _s = crate::serial::serial();
+        reset();
+        let pd = 0x5000;
+        // Every registration a new address, every one a miss: after one window, bypass.
+        let mut a = 0x10_0000_0000usize;
+        for _ in 0..WINDOW {
+            match route(pd, a, 65536, 0) {
+                Route::Cache { repeat } => cached(repeat, false),
+                Route::Direct => panic!("bypass before a full window"),
+            }
+            a += 65536 + 4096;
+        }
+        assert!(bypassing());
+        let b0 = BYPASSED.load(Relaxed);
+        let mut direct = 0;
+        for _ in 0..WINDOW {
+            match route(pd, a, 65536, 0) {
+                Route::Cache { repeat } => cached(repeat, false), // a probe
+                Route::Direct => direct += 1,
+            }
+            a += 65536 + 4096;
+        }
+        assert_eq!(
+            direct,
+            WINDOW as u64 - WINDOW as u64 / PROBE,
+            "all but the probes"
+        );
+        assert_eq!(BYPASSED.load(Relaxed) - b0, direct);
+        assert!(bypassing(), "still fresh: still bypassing");
+        // A forked child starts caching again (its registrations are its own).
+        restart_in_child();
+        assert!(!bypassing());
+        assert_eq!((SEEN.load(Relaxed), USEFUL.load(Relaxed)), (0, 0));
+        BYPASSING.store(true, Relaxed);
+        // The program turns to a working set of 8 buffers: repeats go to the cache and are
+        // useful; within a window caching resumes.
+        let mut routed_to_cache_repeat = 0;
+        for i in 0..WINDOW {
+            let addr = 0x20_0000_0000usize + (i as usize % 8) * 65536;
+            match route(pd, addr, 65536, 0) {
+                Route::Cache { repeat } => {
+                    routed_to_cache_repeat += repeat as u32;
+                    cached(repeat, true)
+                }
+                Route::Direct => {}
+            }
+        }
+        assert!(
+            routed_to_cache_repeat >= WINDOW - 16,
+            "repeats are never bypassed"
+        );
+        assert!(!bypassing(), "repeats: caching again");
+        reset();
+    }
+
+    #[test]
+    fn hits_keep_caching_and_off_never_bypasses() {
+        let _s = crate::serial::serial();
+        reset();
+        // New keys every time but the cache hits (sub-ranges of a registered pool): caching.
+        for i in 0..4 * WINDOW as usize {
+            let Route::Cache { repeat } = route(1, 0x30_0000_0000 + i * 64, 64, 0) else {
+                panic!("a hitting workload was bypassed");
+            };
+            cached(repeat, i % 4 == 0);
+        }
+        assert!(!bypassing());
+        set_enabled(false);
+        for i in 0..4 * WINDOW as usize {
+            assert_eq!(
+                route(1, 0x40_0000_0000 + i * 8192, 4096, 0),
+                Route::Cache { repeat: false }
+            );
+            cached(false, false);
+        }
+        assert!(!bypassing(), "FH_BYPASS=off");
+        set_enabled(true);
+        reset();
+    }
+
+    #[test]
+    fn keys_differ_by_domain_length_and_rights() {
+        let k = key(1, 0x1000, 4096, 0);
+        assert_ne!(k, key(2, 0x1000, 4096, 0));
+        assert_ne!(k, key(1, 0x1000, 8192, 0));
+        assert_ne!(k, key(1, 0x1000, 4096, 2));
+        assert_ne!(k, key(1, 0x2000, 4096, 0));
+        assert_eq!(k & 1, 1);
+    }
+}
