@@ -7,6 +7,8 @@
 //! MAP_FAILED with errno set. Nothing here allocates, locks or unwinds (these are `extern "C"`, so
 //! a panicking listener aborts the process instead of unwinding into C).
 
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+
 use libc::{c_int, c_long, c_void, off_t, size_t};
 
 use super::caller::{self, by_caller};
@@ -160,10 +162,21 @@ fn done(range: Option<(usize, usize)>, ran: bool, ok: bool, trim: bool) {
     }
 }
 
+/// False only under the test switch `FH_TEST_DISABLE_HOOKS=fresh` (`switches.rs`).
+static REPORT_FRESH: AtomicBool = AtomicBool::new(true);
+
+pub(super) fn stop_reporting_fresh() {
+    REPORT_FRESH.store(false, Relaxed);
+}
+
+pub(super) fn reports_fresh() -> bool {
+    REPORT_FRESH.load(Relaxed)
+}
+
 /// After a successful call that handed out new addresses (`mmap` without MAP_FIXED, `mremap`
 /// moving or growing): see [`UnmapEvent::Fresh`].
 fn fresh(range: Option<(usize, usize)>) {
-    if super::reports_fresh() {
+    if reports_fresh() {
         notify_ev(range, UnmapEvent::Fresh);
     }
 }

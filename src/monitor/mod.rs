@@ -80,7 +80,7 @@ pub use uffd::quiesce;
 /// Whether new mappings are reported (`UnmapEvent::Fresh`); false only under the test switch
 /// `FH_TEST_DISABLE_HOOKS=fresh` (read at `install`), which the shim's exported `mmap` obeys too.
 pub fn reports_fresh() -> bool {
-    !switches::disabled(switches::FRESH)
+    hooks::reports_fresh()
 }
 
 /// Watch a range with userfaultfd now (what `UffdWatcher::watch` does: count it and register

@@ -33,7 +33,11 @@ pub(super) fn parse(list: &str) -> u32 {
 
 pub(super) fn load_from_env() {
     if let Ok(v) = std::env::var("FH_TEST_DISABLE_HOOKS") {
-        DISABLED.fetch_or(parse(&v), Relaxed);
+        let bits = parse(&v);
+        DISABLED.fetch_or(bits, Relaxed);
+        if bits & FRESH != 0 {
+            super::hooks::stop_reporting_fresh();
+        }
     }
 }
 
