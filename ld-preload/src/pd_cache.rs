@@ -17,7 +17,7 @@
 //! the caches in it are the parent's (quarantined by the library), and the child makes its own.
 //!
 //! A cache that cannot be subscribed to memory events (the library's registry is full) is never
-//! used: `for_pd` fails with `FH_ERR_TOO_MANY_CACHES` and that registration passes through
+//! used: `for_pd` fails with `NoCache::TooManyCaches` and that registration passes through
 //! uncached.
 
 use std::cell::RefCell;
@@ -25,15 +25,14 @@ use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use firehose::assembly::{self, Parts};
-use firehose::cache::{Cache, Limits, Registration, Stats};
+use firehose::assembly::{self, AssembleError, Parts};
+use firehose::cache::{Cache, CacheError, Limits, Registration, Stats};
 use firehose::helper::{pin_flag, Helper};
 use firehose::monitor::{self, Hooked, MonitorOptions, Subscription};
 use firehose::pin::fork_mode;
 use firehose::pin::Access;
 #[cfg(test)]
 use firehose::pin::Pinner;
-use firehose::status::{fh_status, FhResult};
 
 use crate::ffi_types::IbvPd;
 use crate::real_pinner::RealPinner;
@@ -131,8 +130,25 @@ thread_local! {
     static LAST: RefCell<LastLookup> = const { RefCell::new(None) };
 }
 
+/// Why a domain has no cache: its registrations pass through uncached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NoCache {
+    /// Invalidation is on but the monitor cannot see this process's unmaps.
+    Blind,
+    /// The library's registry of listeners is full.
+    TooManyCaches,
+}
+
+impl From<AssembleError> for NoCache {
+    fn from(e: AssembleError) -> NoCache {
+        match e {
+            AssembleError::TooManyCaches => NoCache::TooManyCaches,
+        }
+    }
+}
+
 /// The cache for requests with `access` in `pd`, created on first use.
-pub fn for_pd(pd: *mut IbvPd, access: Access) -> FhResult<Arc<PdCache>> {
+pub fn for_pd(pd: *mut IbvPd, access: Access) -> Result<Arc<PdCache>, NoCache> {
     let key = (pd as usize, access.0 & REMOTE_RIGHTS);
     // Acquire pairs with the Release bump in `drop_pd`: a thread that sees the old generation
     // started its lookup before the entry was removed, as it would with the map itself.
@@ -156,7 +172,7 @@ pub fn for_pd(pd: *mut IbvPd, access: Access) -> FhResult<Arc<PdCache>> {
     Ok(c)
 }
 
-fn lookup_or_create(pd: *mut IbvPd, key: Key) -> FhResult<Arc<PdCache>> {
+fn lookup_or_create(pd: *mut IbvPd, key: Key) -> Result<Arc<PdCache>, NoCache> {
     if let Some(c) = pds().as_ref().and_then(|m| m.get(&key)) {
         return Ok(c.clone());
     }
@@ -403,7 +419,7 @@ pub fn blind() -> bool {
 }
 
 impl PdCache {
-    fn new(pd: *mut IbvPd) -> FhResult<Arc<PdCache>> {
+    fn new(pd: *mut IbvPd) -> Result<Arc<PdCache>, NoCache> {
         #[cfg(test)]
         if let Some(c) = Self::new_for_test(pd) {
             return c;
@@ -412,7 +428,7 @@ impl PdCache {
             ensure_monitor();
             refresh_foreign();
             if blind() {
-                return Err(fh_status::FH_ERR_UNSUPPORTED);
+                return Err(NoCache::Blind);
             }
         }
         let cfg = settings::config();
@@ -441,10 +457,10 @@ impl PdCache {
         )
     }
 
-    /// The cache from the one assembly (`firehose::assembly`); `FH_ERR_TOO_MANY_CACHES` when the
+    /// The cache from the one assembly (`firehose::assembly`); `NoCache::TooManyCaches` when the
     /// library's registry has no room: a cache nobody invalidates would serve stale
     /// registrations, so this domain's registrations pass through uncached.
-    fn assembled(parts: Parts, pinner: Option<Arc<RealPinner>>) -> FhResult<Arc<PdCache>> {
+    fn assembled(parts: Parts, pinner: Option<Arc<RealPinner>>) -> Result<Arc<PdCache>, NoCache> {
         let a = assembly::assemble(parts)?;
         Ok(Arc::new(PdCache {
             _events: a.subscription,
@@ -466,7 +482,7 @@ impl PdCache {
     }
 
     #[cfg(test)]
-    fn new_for_test(pd: *mut IbvPd) -> Option<FhResult<Arc<PdCache>>> {
+    fn new_for_test(pd: *mut IbvPd) -> Option<Result<Arc<PdCache>, NoCache>> {
         let pinner = TEST_PINNERS
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -498,7 +514,7 @@ impl PdCache {
         addr: usize,
         len: usize,
         access: Access,
-    ) -> FhResult<(Registration, bool)> {
+    ) -> Result<(Registration, bool), CacheError> {
         let t0 = crate::miss_cost::begin();
         pin_flag::clear();
         // Undispatched userfaultfd events first (see `firehose::monitor::quiesce`).
@@ -526,7 +542,7 @@ impl PdCache {
     }
 
     /// Release one registration returned by `register`.
-    pub fn deregister(&self, handle: u64) -> FhResult<()> {
+    pub fn deregister(&self, handle: u64) -> Result<(), CacheError> {
         self.helper.deregister(&self.cache, handle)
     }
 

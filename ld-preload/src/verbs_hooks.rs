@@ -9,8 +9,8 @@
 use std::ffi::{c_int, c_uint, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
+use firehose::cache::CacheError;
 use firehose::pin::Access;
-use firehose::status::fh_status;
 
 use crate::counters::{bump, COUNTERS};
 use crate::ffi_types::*;
@@ -49,7 +49,7 @@ unsafe fn cached_reg(
         Ok(r) => r,
         // Out of pinnable memory after this cache evicted its own idle regions: other domains'
         // and rights classes' caches may hold the rest of the process's limit idle.
-        Err(fh_status::FH_ERR_NO_MEMORY) if pd_cache::flush_all_idle() > 1 => {
+        Err(CacheError::NoMemory) if pd_cache::flush_all_idle() > 1 => {
             match cache.register(addr as usize, len, Access(access)) {
                 Ok(r) => r,
                 Err(_) => return std::ptr::null_mut(),
@@ -265,7 +265,7 @@ unsafe fn real_dereg(mr: *mut IbvMr) -> c_int {
 /// Release what stands behind a wrapper. On failure the backing is handed back.
 ///
 /// A cached wrapper inherited across `fork` is released without touching its registration: its
-/// cache is the parent's, quarantined in the child (`FH_ERR_FORKED`), and the registration behind
+/// cache is the parent's, quarantined in the child (`CacheError::Forked`), and the registration behind
 /// it lives in the verbs context the child shares with the parent, where the parent still uses
 /// it (never the real `ibv_dereg_mr` here). The child only lets go of its copy of the wrapper.
 ///
@@ -274,7 +274,7 @@ unsafe fn real_dereg(mr: *mut IbvMr) -> c_int {
 unsafe fn release(backing: Backing) -> Result<(), (Backing, c_int)> {
     match backing {
         Backing::Cached { cache, handle } => match cache.deregister(handle) {
-            Ok(()) | Err(fh_status::FH_ERR_FORKED) => Ok(()),
+            Ok(()) | Err(CacheError::Forked) => Ok(()),
             Err(_) => Err((Backing::Cached { cache, handle }, libc::EINVAL)),
         },
         Backing::Real(mr) => {

@@ -32,12 +32,14 @@ macro_rules! ffi_guard {
 
 pub(crate) use ffi_guard;
 
-/// Turns a `FhResult<()>` into the status a C caller sees.
+/// Turns a layer's `Result<(), E>` into the status a C caller sees (`super::errors`).
 #[inline]
-pub(crate) fn status_of(r: crate::rt::status::FhResult<()>) -> crate::rt::status::fh_status {
+pub(crate) fn status_of<E: Into<crate::rt::status::fh_status>>(
+    r: Result<(), E>,
+) -> crate::rt::status::fh_status {
     match r {
         Ok(()) => crate::rt::status::fh_status::FH_OK,
-        Err(e) => e,
+        Err(e) => e.into(),
     }
 }
 

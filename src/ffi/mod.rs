@@ -20,6 +20,7 @@ pub mod bootstrap_ops;
 pub mod cache_object;
 pub mod config;
 pub mod ctx;
+mod errors;
 pub mod expose;
 pub mod guard;
 pub mod handle;

@@ -97,7 +97,7 @@ unsafe extern "C" fn register_at(
                 unsafe { write_out(out, fh_mr::from(reg)) };
                 fh_status::FH_OK
             }
-            Err(e) => e,
+            Err(e) => e.into(),
         }
     }}
 }

@@ -160,7 +160,7 @@ unsafe fn start(
             }
             fh_status::FH_OK
         }
-        Err(e) => e,
+        Err(e) => e.into(),
     }
 }
 
@@ -304,7 +304,7 @@ pub unsafe extern "C" fn fh_test(ctx: *mut fh_ctx, op: fh_op, done: *mut i32) ->
             return fh_status::FH_ERR_NULL;
         }
         match c.rma.test(op) {
-            Err(e) => e,
+            Err(e) => e.into(),
             Ok(r) => {
                 // SAFETY: non-NULL, writable per the contract.
                 unsafe { write_out(done, i32::from(r.is_some())) };
