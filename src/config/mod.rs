@@ -2,7 +2,7 @@
 //!
 //! Its own folder, above `helper` and `pin` whose setting types it fills in (`ClockChoice`,
 //! `ForkSetting`), below `net`, `rma` and `ffi`, which read it. Owns: the parsing of the `FH_*`
-//! variables and their defaults. May call: `helper::clock`, `pin::fork_mode`, `rt::status`, and
+//! variables and their defaults. May call: `helper::clock`, `pin::fork_mode`, `rt`, and
 //! `firehose_proto::config::parse_size` (sizes are parsed the same way everywhere).
 //!
 //! | variable         | values                                   | default                          |

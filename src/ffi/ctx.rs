@@ -4,10 +4,10 @@
 use std::ffi::{c_char, CStr};
 use std::sync::Arc;
 
+use crate::ffi::status::fh_status;
 use crate::net::bootstrap::CallbackBootstrap;
 use crate::net::{Peers, PeersConfig};
 use crate::rma::Rma;
-use crate::rt::status::fh_status;
 
 use super::bootstrap_ops::fh_bootstrap_ops;
 use super::cache_object::fh_cache;

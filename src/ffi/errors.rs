@@ -5,10 +5,10 @@
 use crate::assembly::AssembleError;
 use crate::cache::CacheError;
 use crate::config::BadConfig;
+use crate::ffi::status::fh_status::{self, *};
 use crate::net::bootstrap::BadOps;
 use crate::net::NetError;
 use crate::rma::RmaError;
-use crate::rt::status::fh_status::{self, *};
 
 impl From<CacheError> for fh_status {
     fn from(e: CacheError) -> fh_status {

@@ -1,8 +1,8 @@
 //! The hot calls: `fh_register`, `fh_deregister`, plus `fh_flush` and `fh_set_limits`.
 
 use crate::cache::Limits;
+use crate::ffi::status::fh_status;
 use crate::pin::Access;
-use crate::rt::status::fh_status;
 
 use super::cache_object::fh_cache;
 use super::guard::{ffi_guard, status_of};

@@ -3,8 +3,8 @@
 
 use std::ffi::c_void;
 
+use crate::ffi::status::fh_status;
 use crate::net::RdmaKind;
-use crate::rt::status::fh_status;
 
 use super::ctx::{fh_ctx, here};
 use super::guard::{ffi_guard, status_of};
