@@ -15,6 +15,8 @@ pub mod cache;
 pub mod config;
 pub mod ffi;
 pub mod helper;
+#[doc(hidden)]
+pub mod internals;
 pub mod monitor;
 pub mod net;
 pub mod pin;

@@ -6,7 +6,7 @@
 //! made on the way (evicted victims, regions overlapping the new one, drained invalidations), the
 //! wait for undispatched userfaultfd events (`quiesce`), and the rest (the cache's lock, index,
 //! watch bookkeeping). The userfaultfd `UFFDIO_REGISTER` of each newly cached range is timed by
-//! the library (`firehose::monitor::watch_costs`); it is part of "the rest" here and printed on
+//! the library (`firehose::internals::monitor::watch_costs`); it is part of "the rest" here and printed on
 //! its own.
 
 use std::cell::Cell;
@@ -224,7 +224,7 @@ pub fn breakdown(
 pub fn current() -> Breakdown {
     let m = &MISS;
     let k = ns_per_tick();
-    let w = firehose::monitor::watch_costs();
+    let w = firehose::internals::monitor::watch_costs();
     breakdown(
         m.misses.load(Relaxed),
         m.total_ticks.load(Relaxed) as f64 * k,

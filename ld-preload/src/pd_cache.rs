@@ -25,14 +25,14 @@ use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use firehose::assembly::{self, AssembleError, Parts};
-use firehose::cache::{Cache, CacheError, Limits, Registration, Stats};
-use firehose::helper::{pin_flag, Helper};
-use firehose::monitor::{self, Hooked, MonitorOptions, Subscription};
-use firehose::pin::fork_mode;
-use firehose::pin::Access;
+use firehose::internals::assembly::{self, AssembleError, Parts};
+use firehose::internals::cache::{Cache, CacheError, Limits, Registration, Stats};
+use firehose::internals::helper::{pin_flag, Helper};
+use firehose::internals::monitor::{self, Hooked, MonitorOptions, Subscription};
+use firehose::internals::pin::fork_mode;
+use firehose::internals::pin::Access;
 #[cfg(test)]
-use firehose::pin::Pinner;
+use firehose::internals::pin::Pinner;
 
 use crate::ffi_types::IbvPd;
 use crate::real_pinner::RealPinner;
@@ -299,7 +299,7 @@ pub fn helper_line() -> Option<String> {
         let why = caches
             .iter()
             .find_map(|c| match c.helper.state() {
-                firehose::helper::HelperState::Off { reason } => Some(reason.clone()),
+                firehose::internals::helper::HelperState::Off { reason } => Some(reason.clone()),
                 _ => None,
             })
             .unwrap_or_else(|| "no cache".into());
@@ -341,7 +341,7 @@ fn ensure_monitor() {
         m.patch_libc && !settings::monitor_explicit() && crate::coexist::foreign_patcher_loaded();
     // Before the hooks go live, as the library does: every patched unmap is logged for the
     // helper threads (and waits for their pins ahead).
-    firehose::helper::install_unmap_windows();
+    firehose::internals::helper::install_unmap_windows();
     let st = monitor::install(MonitorOptions {
         patch_libc: m.patch_libc && !deferred,
         userfaultfd: m.userfaultfd,
@@ -457,7 +457,7 @@ impl PdCache {
         )
     }
 
-    /// The cache from the one assembly (`firehose::assembly`); `NoCache::TooManyCaches` when the
+    /// The cache from the one assembly (`firehose::internals::assembly`); `NoCache::TooManyCaches` when the
     /// library's registry has no room: a cache nobody invalidates would serve stale
     /// registrations, so this domain's registrations pass through uncached.
     fn assembled(parts: Parts, pinner: Option<Arc<RealPinner>>) -> Result<Arc<PdCache>, NoCache> {
@@ -517,8 +517,8 @@ impl PdCache {
     ) -> Result<(Registration, bool), CacheError> {
         let t0 = crate::miss_cost::begin();
         pin_flag::clear();
-        // Undispatched userfaultfd events first (see `firehose::monitor::quiesce`).
-        firehose::monitor::quiesce();
+        // Undispatched userfaultfd events first (see `firehose::internals::monitor::quiesce`).
+        firehose::internals::monitor::quiesce();
         let t1 = crate::miss_cost::ticks();
         // No call site from the hooks: the helper's signatures use the address and the context
         // window of previous registrations alone.

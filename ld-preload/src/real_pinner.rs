@@ -1,7 +1,7 @@
 //! The cache's pinning backend inside the shim: `ibv_reg_mr_iova2` / `ibv_dereg_mr` of the
 //! *real* libibverbs, called through the resolved pointers.
 //!
-//! Not `firehose::pin::verbs::VerbsPinner`: that one calls `ibv_reg_mr` by symbol, which inside a
+//! Not `firehose::internals::pin::verbs::VerbsPinner`: that one calls `ibv_reg_mr` by symbol, which inside a
 //! preloaded process is our own hook, and it would make every process that inherits LD_PRELOAD
 //! link libibverbs. Calling the resolved targets directly needs neither, and lets us time each
 //! real call for the `FH_STATS` cost model. It also remembers each MR's kernel `handle` by lkey,
@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
-use firehose::pin::{Access, PinError, Pinned, Pinner};
+use firehose::internals::pin::{Access, PinError, Pinned, Pinner};
 
 use crate::counters::{self, COUNTERS};
 use crate::ffi_types::{IbvMr, IbvPd};

@@ -27,7 +27,7 @@ pub struct RealVerbs {
 
 /// Not a `OnceLock`: a child forked while another thread resolved it would wait for that thread
 /// forever in its first verbs call (see the library's `race_once.rs`).
-static REAL: firehose::race_once::RaceOnce<RealVerbs> = firehose::race_once::RaceOnce::new();
+static REAL: firehose::internals::RaceOnce<RealVerbs> = firehose::internals::RaceOnce::new();
 
 /// The real functions (resolved on first use; later calls are one atomic load).
 pub fn get() -> &'static RealVerbs {

@@ -18,7 +18,7 @@
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::OnceLock;
 
-use firehose::config::Config;
+use firehose::internals::config::Config;
 
 static DISABLED: AtomicBool = AtomicBool::new(false);
 static NO_INVALIDATE: AtomicBool = AtomicBool::new(false);

@@ -4,7 +4,7 @@
 use std::ffi::c_int;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use firehose::cache::Stats;
+use firehose::internals::cache::Stats;
 
 use crate::counters::COUNTERS;
 

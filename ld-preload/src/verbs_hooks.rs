@@ -9,8 +9,8 @@
 use std::ffi::{c_int, c_uint, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use firehose::cache::CacheError;
-use firehose::pin::Access;
+use firehose::internals::cache::CacheError;
+use firehose::internals::pin::Access;
 
 use crate::counters::{bump, COUNTERS};
 use crate::ffi_types::*;
