@@ -8,6 +8,8 @@
 //! hooks + `fh_notify_unmapped`), which meet only at `rt::seam` -> `pin` (verbs | mlock |
 //! counting) -> `rt` (runtime leaves: fork, inside, threads).
 
+#![warn(unreachable_pub)]
+
 /// One assembly of a cache, for the C API and the shim.
 #[doc(hidden)]
 pub mod assembly;
