@@ -24,11 +24,11 @@ use std::ffi::{c_int, c_void, CStr};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 /// libucm's events were subscribed to.
-pub const SRC_UCM: u32 = 1;
+pub(crate) const SRC_UCM: u32 = 1;
 /// libopen-pal's release hooks were subscribed to.
-pub const SRC_OPAL: u32 = 2;
+pub(crate) const SRC_OPAL: u32 = 2;
 /// libucm's VM_MAPPED events too (with `SRC_UCM`).
-pub const SRC_UCM_MAPPED: u32 = 4;
+pub(crate) const SRC_UCM_MAPPED: u32 = 4;
 
 /// `UCM_EVENT_VM_UNMAPPED` (`UCS_BIT(17)`).
 const UCM_EVENT_VM_UNMAPPED: c_int = 1 << 17;
@@ -50,13 +50,13 @@ static LIVE: AtomicU32 = AtomicU32::new(0);
 static BUSY: AtomicBool = AtomicBool::new(false);
 
 /// Sources subscribed to so far (`SRC_*` bits).
-pub fn live() -> u32 {
+pub(crate) fn live() -> u32 {
     LIVE.load(Ordering::Acquire)
 }
 
 /// Subscribe to whichever of libucm and libopen-pal is loaded and not subscribed yet. Normal
 /// context only (it may make libucm install its hooks). Returns the live sources.
-pub fn subscribe() -> u32 {
+pub(crate) fn subscribe() -> u32 {
     if disabled() || BUSY.swap(true, Ordering::AcqRel) {
         return live();
     }
@@ -151,7 +151,7 @@ unsafe extern "C" fn on_opal(buf: *mut c_void, len: usize, _cbdata: *mut c_void,
 }
 
 /// For `FH_STATS`: the live sources by name.
-pub fn describe(bits: u32) -> String {
+pub(crate) fn describe(bits: u32) -> String {
     let mut v = Vec::new();
     if bits & SRC_UCM_MAPPED != 0 {
         v.push("UCX libucm VM_UNMAPPED and VM_MAPPED events");

@@ -40,7 +40,7 @@ use crate::{real_verbs, settings};
 use rustc_hash::FxHashMap;
 
 /// The cache of one protection domain.
-pub struct PdCache {
+pub(crate) struct PdCache {
     /// Declared first so it drops first: events stop reaching the cache before it goes away.
     _events: Option<Subscription>,
     /// The helper thread (`FH_HELPER=1`), stopped and joined before the cache drops.
@@ -51,12 +51,13 @@ pub struct PdCache {
 }
 /// Test doubles' caches watch their ranges with userfaultfd (the native miss benchmark).
 #[cfg(test)]
-pub static TEST_UFFD: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+pub(crate) static TEST_UFFD: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
 #[cfg(test)]
 static TEST_PINNERS: Mutex<Vec<(usize, Arc<dyn Pinner>)>> = Mutex::new(Vec::new());
 
 /// Remote access bits: requests differing in these never share a cache.
-pub const REMOTE_RIGHTS: u32 =
+pub(crate) const REMOTE_RIGHTS: u32 =
     Access::REMOTE_WRITE.0 | Access::REMOTE_READ.0 | Access::REMOTE_ATOMIC.0;
 
 /// (pd address, remote-rights class).
@@ -86,13 +87,13 @@ fn pds() -> MutexGuard<'static, Option<PdMap>> {
 }
 
 /// The map and the retired counters, locked across `fork` (see `fork.rs`).
-pub struct ForkGuard {
+pub(crate) struct ForkGuard {
     map: MutexGuard<'static, Option<PdMap>>,
     _retired: MutexGuard<'static, Stats>,
 }
 
 /// Lock the map, then the retired counters, for `fork`.
-pub fn fork_lock() -> ForkGuard {
+pub(crate) fn fork_lock() -> ForkGuard {
     ForkGuard {
         map: pds(),
         _retired: RETIRED.lock().unwrap_or_else(|e| e.into_inner()),
@@ -104,7 +105,7 @@ impl ForkGuard {
     /// cache of the parent without dropping it (dropping would unsubscribe and release what the
     /// parent registered), and make this thread's remembered lookup stale, so that the next
     /// registration of any domain builds a new cache.
-    pub fn forget_in_child(&mut self) {
+    pub(crate) fn forget_in_child(&mut self) {
         if let Some(m) = self.map.take() {
             std::mem::forget(m);
         }
@@ -132,7 +133,7 @@ thread_local! {
 
 /// Why a domain has no cache: its registrations pass through uncached.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum NoCache {
+pub(crate) enum NoCache {
     /// Invalidation is on but the monitor cannot see this process's unmaps.
     Blind,
     /// The library's registry of listeners is full.
@@ -148,7 +149,7 @@ impl From<AssembleError> for NoCache {
 }
 
 /// The cache for requests with `access` in `pd`, created on first use.
-pub fn for_pd(pd: *mut IbvPd, access: Access) -> Result<Arc<PdCache>, NoCache> {
+pub(crate) fn for_pd(pd: *mut IbvPd, access: Access) -> Result<Arc<PdCache>, NoCache> {
     let key = (pd as usize, access.0 & REMOTE_RIGHTS);
     // Acquire pairs with the Release bump in `drop_pd`: a thread that sees the old generation
     // started its lookup before the entry was removed, as it would with the map itself.
@@ -189,7 +190,7 @@ fn lookup_or_create(pd: *mut IbvPd, key: Key) -> Result<Arc<PdCache>, NoCache> {
 
 /// Forget the cache of `pd` and release every idle registration it keeps, so that the real
 /// `ibv_dealloc_pd` does not fail with EBUSY because of MRs only the cache still holds.
-pub fn drop_pd(pd: *mut IbvPd) {
+pub(crate) fn drop_pd(pd: *mut IbvPd) {
     drop_where(|p| p == pd);
 }
 
@@ -198,7 +199,7 @@ pub fn drop_pd(pd: *mut IbvPd) {
 /// deallocating its domains (the kernel then destroys what they hold, and libibverbs frees the
 /// context): MRs left in a cache would later be deregistered through the freed context, at the
 /// next unmap of a cached range or at the next eviction, a use after free.
-pub fn drop_context(ctx: *mut c_void) {
+pub(crate) fn drop_context(ctx: *mut c_void) {
     // SAFETY: every pd in the map is live: it leaves the map when the application deallocates
     // it (`ibv_dealloc_pd` is interposed) or closes its device (here), and until then libibverbs
     // keeps the struct. Only its `context` field is read, under the map's lock.
@@ -240,7 +241,7 @@ fn drop_where(which: impl Fn(*mut IbvPd) -> bool) {
 /// Release the idle registrations of every cache (all domains and rights classes); returns how
 /// many caches there were. Called when a registration ran out of pinnable memory: the limit
 /// (`RLIMIT_MEMLOCK`, the HCA's) is the process's, while each cache evicts only its own.
-pub fn flush_all_idle() -> usize {
+pub(crate) fn flush_all_idle() -> usize {
     let caches: Vec<Arc<PdCache>> = pds()
         .as_ref()
         .map(|m| m.values().cloned().collect())
@@ -252,7 +253,7 @@ pub fn flush_all_idle() -> usize {
 }
 
 /// Cache counters summed over live and retired caches, and the number of live caches.
-pub fn stats_sum() -> (Stats, u64) {
+pub(crate) fn stats_sum() -> (Stats, u64) {
     let caches: Vec<Arc<PdCache>> = pds()
         .as_ref()
         .map(|m| m.values().cloned().collect())
@@ -276,7 +277,7 @@ static FORK_MODE: AtomicU8 = AtomicU8::new(NO_CACHE_YET);
 const NO_CACHE_YET: u8 = u8::MAX;
 
 /// The `FH_STATS` line of the fork mode, once a cache was made (they may all be gone by exit).
-pub fn fork_line() -> Option<String> {
+pub(crate) fn fork_line() -> Option<String> {
     let m = FORK_MODE.load(Ordering::Relaxed);
     (m != NO_CACHE_YET).then(|| {
         let mode = fork_mode::ForkMode::from_u8(m);
@@ -286,7 +287,7 @@ pub fn fork_line() -> Option<String> {
 
 /// The helper threads' line for the `FH_STATS` summary (`None` without `FH_HELPER=1`): summed
 /// over the live caches, or why the first one stayed off.
-pub fn helper_line() -> Option<String> {
+pub(crate) fn helper_line() -> Option<String> {
     if !settings::config().helper.enabled {
         return None;
     }
@@ -377,7 +378,7 @@ fn refresh_foreign() {
 }
 
 /// For `FH_STATS`: which sources tell the caches of unmaps.
-pub fn monitor_line() -> String {
+pub(crate) fn monitor_line() -> String {
     let st = monitor::status();
     let libc = if st.patched != 0 {
         "libc entries patched"
@@ -414,7 +415,7 @@ fn sees_free_unmaps(st: &monitor::MonitorStatus) -> bool {
 }
 
 /// True when caching is off because nothing would see `free`'s unmaps (see `BLIND`).
-pub fn blind() -> bool {
+pub(crate) fn blind() -> bool {
     BLIND.load(Ordering::Acquire)
 }
 
@@ -473,7 +474,7 @@ impl PdCache {
     /// Test double: the caches of the fake domain `pd` will run over `pinner` (subscribed to
     /// memory events, without installing the monitor).
     #[cfg(test)]
-    pub fn install_for_test(pd: *mut IbvPd, pinner: Arc<dyn Pinner>) {
+    pub(crate) fn install_for_test(pd: *mut IbvPd, pinner: Arc<dyn Pinner>) {
         // A fake pd may reuse the address of an earlier test's: forget that one's caches.
         drop_pd(pd);
         let mut t = TEST_PINNERS.lock().unwrap_or_else(|e| e.into_inner());
@@ -509,7 +510,7 @@ impl PdCache {
 
     /// Register (or find) `[addr, addr + len)` with at least `access`. The flag is true for a
     /// hit (no real registration was made for it).
-    pub fn register(
+    pub(crate) fn register(
         &self,
         addr: usize,
         len: usize,
@@ -533,7 +534,7 @@ impl PdCache {
     /// Time a real registration and deregistration of `[addr, addr + len)`, which a hit just
     /// found registered (so resident and pinned): what that hit avoided. Recorded in the
     /// resident-pages cost model (`cost_model.rs`); nothing else sees this registration.
-    pub fn sample_resident(&self, addr: usize, len: usize, access: Access) {
+    pub(crate) fn sample_resident(&self, addr: usize, len: usize, access: Access) {
         if let Some(p) = &self.pinner {
             if let Some((reg, dereg)) = p.time_reg_dereg(addr, len, access) {
                 crate::cost_model::record_resident(len, reg, dereg);
@@ -542,34 +543,34 @@ impl PdCache {
     }
 
     /// Release one registration returned by `register`.
-    pub fn deregister(&self, handle: u64) -> Result<(), CacheError> {
+    pub(crate) fn deregister(&self, handle: u64) -> Result<(), CacheError> {
         self.helper.deregister(&self.cache, handle)
     }
 
     /// Release every idle registration.
-    pub fn flush(&self) {
+    pub(crate) fn flush(&self) {
         self.cache.flush();
     }
 
     /// Stop the helper thread for good and wait for it (it may be registering ahead on this
     /// domain right now): before the real `ibv_dealloc_pd`, while other threads' remembered
     /// lookups may keep this cache alive.
-    pub fn stop_helper(&self) {
+    pub(crate) fn stop_helper(&self) {
         self.helper.stop();
     }
 
-    pub fn stats(&self) -> Stats {
+    pub(crate) fn stats(&self) -> Stats {
         self.cache.stats()
     }
 
     /// Whether the library quarantined this cache (it was inherited across `fork`).
     #[cfg(test)]
-    pub fn is_forked(&self) -> bool {
+    pub(crate) fn is_forked(&self) -> bool {
         self.cache.is_forked()
     }
 
     /// Kernel handle of the live MR with this lkey.
-    pub fn mr_handle(&self, lkey: u32) -> u32 {
+    pub(crate) fn mr_handle(&self, lkey: u32) -> u32 {
         self.pinner.as_ref().map_or(0, |p| p.handle_of(lkey))
     }
 }

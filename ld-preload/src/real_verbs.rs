@@ -15,7 +15,7 @@ use crate::ffi_types::{
 
 /// Every target we may call. `None` when libibverbs lacks it (an older library).
 #[derive(Clone, Copy)]
-pub struct RealVerbs {
+pub(crate) struct RealVerbs {
     pub reg_mr: Option<RegMrFn>,
     pub reg_mr_iova: Option<RegMrIovaFn>,
     pub reg_mr_iova2: Option<RegMrIova2Fn>,
@@ -30,7 +30,7 @@ pub struct RealVerbs {
 static REAL: firehose::internals::RaceOnce<RealVerbs> = firehose::internals::RaceOnce::new();
 
 /// The real functions (resolved on first use; later calls are one atomic load).
-pub fn get() -> &'static RealVerbs {
+pub(crate) fn get() -> &'static RealVerbs {
     REAL.get_or_init(resolve)
 }
 

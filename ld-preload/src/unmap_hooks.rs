@@ -53,7 +53,7 @@ fn mapped_extent(addr: usize) -> usize {
 /// # Safety
 /// Same contract as libc `munmap`.
 #[no_mangle]
-pub unsafe extern "C" fn munmap(addr: *mut c_void, len: usize) -> c_int {
+pub(crate) unsafe extern "C" fn munmap(addr: *mut c_void, len: usize) -> c_int {
     notify(addr as usize, len);
     match real_libc::munmap() {
         // SAFETY: forwarding the caller's arguments to the real function.
@@ -71,7 +71,7 @@ pub unsafe extern "C" fn munmap(addr: *mut c_void, len: usize) -> c_int {
 /// # Safety
 /// Same contract as libc `mremap`.
 #[no_mangle]
-pub unsafe extern "C" fn mremap(
+pub(crate) unsafe extern "C" fn mremap(
     old: *mut c_void,
     old_len: usize,
     new_len: usize,
@@ -110,7 +110,7 @@ pub unsafe extern "C" fn mremap(
 /// # Safety
 /// Same contract as libc `madvise`.
 #[no_mangle]
-pub unsafe extern "C" fn madvise(addr: *mut c_void, len: usize, advice: c_int) -> c_int {
+pub(crate) unsafe extern "C" fn madvise(addr: *mut c_void, len: usize, advice: c_int) -> c_int {
     if madvise_drops_pages(advice) {
         notify(addr as usize, len);
     }
@@ -129,7 +129,7 @@ pub unsafe extern "C" fn madvise(addr: *mut c_void, len: usize, advice: c_int) -
 /// # Safety
 /// Same contract as libc `mmap`.
 #[no_mangle]
-pub unsafe extern "C" fn mmap(
+pub(crate) unsafe extern "C" fn mmap(
     addr: *mut c_void,
     len: usize,
     prot: c_int,
@@ -159,7 +159,7 @@ pub unsafe extern "C" fn mmap(
 /// # Safety
 /// Same contract as libc `shmdt`.
 #[no_mangle]
-pub unsafe extern "C" fn shmdt(addr: *const c_void) -> c_int {
+pub(crate) unsafe extern "C" fn shmdt(addr: *const c_void) -> c_int {
     if settings::invalidation_enabled() {
         notify(addr as usize, mapped_extent(addr as usize));
     }

@@ -24,7 +24,7 @@ fn set_errno(e: c_int) {
 }
 
 /// True for access flags the cache can serve exactly as libibverbs would.
-pub fn cacheable(access: u32) -> bool {
+pub(crate) fn cacheable(access: u32) -> bool {
     const LOCAL_WRITE: u32 = Access::LOCAL_WRITE.0;
     const NEEDS_LOCAL_WRITE: u32 = Access::REMOTE_WRITE.0 | Access::REMOTE_ATOMIC.0;
     // Remote write/atomic without local write is EINVAL in libibverbs: let it say so.
@@ -161,7 +161,7 @@ unsafe fn register(
 /// # Safety
 /// As `register`.
 #[cfg(test)]
-pub unsafe fn register_for_test(
+pub(crate) unsafe fn register_for_test(
     pd: *mut IbvPd,
     addr: *mut c_void,
     len: usize,
@@ -181,7 +181,7 @@ fn missing_ptr() -> *mut IbvMr {
 /// # Safety
 /// Same contract as libibverbs `ibv_reg_mr`.
 #[no_mangle]
-pub unsafe extern "C" fn ibv_reg_mr(
+pub(crate) unsafe extern "C" fn ibv_reg_mr(
     pd: *mut IbvPd,
     addr: *mut c_void,
     length: usize,
@@ -206,7 +206,7 @@ pub unsafe extern "C" fn ibv_reg_mr(
 /// # Safety
 /// Same contract as libibverbs `ibv_reg_mr_iova`.
 #[no_mangle]
-pub unsafe extern "C" fn ibv_reg_mr_iova(
+pub(crate) unsafe extern "C" fn ibv_reg_mr_iova(
     pd: *mut IbvPd,
     addr: *mut c_void,
     length: usize,
@@ -232,7 +232,7 @@ pub unsafe extern "C" fn ibv_reg_mr_iova(
 /// # Safety
 /// Same contract as libibverbs `ibv_reg_mr_iova2`.
 #[no_mangle]
-pub unsafe extern "C" fn ibv_reg_mr_iova2(
+pub(crate) unsafe extern "C" fn ibv_reg_mr_iova2(
     pd: *mut IbvPd,
     addr: *mut c_void,
     length: usize,
@@ -292,7 +292,7 @@ unsafe fn release(backing: Backing) -> Result<(), (Backing, c_int)> {
 /// # Safety
 /// Same contract as libibverbs `ibv_dereg_mr`.
 #[no_mangle]
-pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut IbvMr) -> c_int {
+pub(crate) unsafe extern "C" fn ibv_dereg_mr(mr: *mut IbvMr) -> c_int {
     let Some(_outer) = Outermost::enter() else {
         // SAFETY: a nested call comes from libibverbs or our backend: a real MR.
         return unsafe { real_dereg(mr) };
@@ -429,7 +429,7 @@ unsafe fn rereg_wrapper(
 /// # Safety
 /// Same contract as libibverbs `ibv_rereg_mr`.
 #[no_mangle]
-pub unsafe extern "C" fn ibv_rereg_mr(
+pub(crate) unsafe extern "C" fn ibv_rereg_mr(
     mr: *mut IbvMr,
     flags: c_int,
     pd: *mut IbvPd,
@@ -474,7 +474,7 @@ pub unsafe extern "C" fn ibv_rereg_mr(
 /// # Safety
 /// Same contract as libibverbs `ibv_dealloc_pd`.
 #[no_mangle]
-pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut IbvPd) -> c_int {
+pub(crate) unsafe extern "C" fn ibv_dealloc_pd(pd: *mut IbvPd) -> c_int {
     let outer = Outermost::enter();
     if outer.is_some() && !pd.is_null() {
         let _ = catch_unwind(|| pd_cache::drop_pd(pd));
@@ -492,7 +492,7 @@ pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut IbvPd) -> c_int {
 /// # Safety
 /// Same contract as libibverbs `ibv_close_device`.
 #[no_mangle]
-pub unsafe extern "C" fn ibv_close_device(ctx: *mut c_void) -> c_int {
+pub(crate) unsafe extern "C" fn ibv_close_device(ctx: *mut c_void) -> c_int {
     let outer = Outermost::enter();
     if outer.is_some() && !ctx.is_null() {
         let _ = catch_unwind(|| pd_cache::drop_context(ctx));
