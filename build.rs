@@ -31,7 +31,7 @@ fn main() {
 
     let root = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets it"));
     let out = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets it")).join("firehose.h");
-    for input in ["cbindgen.toml", "src/ffi", "src/rt/status.rs"] {
+    for input in ["cbindgen.toml", "src/ffi"] {
         println!("cargo:rerun-if-changed={input}");
     }
     let config =
@@ -41,7 +41,6 @@ fn main() {
     match cbindgen::Builder::new()
         .with_config(config)
         .with_src(root.join("src/ffi/mod.rs"))
-        .with_src(root.join("src/rt/status.rs"))
         .generate()
     {
         Ok(bindings) => {

@@ -6,7 +6,9 @@
 //! (puts/gets, drives `firehose_proto`) -> `net` -> `config` ->
 //! `helper` -> `cache` (index, refcounts, LRU, limits) and `monitor` (userfaultfd + libc entry
 //! hooks + `fh_notify_unmapped`), which meet only at `rt::seam` -> `pin` (verbs | mlock |
-//! counting) -> `rt` (runtime leaves: fork, inside, threads, status).
+//! counting) -> `rt` (runtime leaves: fork, inside, threads).
+
+#![warn(unreachable_pub)]
 
 /// One assembly of a cache, for the C API and the shim.
 #[doc(hidden)]
@@ -15,6 +17,8 @@ pub mod cache;
 pub mod config;
 pub mod ffi;
 pub mod helper;
+#[doc(hidden)]
+pub mod internals;
 pub mod monitor;
 pub mod net;
 pub mod pin;
@@ -22,7 +26,8 @@ pub mod rma;
 pub mod rt;
 
 // The runtime layer's public modules, also at the crate root where callers have always found
-// them (`firehose::status::FhResult`, ...).
+// them (`firehose::inside`, ...), and the C API's status codes (`firehose::status::fh_status`).
+pub use ffi::status;
 #[doc(hidden)]
 pub use rt::race_once;
-pub use rt::{inside, log, seam, status};
+pub use rt::{inside, log, seam};

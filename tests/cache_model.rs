@@ -10,10 +10,10 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use firehose::cache::CacheError::{self, *};
 use firehose::cache::{Cache, Limits, Registration};
 use firehose::pin::counting::CountingPinner;
 use firehose::pin::{Access, PinError, Pinned, Pinner};
-use firehose::status::fh_status::{self, *};
 use proptest::prelude::*;
 
 const P: usize = 4096;
@@ -167,10 +167,10 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                         }
                         m.live.push((r, s, e, access));
                     }
-                    Err(FH_ERR_ZERO_LENGTH | FH_ERR_BAD_ACCESS | FH_ERR_TOO_LARGE) => {
+                    Err(ZeroLength | BadAccess | TooLarge) => {
                         prop_assert!(expect_invalid, "{:?}", res)
                     }
-                    Err(FH_ERR_NO_MEMORY | FH_ERR_PIN_FAILED) => {
+                    Err(NoMemory | PinFailed) => {
                         prop_assert!(!expect_invalid);
                         m.valid_calls += 1;
                     }
@@ -187,12 +187,12 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
             Op::DoubleDeregister(i) => {
                 if !m.released.is_empty() {
                     let h = m.released[i % m.released.len()];
-                    prop_assert_eq!(c.deregister(h), Err(FH_ERR_UNKNOWN_HANDLE));
+                    prop_assert_eq!(c.deregister(h), Err(UnknownHandle));
                 }
             }
             Op::Bogus(h) => {
                 if !m.live.iter().any(|(r, ..)| r.handle == h) {
-                    prop_assert_eq!(c.deregister(h), Err(FH_ERR_UNKNOWN_HANDLE));
+                    prop_assert_eq!(c.deregister(h), Err(UnknownHandle));
                 }
             }
             Op::Invalidate { page, pages } => {
@@ -337,12 +337,12 @@ fn threads_register_while_another_invalidates() {
                                 log.push((t0, reg.lkey, page * P, page * P + len, access));
                                 held.push(reg);
                             }
-                            Err(e) => assert_eq!(e, fh_status::FH_ERR_NO_MEMORY, "unexpected"),
+                            Err(e) => assert_eq!(e, CacheError::NoMemory, "unexpected"),
                         }
                     } else {
                         let reg = held.swap_remove(r as usize % held.len());
                         assert_eq!(c.deregister(reg.handle), Ok(()));
-                        assert_eq!(c.deregister(reg.handle), Err(FH_ERR_UNKNOWN_HANDLE));
+                        assert_eq!(c.deregister(reg.handle), Err(UnknownHandle));
                     }
                     if held.len() > 4 {
                         let reg = held.remove(0);

@@ -414,7 +414,7 @@ fn a_panicking_backend_in_the_prepare_handler_leaves_the_registry_usable() {
 struct PrefetchDuringFork {
     cache: Arc<Cache>,
     addr: usize,
-    result: Mutex<Option<Result<bool, firehose::status::fh_status>>>,
+    result: Mutex<Option<Result<bool, firehose::cache::CacheError>>>,
 }
 
 impl MemoryListener for PrefetchDuringFork {
@@ -442,7 +442,7 @@ fn no_pin_ahead_between_the_release_and_the_fork() {
     wait_child(pid).expect("the child has the pages");
     assert_eq!(
         *probe.result.lock().unwrap(),
-        Some(Err(firehose::status::fh_status::FH_ERR_BUSY))
+        Some(Err(firehose::cache::CacheError::Busy))
     );
     assert_eq!(s.pinner.live(), 0);
     assert_eq!(s.cache.prefetch(buf, LEN, RW, &|| true), Ok(true));

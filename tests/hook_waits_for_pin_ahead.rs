@@ -15,13 +15,13 @@ use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use firehose::cache::CacheError;
 use firehose::cache::{Cache, Limits};
 use firehose::helper::{events::Key, prefetch_checked};
 use firehose::helper::{pins_ahead, unmap_log};
 use firehose::monitor::{self, MonitorOptions};
 use firehose::pin::mlock::MlockPinner;
 use firehose::pin::{Access, PinError, Pinned, Pinner};
-use firehose::status::fh_status;
 
 const KEY_LEN: usize = 64 << 10;
 const NEW_LEN: usize = 128 << 10;
@@ -154,7 +154,7 @@ fn a_patched_munmap_waits_for_the_pin_ahead_of_its_memory() {
 
     assert_eq!(
         pinned,
-        Err(fh_status::FH_ERR_BUSY),
+        Err(CacheError::Busy),
         "a pin that an unmap raced with is undone"
     );
     // Split by the pin, and never merged again: the kernel's refusal to move such a range whole

@@ -5,8 +5,8 @@
 use firehose::net::settings::NetSettings;
 use firehose::net::sim::{Delivery, SimConfig, SimNet};
 use firehose::net::wire::{Header, Kind, Reject, HEADER_LEN};
+use firehose::net::NetError;
 use firehose::net::{Am, Rank, Ticket};
-use firehose::status::fh_status;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -276,10 +276,7 @@ fn garbage_from_one_peer_is_rejected_and_counted() {
     let t = a.request(1, ECHO, b"still fine").unwrap();
     b.progress().unwrap();
     assert_eq!(a.wait(t, None).unwrap(), echo_of(1, b"still fine"));
-    assert_eq!(
-        a.request(2, ECHO, b"").unwrap_err(),
-        fh_status::FH_ERR_PEER_LOST
-    );
+    assert_eq!(a.request(2, ECHO, b"").unwrap_err(), NetError::PeerLost);
     assert_eq!(net.overruns(), 0);
 }
 
@@ -294,13 +291,10 @@ fn dropped_connection_fails_outstanding_tickets() {
     net.drop_connection(0, 1);
     let t0 = Instant::now();
     for t in lost {
-        assert_eq!(a.wait(t, None).unwrap_err(), fh_status::FH_ERR_PEER_LOST);
+        assert_eq!(a.wait(t, None).unwrap_err(), NetError::PeerLost);
     }
     assert!(t0.elapsed() < Duration::from_secs(5));
-    assert_eq!(
-        a.request(1, ECHO, b"").unwrap_err(),
-        fh_status::FH_ERR_PEER_LOST
-    );
+    assert_eq!(a.request(1, ECHO, b"").unwrap_err(), NetError::PeerLost);
     ams[2].progress().unwrap();
     assert_eq!(a.wait(ok, None).unwrap(), echo_of(2, b"y"));
     assert_eq!(a.stats().peers_lost, 1);
@@ -322,10 +316,7 @@ fn silent_peer_found_by_probe_stuck_peer_by_timeout() {
     net.silence(1);
     let t0 = Instant::now();
     let t = ams[0].request(1, ECHO, b"anyone?").unwrap();
-    assert_eq!(
-        ams[0].wait(t, None).unwrap_err(),
-        fh_status::FH_ERR_PEER_LOST
-    );
+    assert_eq!(ams[0].wait(t, None).unwrap_err(), NetError::PeerLost);
     assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
     assert!(ams[0].stats().probes >= 1);
     // Rank 2 is alive (probes succeed) but never progresses.
@@ -333,7 +324,7 @@ fn silent_peer_found_by_probe_stuck_peer_by_timeout() {
     let e = ams[0]
         .wait(t, Some(Duration::from_millis(200)))
         .unwrap_err();
-    assert_eq!(e, fh_status::FH_ERR_TIMEOUT);
+    assert_eq!(e, NetError::Timeout);
     assert_eq!(net.overruns(), 0);
 }
 
@@ -378,31 +369,19 @@ fn finalize_then_traffic_is_rejected() {
     let b_out = b.request(0, ECHO, b"never answered").unwrap();
     let a_out = a.request(1, ECHO, b"sent before the bye").unwrap();
     b.finalize().unwrap();
-    assert_eq!(
-        b.wait(b_out, None).unwrap_err(),
-        fh_status::FH_ERR_FINALIZED
-    );
+    assert_eq!(b.wait(b_out, None).unwrap_err(), NetError::Finalized);
     assert_eq!(
         b.send_oneway(0, SINK, b"").unwrap_err(),
-        fh_status::FH_ERR_FINALIZED
+        NetError::Finalized
     );
-    assert_eq!(
-        b.request(1, ECHO, b"").unwrap_err(),
-        fh_status::FH_ERR_FINALIZED
-    );
+    assert_eq!(b.request(1, ECHO, b"").unwrap_err(), NetError::Finalized);
     // a has not seen the bye yet: this leaves, and b rejects it.
     a.send_oneway(1, SINK, b"too late").unwrap();
     b.progress().unwrap();
     assert_eq!(b.stats().rejected(Reject::AfterFinalize), 2);
     // a's progress answers b's request (b rejects that reply too, later) and reads the bye.
-    assert_eq!(
-        a.wait(a_out, None).unwrap_err(),
-        fh_status::FH_ERR_PEER_LOST
-    );
-    assert_eq!(
-        a.request(1, ECHO, b"").unwrap_err(),
-        fh_status::FH_ERR_PEER_LOST
-    );
+    assert_eq!(a.wait(a_out, None).unwrap_err(), NetError::PeerLost);
+    assert_eq!(a.request(1, ECHO, b"").unwrap_err(), NetError::PeerLost);
     b.progress().unwrap();
     assert_eq!(b.stats().rejected(Reject::AfterFinalize), 3);
     a.finalize().unwrap();

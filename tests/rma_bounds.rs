@@ -1,7 +1,7 @@
 //! Every blocking RMA call is bounded, and a peer cannot poison or exhaust a rank.
 //! The whole driver (`rma::Rma`) over the simulated link, ranks as threads (`Delivery::Auto`),
-//! one case per test: a live peer that never answers (`FH_ERR_TIMEOUT` within the bound, no
-//! leak, the other peers unaffected), a peer's goodbye (`FH_ERR_PEER_LOST` at once), a target
+//! one case per test: a live peer that never answers (`Timeout` within the bound, no
+//! leak, the other peers unaffected), a peer's goodbye (`PeerLost` at once), a target
 //! that refuses a move (an error reply, later moves still served), a peer that withholds
 //! credits (what is queued for it stays bounded), a forged `QUOTA_SET` (refused, counted).
 //!
@@ -15,7 +15,7 @@ use firehose::net::{Link, Peers, Rank, RdmaKind};
 use firehose::pin::null::NullPinner;
 use firehose::rma::sim_pins::SimPins;
 use firehose::rma::Rma;
-use firehose::status::fh_status;
+use firehose::rma::RmaError;
 use firehose_proto::FirehoseConfig;
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::{mpsc, Arc};
@@ -108,7 +108,7 @@ fn within<T: Send + 'static>(
 
 /// A blocking op: start, then wait. The buffer is leaked on purpose when the wait never ends
 /// (`within` gives up on it while the op may still write it).
-fn op(rma: &Rma, kind: RdmaKind, peer: Rank, raddr: u64, len: usize) -> Result<(), fh_status> {
+fn op(rma: &Rma, kind: RdmaKind, peer: Rank, raddr: u64, len: usize) -> Result<(), RmaError> {
     let buf: &'static mut [u8] = Box::leak(vec![5u8; len].into_boxed_slice());
     // SAFETY: `buf` is leaked: valid for the op whatever happens to the wait.
     let h = unsafe { rma.start(kind, peer, raddr, buf.as_mut_ptr(), len, false) }?;
@@ -131,7 +131,7 @@ fn silent_live_peer_times_out_within_the_bound_and_leaks_nothing() {
             (r, t0.elapsed())
         },
     );
-    assert_eq!(r, Err(fh_status::FH_ERR_TIMEOUT));
+    assert_eq!(r, Err(RmaError::Timeout));
     assert!(took >= bound, "gave up early: {took:?}");
     assert!(took < bound * 4, "{took:?} for a bound of {bound:?}");
     // Nothing of the op is left: no chunk, no Firehose op, no reference, no reservation.
@@ -158,7 +158,7 @@ fn silent_live_peer_times_out_within_the_bound_and_leaks_nothing() {
         // Later ops to the peer given up on fail at once.
         assert_eq!(
             op(&j.rmas[0], RdmaKind::Read, 1, j.bufs[1].addr(), 8),
-            Err(fh_status::FH_ERR_PEER_LOST)
+            Err(RmaError::PeerLost)
         );
     });
     // An implicit op and `quiet` are bounded the same way.
@@ -183,7 +183,7 @@ fn silent_live_peer_times_out_within_the_bound_and_leaks_nothing() {
         let t0 = Instant::now();
         (j.rmas[0].quiet(), t0.elapsed())
     });
-    assert_eq!(r, Err(fh_status::FH_ERR_TIMEOUT));
+    assert_eq!(r, Err(RmaError::Timeout));
     assert!(took < bound * 4, "quiet took {took:?}");
     job.rmas[0].check_idle().unwrap();
     let _ = &job.net;
@@ -219,7 +219,7 @@ fn goodbye_fails_rma_at_once() {
     let bye = Instant::now();
     job.rmas[1].peers().finalize().unwrap();
     let (r, end) = waiter.join().unwrap();
-    assert_eq!(r, Err(fh_status::FH_ERR_PEER_LOST));
+    assert_eq!(r, Err(RmaError::PeerLost));
     let after = end.saturating_duration_since(bye);
     assert!(
         after < Duration::from_secs(1),
@@ -229,7 +229,7 @@ fn goodbye_fails_rma_at_once() {
     let t0 = Instant::now();
     assert_eq!(
         op(&job.rmas[0], RdmaKind::Write, 1, job.bufs[1].addr(), 8),
-        Err(fh_status::FH_ERR_PEER_LOST)
+        Err(RmaError::PeerLost)
     );
     assert!(t0.elapsed() < Duration::from_secs(1));
     job.rmas[0].check_idle().unwrap();
@@ -261,7 +261,7 @@ fn refused_move_is_answered_and_later_moves_are_served() {
             // Three regions of 4 buckets: 12 > 8.
             assert_eq!(
                 op(&j.rmas[0], RdmaKind::Read, 1, base, 12 * BUCKET),
-                Err(fh_status::FH_ERR_PIN_FAILED)
+                Err(RmaError::PinFailed)
             );
             assert!(
                 t0.elapsed() < Duration::from_secs(1),

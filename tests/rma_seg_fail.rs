@@ -10,7 +10,7 @@
 //!   `RemoteAccess`, which loses the connection as RC does; the segments after it are flushed
 //!   with `PeerLost`), while the segments before it succeed.
 //!
-//! Either way the request completes exactly once with `FH_ERR_PEER_LOST` (what `link_status`
+//! Either way the request completes exactly once with `PeerLost` (what `link_status`
 //! makes of every link error but the argument ones, and what `fh_put`/`fh_get` document for a
 //! broken transfer), never with success; the segments that did run moved their bytes and the
 //! failed one moved none; every firehose reference and the local registration are released
@@ -19,7 +19,7 @@
 //! (`test` until done) and implicit (`quiet`); on the hit path (posted from `start`) and the
 //! miss path (posted from the `Ready` event); the failure on the first, a middle and the last
 //! segment, and in a later chunk of a long request. Then 16 threads on 4 ranks with random
-//! refused posts: every op is a success with the right bytes or `FH_ERR_PEER_LOST`, and
+//! refused posts: every op is a success with the right bytes or `PeerLost`, and
 //! nothing is leaked at the end.
 
 use firehose::cache::{Cache, Limits};
@@ -29,7 +29,7 @@ use firehose::net::{Link, Peers, Rank, RdmaKind};
 use firehose::pin::null::NullPinner;
 use firehose::rma::sim_pins::SimPins;
 use firehose::rma::Rma;
-use firehose::status::fh_status;
+use firehose::rma::RmaError;
 use firehose_proto::{FirehoseConfig, PinFailure, RegionPins};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::SeqCst};
@@ -51,7 +51,7 @@ const MAX_CHUNK_BUCKETS: usize = FH_PER_PEER - 1;
 const TIMEOUT: Duration = Duration::from_secs(30);
 /// What a failed segment makes of its request (`link_status`: `Device`, `RemoteAccess` and
 /// `PeerLost` alike).
-const SEG_FAILED: fh_status = fh_status::FH_ERR_PEER_LOST;
+const SEG_FAILED: RmaError = RmaError::PeerLost;
 
 fn config(rank: Rank, size: u32) -> FirehoseConfig {
     let mut c = FirehoseConfig::new(rank, size);
@@ -281,7 +281,7 @@ unsafe fn op(
     local: *mut u8,
     len: usize,
     mode: Mode,
-) -> Result<(), fh_status> {
+) -> Result<(), RmaError> {
     let rma = &j.rmas[0];
     let implicit = mode == Mode::Implicit;
     // SAFETY: forwarded contract.
@@ -324,15 +324,15 @@ unsafe fn op(
             "reported once"
         );
     } else {
-        assert_eq!(rma.test(h), Err(fh_status::FH_ERR_UNKNOWN_HANDLE), "spent");
-        assert_eq!(rma.wait(h), Err(fh_status::FH_ERR_UNKNOWN_HANDLE), "spent");
+        assert_eq!(rma.test(h), Err(RmaError::UnknownHandle), "spent");
+        assert_eq!(rma.wait(h), Err(RmaError::UnknownHandle), "spent");
         // Made up: the same slot under a later generation (its done word exists and never says
         // done: the wait must still ask the table), and a slot far beyond the table.
         for made_up in [h + (7 << 32), (1 << 32) | 0x7fff_ffff] {
             let rma = rma.clone();
             assert_eq!(
                 bounded("wait", move || rma.wait(made_up)),
-                Err(fh_status::FH_ERR_UNKNOWN_HANDLE),
+                Err(RmaError::UnknownHandle),
                 "made up {made_up:#x}"
             );
         }
@@ -622,7 +622,7 @@ fn segment_completing_with_an_error() {
                 let mut b = vec![0u8; 8];
                 // SAFETY: `b` outlives the op.
                 let r = unsafe { op(&j, RdmaKind::Read, 1, raddr, b.as_mut_ptr(), 8, mode) };
-                assert_eq!(r, Err(fh_status::FH_ERR_PEER_LOST), "{what}: after");
+                assert_eq!(r, Err(RmaError::PeerLost), "{what}: after");
                 // ... and rank 2 still works.
                 still_works(&j, 2, j.bases[2], len, 10);
                 j.check_no_leak();
@@ -633,7 +633,7 @@ fn segment_completing_with_an_error() {
 
 /// 16 threads (4 ranks x 4) doing random puts and gets of 1 byte to 12 buckets (several
 /// segments, sometimes several chunks), blocking, with handles and implicit, while one post in
-/// 16 is refused. Each op reports success (and then its bytes are right) or `FH_ERR_PEER_LOST`
+/// 16 is refused. Each op reports success (and then its bytes are right) or `PeerLost`
 /// (then the bytes it would have written are unknown until written again); at the end every
 /// known byte is right and nothing is leaked on any rank.
 #[test]
@@ -841,7 +841,7 @@ struct Worker<'a> {
 impl Worker<'_> {
     /// `p` is done with `res`: a success is checked (a get's bytes against the model, a put's
     /// at the target) and recorded; a failure must be a failed segment's status.
-    fn complete(&mut self, p: Pending, res: Result<(), fh_status>) {
+    fn complete(&mut self, p: Pending, res: Result<(), RmaError>) {
         let (r, range) = (self.r, p.off..p.off + p.buf.len());
         match (res, p.kind) {
             (Ok(()), RdmaKind::Write) => {
@@ -899,7 +899,7 @@ impl Worker<'_> {
 
 /// `wait`, failing the test if it takes longer than `TIMEOUT` (the watchdog aborts a true
 /// hang).
-fn wait_bounded(rma: &Rma, h: u64) -> Result<(), fh_status> {
+fn wait_bounded(rma: &Rma, h: u64) -> Result<(), RmaError> {
     let t0 = Instant::now();
     let r = rma.wait(h);
     assert!(t0.elapsed() < TIMEOUT, "wait took {:?}", t0.elapsed());

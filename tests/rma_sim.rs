@@ -11,7 +11,7 @@
 //! the models byte for byte. Firehose's bound is small, so the working set is far past
 //! M + MAXVICTIM (misses, victims, evictions, moves with puts inside, chunked requests), and the
 //! pinned bytes are checked against the bound at every pin. An unmapped target address fails
-//! with `FH_ERR_REMOTE_FAULT`.
+//! with `RemoteFault`.
 
 use firehose::cache::{Cache, Limits};
 use firehose::net::settings::NetSettings;
@@ -20,7 +20,7 @@ use firehose::net::{Link, Peers, Rank, RdmaKind};
 use firehose::pin::null::NullPinner;
 use firehose::rma::sim_pins::SimPins;
 use firehose::rma::Rma;
-use firehose::status::fh_status;
+use firehose::rma::RmaError;
 use firehose_proto::{FirehoseConfig, PinFailure, RegionPins, Rights};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
@@ -417,11 +417,7 @@ fn unmapped_target_is_a_remote_fault() {
         let mut b = vec![7u8; len];
         // SAFETY: `b` outlives the wait.
         let h = unsafe { rma.start(kind, 1, hole, b.as_mut_ptr(), len, false) }.unwrap();
-        assert_eq!(
-            rma.wait(h),
-            Err(fh_status::FH_ERR_REMOTE_FAULT),
-            "{kind:?} {len}"
-        );
+        assert_eq!(rma.wait(h), Err(RmaError::RemoteFault), "{kind:?} {len}");
     }
     // The connection survived: a put to mapped memory still works.
     let v = [1u8, 2, 3, 4];

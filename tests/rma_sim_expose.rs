@@ -1,6 +1,6 @@
 //! The exposure policy through the whole driver on the simulated link:
 //! `FH_EXPOSE=declared` lets peers reach only what the target exposed, with the access it was
-//! exposed with; anything else fails at the initiator with `FH_ERR_REMOTE_DENIED` and leaves the
+//! exposed with; anything else fails at the initiator with `RemoteDenied` and leaves the
 //! target's bytes as they were, at every size (a put riding in a move is checked before the
 //! target writes it itself; a longer one before anything is pinned). `fh_unexpose` revokes
 //! what peers already hold there. In both modes the library's own buffers (the link's rings:
@@ -14,7 +14,7 @@ use firehose::pin::null::NullPinner;
 use firehose::rma::expose::ExposeMode;
 use firehose::rma::sim_pins::SimPins;
 use firehose::rma::Rma;
-use firehose::status::fh_status::{self, FH_ERR_REMOTE_DENIED};
+use firehose::rma::RmaError::{self, RemoteDenied};
 use firehose_proto::{FirehoseConfig, Rights};
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::Arc;
@@ -102,7 +102,7 @@ impl Mem {
 }
 
 /// Rank 0's blocking op on rank 1.
-fn op(j: &Job, kind: RdmaKind, raddr: u64, local: &mut [u8]) -> Result<(), fh_status> {
+fn op(j: &Job, kind: RdmaKind, raddr: u64, local: &mut [u8]) -> Result<(), RmaError> {
     // SAFETY: `local` outlives the wait.
     let h = unsafe { j.rmas[0].start(kind, 1, raddr, local.as_mut_ptr(), local.len(), false) }?;
     j.rmas[0].wait(h)
@@ -130,10 +130,10 @@ fn declared_mode_refuses_what_is_not_exposed_and_changes_nothing() {
         for off in [half, half + 8192, half - len / 2 - 1] {
             let before = mem.bytes(off, len);
             let r = op(&j, RdmaKind::Write, mem.addr() + off as u64, &mut src);
-            assert_eq!(r, Err(FH_ERR_REMOTE_DENIED), "put of {len} at {off}");
+            assert_eq!(r, Err(RemoteDenied), "put of {len} at {off}");
             assert_eq!(mem.bytes(off, len), before, "put of {len} at {off} wrote");
             let r = op(&j, RdmaKind::Read, mem.addr() + off as u64, &mut dst);
-            assert_eq!(r, Err(FH_ERR_REMOTE_DENIED), "get of {len} at {off}");
+            assert_eq!(r, Err(RemoteDenied), "get of {len} at {off}");
         }
     }
     j.rmas[0].check_idle().unwrap();
@@ -151,15 +151,12 @@ fn declared_access_is_per_direction() {
         let mut b = vec![9u8; len];
         assert_eq!(
             op(&j, RdmaKind::Write, ro.addr(), &mut b),
-            Err(FH_ERR_REMOTE_DENIED)
+            Err(RemoteDenied)
         );
         assert_eq!(ro.bytes(0, len), vec![1u8; len]);
         op(&j, RdmaKind::Read, ro.addr(), &mut b).unwrap();
         assert_eq!(b, vec![1u8; len]);
-        assert_eq!(
-            op(&j, RdmaKind::Read, wo.addr(), &mut b),
-            Err(FH_ERR_REMOTE_DENIED)
-        );
+        assert_eq!(op(&j, RdmaKind::Read, wo.addr(), &mut b), Err(RemoteDenied));
         let mut b = vec![7u8; len];
         op(&j, RdmaKind::Write, wo.addr(), &mut b).unwrap();
         assert_eq!(wo.bytes(0, len), b);
@@ -182,12 +179,12 @@ fn unexpose_revokes_what_peers_hold() {
     t.unexpose(mem.addr(), 64 << 10).unwrap();
     assert_eq!(
         t.unexpose(mem.addr(), 64 << 10),
-        Err(fh_status::FH_ERR_UNKNOWN_HANDLE)
+        Err(RmaError::UnknownHandle)
     );
     let mut c = vec![5u8; 16 << 10];
     assert_eq!(
         op(&j, RdmaKind::Write, mem.addr(), &mut c),
-        Err(FH_ERR_REMOTE_DENIED)
+        Err(RemoteDenied)
     );
     assert_eq!(mem.bytes(0, 16 << 10), b, "nothing landed after unexpose");
     assert_eq!(t.stats().fh.revokes, 1);
@@ -212,9 +209,9 @@ fn the_library_buffers_are_never_a_target() {
         for len in [8, 1000, ring_len] {
             let mut src = vec![0xabu8; len];
             let r = op(&j, RdmaKind::Write, ring, &mut src);
-            assert_eq!(r, Err(FH_ERR_REMOTE_DENIED), "{mode:?} put of {len}");
+            assert_eq!(r, Err(RemoteDenied), "{mode:?} put of {len}");
             let r = op(&j, RdmaKind::Read, ring, &mut src);
-            assert_eq!(r, Err(FH_ERR_REMOTE_DENIED), "{mode:?} get of {len}");
+            assert_eq!(r, Err(RemoteDenied), "{mode:?} get of {len}");
         }
         assert_eq!(snapshot(), before, "{mode:?}: the ring was written");
         // The context still works with other memory.

@@ -292,7 +292,7 @@ fn put_to_read_only_memory_of_the_peer_fails() {
         .unwrap();
         assert_eq!(
             j.rmas[0].wait(h),
-            Err(firehose::status::fh_status::FH_ERR_REMOTE_FAULT),
+            Err(firehose::rma::RmaError::RemoteFault),
             "{len}"
         );
     }

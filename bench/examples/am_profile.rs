@@ -15,9 +15,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use firehose::net::settings::NetSettings;
-use firehose::net::sim::{Delivery, SimConfig, SimNet};
-use firehose::net::Am;
+use firehose::internals::net::Am;
+use firehose::internals::net::NetSettings;
+use firehose::internals::net::{Delivery, SimConfig, SimNet};
 
 fn main() {
     let mut args = std::env::args().skip(1);

@@ -12,9 +12,9 @@
 //! numbers that are compared with UCX).
 use std::sync::Arc;
 
-use firehose::cache::{Cache, Limits};
-use firehose::pin::counting::CountingPinner;
-use firehose::pin::{Access, Pinner};
+use firehose::internals::cache::{Cache, Limits};
+use firehose::internals::pin::CountingPinner;
+use firehose::internals::pin::{Access, Pinner};
 
 fn main() {
     let n: usize = std::env::args()

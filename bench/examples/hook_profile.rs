@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use firehose::monitor::{self, MemoryListener, MonitorOptions};
+use firehose::internals::monitor::{self, MemoryListener, MonitorOptions};
 
 struct Nothing;
 impl MemoryListener for Nothing {

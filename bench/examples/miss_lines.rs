@@ -5,9 +5,9 @@
 //! Usage: `miss_lines [N]` (default 2000). Prints the marker's address on stderr.
 use std::sync::Arc;
 
-use firehose::cache::{Cache, Limits};
-use firehose::pin::null::NullPinner;
-use firehose::pin::{Access, Pinner};
+use firehose::internals::cache::{Cache, Limits};
+use firehose::internals::pin::NullPinner;
+use firehose::internals::pin::{Access, Pinner};
 
 static MARKER: u64 = 0;
 

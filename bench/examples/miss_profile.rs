@@ -20,10 +20,10 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use firehose::cache::{Cache, Limits};
-use firehose::pin::mlock::MlockPinner;
-use firehose::pin::null::NullPinner;
-use firehose::pin::{Access, Pinner};
+use firehose::internals::cache::{Cache, Limits};
+use firehose::internals::pin::MlockPinner;
+use firehose::internals::pin::NullPinner;
+use firehose::internals::pin::{Access, Pinner};
 
 /// Counts TSC ticks spent inside the wrapped backend.
 struct Timed {
@@ -47,13 +47,13 @@ impl Pinner for Timed {
         addr: usize,
         len: usize,
         access: Access,
-    ) -> Result<firehose::pin::Pinned, firehose::pin::PinError> {
+    ) -> Result<firehose::internals::pin::Pinned, firehose::internals::pin::PinError> {
         let t = tsc();
         let r = self.inner.pin(addr, len, access);
         self.ticks.fetch_add(tsc() - t, Ordering::Relaxed);
         r
     }
-    fn unpin(&self, p: firehose::pin::Pinned, addr: usize, len: usize) {
+    fn unpin(&self, p: firehose::internals::pin::Pinned, addr: usize, len: usize) {
         let t = tsc();
         self.inner.unpin(p, addr, len);
         self.ticks.fetch_add(tsc() - t, Ordering::Relaxed);

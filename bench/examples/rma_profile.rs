@@ -26,13 +26,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Instant;
 
-use firehose::cache::{Cache, Limits};
-use firehose::net::settings::NetSettings;
-use firehose::net::sim::{Delivery, SimConfig, SimNet};
-use firehose::net::{Link, LinkError, Peers, RdmaKind, RdmaOp};
-use firehose::pin::null::NullPinner;
-use firehose::rma::sim_pins::SimPins;
-use firehose::rma::Rma;
+use firehose::internals::cache::{Cache, Limits};
+use firehose::internals::net::NetSettings;
+use firehose::internals::net::{Delivery, SimConfig, SimNet};
+use firehose::internals::net::{Link, LinkError, Peers, RdmaKind, RdmaOp};
+use firehose::internals::pin::NullPinner;
+use firehose::internals::rma::Rma;
+use firehose::internals::rma::SimPins;
 use firehose_proto::FirehoseConfig;
 
 /// Token bit of the floor's own writes (Rma's op ids never have it).

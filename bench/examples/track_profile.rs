@@ -15,10 +15,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use firehose::cache::{Cache, Limits};
-use firehose::helper::planner::PlannerConfig;
-use firehose::helper::{Helper, HelperConfig, Placement};
-use firehose::pin::{Access, Pinner};
+use firehose::internals::cache::{Cache, Limits};
+use firehose::internals::helper::PlannerConfig;
+use firehose::internals::helper::{Helper, HelperConfig, Placement};
+use firehose::internals::pin::{Access, Pinner};
 
 fn spin(d: Duration) {
     let t = Instant::now();
@@ -37,9 +37,9 @@ fn main() {
     let n: usize = a.get(2).and_then(|s| s.parse().ok()).unwrap_or(100_000);
     let copy = a.get(3).is_some_and(|s| s == "copy");
     let compute = Duration::from_micros(a.get(4).and_then(|s| s.parse().ok()).unwrap_or(5));
-    let backend: Arc<dyn Pinner> = Arc::new(firehose::pin::mlock::MlockPinner::new());
+    let backend: Arc<dyn Pinner> = Arc::new(firehose::internals::pin::MlockPinner::new());
     let pinner = if mode == "track" {
-        firehose::helper::wrap_backend(backend)
+        firehose::internals::helper::wrap_backend(backend)
     } else {
         backend
     };
@@ -50,7 +50,7 @@ fn main() {
     let cache = Cache::new(pinner, limits, None);
     if mode == "sleeper" {
         std::thread::spawn(|| {
-            let _ = firehose::helper::placement::bind_current_thread(1);
+            let _ = firehose::internals::helper::placement::bind_current_thread(1);
             loop {
                 std::thread::sleep(Duration::from_micros(500));
             }
@@ -70,7 +70,7 @@ fn main() {
     } else {
         Helper::off("not this mode")
     };
-    if let Err(e) = firehose::helper::placement::bind_current_thread(0) {
+    if let Err(e) = firehose::internals::helper::placement::bind_current_thread(0) {
         eprintln!("track_profile: cannot bind to core 0: errno {e}");
     }
     let len = 512 << 10;

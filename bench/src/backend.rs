@@ -4,10 +4,10 @@
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
-use firehose::pin::{Access, PinError, Pinned, Pinner};
+use firehose::internals::pin::{Access, PinError, Pinned, Pinner};
 
 /// Pins nothing. Used for metadata measurements (so only cache bytes are counted).
-pub use firehose::pin::null::NullPinner;
+pub use firehose::internals::pin::NullPinner;
 
 /// Forwards to a real backend and counts calls (relaxed atomics: only on the miss path).
 pub struct CountingBackend {
@@ -59,10 +59,10 @@ impl Pinner for CountingBackend {
 pub fn open(name: &str) -> Result<Arc<dyn Pinner>, String> {
     match name {
         "null" => Ok(Arc::new(NullPinner)),
-        "mlock" => Ok(Arc::new(firehose::pin::mlock::MlockPinner::new())),
+        "mlock" => Ok(Arc::new(firehose::internals::pin::MlockPinner::new())),
         "verbs" => {
             // The first device and a PD of our own, as a verbs application would.
-            use firehose::pin::verbs::{open_device, VerbsPinner};
+            use firehose::internals::pin::verbs::{open_device, VerbsPinner};
             let pd = open_device(None)
                 .and_then(|ctx| ctx.alloc_pd())
                 .map_err(|e| format!("verbs backend: {e:?}"))?;

@@ -4,7 +4,7 @@
 use std::sync::Barrier;
 use std::time::Instant;
 
-use firehose::helper::placement::{allowed_cpus, bind_current_thread};
+use firehose::internals::helper::placement::{allowed_cpus, bind_current_thread};
 
 use crate::impls::RegCache;
 use crate::summary::{summarize, Summary, XorShift};

@@ -3,8 +3,8 @@
 
 use std::sync::Arc;
 
-use firehose::cache::{Cache, Limits};
-use firehose::pin::{Access, Pinner};
+use firehose::internals::cache::{Cache, Limits};
+use firehose::internals::pin::{Access, Pinner};
 
 /// Resolve-or-register and release, as a communication library calls a registration cache.
 pub trait RegCache: Send + Sync {

@@ -20,8 +20,8 @@ mod ucx;
 
 use std::sync::Arc;
 
-use firehose::cache::Limits;
-use firehose::pin::Pinner;
+use firehose::internals::cache::Limits;
+use firehose::internals::pin::Pinner;
 
 use arena::{page_size, Arena};
 use backend::CountingBackend;

@@ -4,7 +4,7 @@
 
 use std::time::Instant;
 
-use firehose::pin::Pinner;
+use firehose::internals::pin::Pinner;
 
 use crate::backend::CountingBackend;
 use crate::impls::{RegCache, ACCESS};
@@ -91,7 +91,7 @@ impl<C: RegCache> MissOp for CacheMiss<'_, C> {
 /// 1 MiB, +5 % at 4 KiB), so the evicting row is compared with this one, not with `Raw`.
 pub struct RawEvicting<'a> {
     pub backend: &'a CountingBackend,
-    pub held: std::cell::Cell<Option<(firehose::pin::Pinned, usize, usize)>>,
+    pub held: std::cell::Cell<Option<(firehose::internals::pin::Pinned, usize, usize)>>,
 }
 
 impl MissOp for RawEvicting<'_> {

@@ -5,7 +5,7 @@
 use std::ffi::c_void;
 use std::sync::Arc;
 
-use firehose::pin::{Pinned, Pinner};
+use firehose::internals::pin::{Pinned, Pinner};
 
 use crate::backend::CountingBackend;
 use crate::impls::{RegCache, ACCESS};

@@ -9,13 +9,13 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
-use firehose::cache::{Cache, Limits};
-use firehose::net::settings::NetSettings;
-use firehose::net::sim::{Delivery, SimConfig, SimNet};
-use firehose::net::{Link, Peers, RdmaKind};
-use firehose::pin::null::NullPinner;
-use firehose::rma::sim_pins::SimPins;
-use firehose::rma::Rma;
+use firehose::internals::cache::{Cache, Limits};
+use firehose::internals::net::NetSettings;
+use firehose::internals::net::{Delivery, SimConfig, SimNet};
+use firehose::internals::net::{Link, Peers, RdmaKind};
+use firehose::internals::pin::NullPinner;
+use firehose::internals::rma::Rma;
+use firehose::internals::rma::SimPins;
 use firehose_proto::FirehoseConfig;
 
 struct Counting;

@@ -32,9 +32,9 @@
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering::Relaxed};
 
 /// Registrations per decision.
-pub const WINDOW: u32 = 256;
+pub(crate) const WINDOW: u32 = 256;
 /// While bypassing, one registration in this many still goes through the cache.
-pub const PROBE: u64 = 64;
+pub(crate) const PROBE: u64 = 64;
 const GHOSTS: usize = 4096;
 
 /// `FH_BYPASS`: `auto` (default) or `off` (always cache).
@@ -44,27 +44,27 @@ static SEEN: AtomicU32 = AtomicU32::new(0);
 static USEFUL: AtomicU32 = AtomicU32::new(0);
 static PROBES: AtomicU64 = AtomicU64::new(0);
 /// Registrations passed straight through, and how often the mode changed.
-pub static BYPASSED: AtomicU64 = AtomicU64::new(0);
-pub static SWITCHES: AtomicU64 = AtomicU64::new(0);
+pub(crate) static BYPASSED: AtomicU64 = AtomicU64::new(0);
+pub(crate) static SWITCHES: AtomicU64 = AtomicU64::new(0);
 static GHOST: [AtomicU64; GHOSTS] = [const { AtomicU64::new(0) }; GHOSTS];
 /// Last decision's useful fraction, in 1/256 (for the summary).
 static LAST_USEFUL: AtomicU8 = AtomicU8::new(0);
 
-pub fn set_enabled(on: bool) {
+pub(crate) fn set_enabled(on: bool) {
     ENABLED.store(on, Relaxed);
 }
 
-pub fn enabled() -> bool {
+pub(crate) fn enabled() -> bool {
     ENABLED.load(Relaxed)
 }
 
-pub fn bypassing() -> bool {
+pub(crate) fn bypassing() -> bool {
     BYPASSING.load(Relaxed)
 }
 
 /// Where a cacheable registration goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Route {
+pub(crate) enum Route {
     /// Through the cache; `repeat`: its key was registered recently. Report the outcome with
     /// `cached`.
     Cache { repeat: bool },
@@ -86,7 +86,7 @@ fn remember(k: u64) -> bool {
 }
 
 /// Route one cacheable registration of `[addr, addr + len)` in `pd` with remote rights `rights`.
-pub fn route(pd: usize, addr: usize, len: usize, rights: u32) -> Route {
+pub(crate) fn route(pd: usize, addr: usize, len: usize, rights: u32) -> Route {
     if !enabled() {
         return Route::Cache { repeat: false };
     }
@@ -100,7 +100,7 @@ pub fn route(pd: usize, addr: usize, len: usize, rights: u32) -> Route {
 }
 
 /// The outcome of a registration routed to the cache.
-pub fn cached(repeat: bool, hit: bool) {
+pub(crate) fn cached(repeat: bool, hit: bool) {
     if enabled() {
         count(repeat || hit);
     }
@@ -133,7 +133,7 @@ fn decide(useful: u32, seen: u32) {
 }
 
 /// The `FH_STATS` line (`None` with `FH_BYPASS=off`).
-pub fn line() -> Option<String> {
+pub(crate) fn line() -> Option<String> {
     if !enabled() {
         return None;
     }
@@ -149,7 +149,7 @@ pub fn line() -> Option<String> {
 
 /// In a forked child (atfork handler: atomics only): caching again, with an empty window. The
 /// recent keys stay (the child's memory is a copy of its parent's).
-pub fn restart_in_child() {
+pub(crate) fn restart_in_child() {
     BYPASSING.store(false, Relaxed);
     SEEN.store(0, Relaxed);
     USEFUL.store(0, Relaxed);
@@ -157,7 +157,7 @@ pub fn restart_in_child() {
 
 /// Back to the start state (tests).
 #[cfg(test)]
-pub fn reset() {
+pub(crate) fn reset() {
     BYPASSING.store(false, Relaxed);
     SEEN.store(0, Relaxed);
     USEFUL.store(0, Relaxed);

@@ -14,7 +14,7 @@ use std::ffi::CStr;
 const PATCHERS: [&CStr; 3] = [c"libucm.so.0", c"libopen-pal.so.40", c"libfabric.so.1"];
 
 /// True if a library that patches libc's memory functions is loaded now.
-pub fn foreign_patcher_loaded() -> bool {
+pub(crate) fn foreign_patcher_loaded() -> bool {
     PATCHERS.iter().any(|name| loaded(name))
 }
 
@@ -34,7 +34,7 @@ fn loaded(name: &CStr) -> bool {
 /// Said once, when the default monitor deferred to another library's hooks and userfaultfd is
 /// not running: the shim then caches nothing (`pd_cache::BLIND`). `uffd_errno`: why userfaultfd
 /// is off (0 if it was not asked for).
-pub fn warn_blind(uffd_errno: i32) {
+pub(crate) fn warn_blind(uffd_errno: i32) {
     firehose::fh_warn!(
         "firehose-preload: another library patches libc's unmap functions (UCX, Open MPI or \
          libfabric) and userfaultfd is unavailable (errno {uffd_errno}): nothing would see the \

@@ -18,7 +18,7 @@ use std::sync::Mutex;
 
 /// Running sums for a least-squares fit of y (ns) against x (bytes).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct Fit {
+pub(crate) struct Fit {
     n: f64,
     sx: f64,
     sy: f64,
@@ -27,7 +27,7 @@ pub struct Fit {
 }
 
 impl Fit {
-    pub const fn new() -> Fit {
+    pub(crate) const fn new() -> Fit {
         Fit {
             n: 0.0,
             sx: 0.0,
@@ -37,7 +37,7 @@ impl Fit {
         }
     }
 
-    pub fn add(&mut self, bytes: f64, ns: f64) {
+    pub(crate) fn add(&mut self, bytes: f64, ns: f64) {
         self.n += 1.0;
         self.sx += bytes;
         self.sy += ns;
@@ -47,7 +47,7 @@ impl Fit {
 
     /// (a, b) of t = a + b * bytes, both clamped at 0; with one sample or a single size the
     /// slope is 0 and `a` is the mean. `None` without samples.
-    pub fn line(&self) -> Option<(f64, f64)> {
+    pub(crate) fn line(&self) -> Option<(f64, f64)> {
         if self.n == 0.0 {
             return None;
         }
@@ -63,17 +63,17 @@ impl Fit {
     }
 
     /// Predicted total ns for `count` operations totalling `bytes`.
-    pub fn total(&self, count: u64, bytes: u64) -> f64 {
+    pub(crate) fn total(&self, count: u64, bytes: u64) -> f64 {
         self.line()
             .map(|(a, b)| a * count as f64 + b * bytes as f64)
             .unwrap_or(0.0)
     }
 }
 
-pub static REG: Mutex<Fit> = Mutex::new(Fit::new());
-pub static DEREG: Mutex<Fit> = Mutex::new(Fit::new());
+pub(crate) static REG: Mutex<Fit> = Mutex::new(Fit::new());
+pub(crate) static DEREG: Mutex<Fit> = Mutex::new(Fit::new());
 
-pub fn record(fit: &Mutex<Fit>, bytes: usize, ns: u64) {
+pub(crate) fn record(fit: &Mutex<Fit>, bytes: usize, ns: u64) {
     fit.lock()
         .unwrap_or_else(|e| e.into_inner())
         .add(bytes as f64, ns as f64);
@@ -82,15 +82,15 @@ pub fn record(fit: &Mutex<Fit>, bytes: usize, ns: u64) {
 /// Estimated ns saved by `hits` cache hits totalling `hit_bytes`: each avoided one real
 /// registration and one real deregistration of its size.
 /// An upper bound: misses also paid first touch.
-pub fn saved_ns(hits: u64, hit_bytes: u64) -> u64 {
+pub(crate) fn saved_ns(hits: u64, hit_bytes: u64) -> u64 {
     let r = *REG.lock().unwrap_or_else(|e| e.into_inner());
     let d = *DEREG.lock().unwrap_or_else(|e| e.into_inner());
     priced(&r, &d, hits, hit_bytes)
 }
 
 /// Fits over the sampled re-registrations of resident (already pinned) pages.
-pub static RESIDENT_REG: Mutex<Fit> = Mutex::new(Fit::new());
-pub static RESIDENT_DEREG: Mutex<Fit> = Mutex::new(Fit::new());
+pub(crate) static RESIDENT_REG: Mutex<Fit> = Mutex::new(Fit::new());
+pub(crate) static RESIDENT_DEREG: Mutex<Fit> = Mutex::new(Fit::new());
 
 static SAMPLE_EVERY: AtomicU64 = AtomicU64::new(DEFAULT_SAMPLE_EVERY);
 static HITS_SEEN: AtomicU64 = AtomicU64::new(0);
@@ -99,20 +99,20 @@ static SAMPLES: AtomicU64 = AtomicU64::new(0);
 static SAMPLE_NS: AtomicU64 = AtomicU64::new(0);
 
 /// One hit in this many is sampled (`FH_STATS_SAMPLE`).
-pub const DEFAULT_SAMPLE_EVERY: u64 = 256;
+pub(crate) const DEFAULT_SAMPLE_EVERY: u64 = 256;
 
 /// `FH_STATS_SAMPLE`: 0 turns sampling off.
-pub fn set_sample_every(n: u64) {
+pub(crate) fn set_sample_every(n: u64) {
     SAMPLE_EVERY.store(n, Ordering::Relaxed);
 }
 
-pub fn sample_every() -> u64 {
+pub(crate) fn sample_every() -> u64 {
     SAMPLE_EVERY.load(Ordering::Relaxed)
 }
 
 /// Whether this hit is sampled: the first, then one in `sample_every()`; never without `FH_STATS`
 /// (the sample costs a real registration).
-pub fn should_sample() -> bool {
+pub(crate) fn should_sample() -> bool {
     pick(crate::settings::stats_fd().is_some())
 }
 
@@ -128,7 +128,7 @@ fn pick(stats_on: bool) -> bool {
 
 /// One sample: a real registration of `bytes` resident bytes took `reg` ns, its deregistration
 /// `dereg` ns.
-pub fn record_resident(bytes: usize, reg: u64, dereg: u64) {
+pub(crate) fn record_resident(bytes: usize, reg: u64, dereg: u64) {
     record(&RESIDENT_REG, bytes, reg);
     record(&RESIDENT_DEREG, bytes, dereg);
     SAMPLES.fetch_add(1, Ordering::Relaxed);
@@ -136,18 +136,18 @@ pub fn record_resident(bytes: usize, reg: u64, dereg: u64) {
 }
 
 /// Total ns the samples took.
-pub fn sample_ns() -> u64 {
+pub(crate) fn sample_ns() -> u64 {
     SAMPLE_NS.load(Ordering::Relaxed)
 }
 
 /// How many re-registrations were sampled.
-pub fn samples() -> u64 {
+pub(crate) fn samples() -> u64 {
     SAMPLES.load(Ordering::Relaxed)
 }
 
 /// Estimated ns saved by `hits` hits totalling `hit_bytes`, priced by the resident-pages samples
 /// (0 without any).
-pub fn resident_saved_ns(hits: u64, hit_bytes: u64) -> u64 {
+pub(crate) fn resident_saved_ns(hits: u64, hit_bytes: u64) -> u64 {
     let r = *RESIDENT_REG.lock().unwrap_or_else(|e| e.into_inner());
     let d = *RESIDENT_DEREG.lock().unwrap_or_else(|e| e.into_inner());
     priced(&r, &d, hits, hit_bytes)

@@ -4,7 +4,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Process-wide counters (relaxed atomics: they are statistics, not synchronisation).
-pub struct Counters {
+pub(crate) struct Counters {
     /// Outermost application calls to any `ibv_reg_mr*` hook.
     pub app_reg_calls: AtomicU64,
     /// Calls that found this thread already inside a hook and went straight through.
@@ -28,7 +28,7 @@ pub struct Counters {
     pub hit_bytes: AtomicU64,
 }
 
-pub static COUNTERS: Counters = Counters {
+pub(crate) static COUNTERS: Counters = Counters {
     app_reg_calls: AtomicU64::new(0),
     nested_calls: AtomicU64::new(0),
     passthrough_reg: AtomicU64::new(0),
@@ -44,16 +44,16 @@ pub static COUNTERS: Counters = Counters {
 };
 
 #[inline]
-pub fn bump(c: &AtomicU64) {
+pub(crate) fn bump(c: &AtomicU64) {
     c.fetch_add(1, Ordering::Relaxed);
 }
 
 /// Account `len` newly pinned bytes and keep the high mark.
-pub fn pinned_add(len: u64) {
+pub(crate) fn pinned_add(len: u64) {
     let now = COUNTERS.pinned_now.fetch_add(len, Ordering::Relaxed) + len;
     COUNTERS.pinned_peak.fetch_max(now, Ordering::Relaxed);
 }
 
-pub fn pinned_sub(len: u64) {
+pub(crate) fn pinned_sub(len: u64) {
     COUNTERS.pinned_now.fetch_sub(len, Ordering::Relaxed);
 }

@@ -7,8 +7,8 @@
 use std::ffi::c_void;
 use std::sync::Arc;
 
-use firehose::pin::counting::CountingPinner;
-use firehose::pin::Access;
+use firehose::internals::pin::Access;
+use firehose::internals::pin::CountingPinner;
 
 use crate::ffi_types::*;
 use crate::pd_cache::{self, PdCache};

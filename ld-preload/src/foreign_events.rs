@@ -24,17 +24,17 @@ use std::ffi::{c_int, c_void, CStr};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 /// libucm's events were subscribed to.
-pub const SRC_UCM: u32 = 1;
+pub(crate) const SRC_UCM: u32 = 1;
 /// libopen-pal's release hooks were subscribed to.
-pub const SRC_OPAL: u32 = 2;
+pub(crate) const SRC_OPAL: u32 = 2;
 /// libucm's VM_MAPPED events too (with `SRC_UCM`).
-pub const SRC_UCM_MAPPED: u32 = 4;
+pub(crate) const SRC_UCM_MAPPED: u32 = 4;
 
 /// `UCM_EVENT_VM_UNMAPPED` (`UCS_BIT(17)`).
 const UCM_EVENT_VM_UNMAPPED: c_int = 1 << 17;
 /// `UCM_EVENT_VM_MAPPED` (`UCS_BIT(16)`): after mmap, mremap, shmat and sbrk hand out addresses.
 /// A registration found there is of pages some raw unmap took away before its userfaultfd event
-/// was read (see `firehose::monitor`'s `UnmapEvent::Fresh`, what our own patches report).
+/// was read (see `firehose::internals::monitor`'s `UnmapEvent::Fresh`, what our own patches report).
 const UCM_EVENT_VM_MAPPED: c_int = 1 << 16;
 /// libopen-pal's `OPAL_MEMORY_MUNMAP_SUPPORT`: its hooks see munmap (so `free`'s unmaps too).
 const OPAL_MEMORY_MUNMAP_SUPPORT: c_int = 2;
@@ -50,13 +50,13 @@ static LIVE: AtomicU32 = AtomicU32::new(0);
 static BUSY: AtomicBool = AtomicBool::new(false);
 
 /// Sources subscribed to so far (`SRC_*` bits).
-pub fn live() -> u32 {
+pub(crate) fn live() -> u32 {
     LIVE.load(Ordering::Acquire)
 }
 
 /// Subscribe to whichever of libucm and libopen-pal is loaded and not subscribed yet. Normal
 /// context only (it may make libucm install its hooks). Returns the live sources.
-pub fn subscribe() -> u32 {
+pub(crate) fn subscribe() -> u32 {
     if disabled() || BUSY.swap(true, Ordering::AcqRel) {
         return live();
     }
@@ -142,16 +142,16 @@ unsafe extern "C" fn on_ucm(_event_type: c_int, event: *mut c_void, _arg: *mut c
         let w = event as *const usize;
         (*w, *w.add(1))
     };
-    firehose::monitor::notify_unmapped(addr, len);
+    firehose::internals::monitor::notify_unmapped(addr, len);
 }
 
 /// libopen-pal's release callback: the range is about to be released.
 unsafe extern "C" fn on_opal(buf: *mut c_void, len: usize, _cbdata: *mut c_void, _alloc: bool) {
-    firehose::monitor::notify_unmapped(buf as usize, len);
+    firehose::internals::monitor::notify_unmapped(buf as usize, len);
 }
 
 /// For `FH_STATS`: the live sources by name.
-pub fn describe(bits: u32) -> String {
+pub(crate) fn describe(bits: u32) -> String {
     let mut v = Vec::new();
     if bits & SRC_UCM_MAPPED != 0 {
         v.push("UCX libucm VM_UNMAPPED and VM_MAPPED events");
@@ -173,7 +173,7 @@ mod tests {
     /// Remembers the last range it was told of.
     struct Seen(AtomicUsize, AtomicUsize);
 
-    impl firehose::monitor::MemoryListener for Seen {
+    impl firehose::internals::monitor::MemoryListener for Seen {
         fn on_unmap(&self, addr: usize, len: usize) {
             self.0.store(addr, Ordering::SeqCst);
             self.1.store(len, Ordering::SeqCst);
@@ -197,7 +197,7 @@ mod tests {
             "libucs.so.0 (Debian's libucx0) is not installed"
         );
         let seen = Arc::new(Seen(AtomicUsize::new(0), AtomicUsize::new(0)));
-        let _sub = firehose::monitor::subscribe(seen.clone());
+        let _sub = firehose::internals::monitor::subscribe(seen.clone());
         let got = subscribe();
         // libc's own munmap: in this test binary `munmap` resolves to the shim's exported hook
         // (`unmap_hooks.rs`), which would tell the listener itself.

@@ -87,7 +87,7 @@ extern "C" fn release() {
 }
 
 /// Register the handlers (once, from the constructor).
-pub fn install() {
+pub(crate) fn install() {
     // SAFETY: registering plain functions that never unwind.
     unsafe { libc::pthread_atfork(Some(prepare), Some(release), Some(child)) };
 }

@@ -12,14 +12,14 @@ thread_local! {
 }
 
 /// Held while a hook handles an application call; dropping it leaves the shim.
-pub struct Outermost {
+pub(crate) struct Outermost {
     _private: (),
 }
 
 impl Outermost {
     /// `Some` for an application call, `None` when this thread is already inside a hook
     /// (the caller must then pass straight through to the real function).
-    pub fn enter() -> Option<Outermost> {
+    pub(crate) fn enter() -> Option<Outermost> {
         DEPTH.with(|d| {
             if d.get() == 0 {
                 d.set(1);

@@ -13,6 +13,8 @@
 //! `fh_*` C ABI is linked in but not exported, and the SONAME is `libfirehose_preload.so`
 //! (`build.rs`).
 
+#![warn(unreachable_pub)]
+
 mod bypass;
 mod coexist;
 mod cost_model;

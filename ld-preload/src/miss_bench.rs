@@ -16,9 +16,9 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Instant;
 
-use firehose::monitor::{self, MonitorOptions};
-use firehose::pin::mlock::MlockPinner;
-use firehose::pin::{Access, PinError, Pinned, Pinner};
+use firehose::internals::monitor::{self, MonitorOptions};
+use firehose::internals::pin::MlockPinner;
+use firehose::internals::pin::{Access, PinError, Pinned, Pinner};
 
 use crate::ffi_types::*;
 use crate::pd_cache::{PdCache, TEST_UFFD};

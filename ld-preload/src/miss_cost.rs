@@ -6,7 +6,7 @@
 //! made on the way (evicted victims, regions overlapping the new one, drained invalidations), the
 //! wait for undispatched userfaultfd events (`quiesce`), and the rest (the cache's lock, index,
 //! watch bookkeeping). The userfaultfd `UFFDIO_REGISTER` of each newly cached range is timed by
-//! the library (`firehose::monitor::watch_costs`); it is part of "the rest" here and printed on
+//! the library (`firehose::internals::monitor::watch_costs`); it is part of "the rest" here and printed on
 //! its own.
 
 use std::cell::Cell;
@@ -16,7 +16,7 @@ use std::time::Instant;
 
 /// The cycle counter (x86-64), else nanoseconds since the first call.
 #[inline]
-pub fn ticks() -> u64 {
+pub(crate) fn ticks() -> u64 {
     #[cfg(target_arch = "x86_64")]
     {
         // SAFETY: rdtsc has no preconditions on x86-64.
@@ -45,7 +45,7 @@ fn origin() -> &'static (Instant, u64) {
 }
 
 /// Nanoseconds per tick, measured since the first registration (1 off x86-64).
-pub fn ns_per_tick() -> f64 {
+pub(crate) fn ns_per_tick() -> f64 {
     if cfg!(not(target_arch = "x86_64")) {
         return 1.0;
     }
@@ -90,7 +90,7 @@ fn update(f: impl FnOnce(&mut Stages)) {
 }
 
 /// Process-wide sums over the recorded misses.
-pub struct MissCosts {
+pub(crate) struct MissCosts {
     pub misses: AtomicU64,
     /// Ticks from entering the cache to its answer.
     pub total_ticks: AtomicU64,
@@ -100,7 +100,7 @@ pub struct MissCosts {
     pub deregs: AtomicU64,
 }
 
-pub static MISS: MissCosts = MissCosts {
+pub(crate) static MISS: MissCosts = MissCosts {
     misses: AtomicU64::new(0),
     total_ticks: AtomicU64::new(0),
     quiesce_ticks: AtomicU64::new(0),
@@ -111,7 +111,7 @@ pub static MISS: MissCosts = MissCosts {
 
 /// Start of a registration through a cache: forget what the backend did before.
 #[inline]
-pub fn begin() -> u64 {
+pub(crate) fn begin() -> u64 {
     // The calibration starts with the first registration (one load after that).
     let _ = origin();
     let _ = STAGES.try_with(|c| c.set(Stages::default()));
@@ -119,12 +119,12 @@ pub fn begin() -> u64 {
 }
 
 /// The backend pinned (a real registration) for `ns`.
-pub fn pinned(ns: u64) {
+pub(crate) fn pinned(ns: u64) {
     update(|s| s.pin_ns = s.pin_ns.saturating_add(ns));
 }
 
 /// The backend unpinned (a real deregistration) for `ns`.
-pub fn unpinned(ns: u64) {
+pub(crate) fn unpinned(ns: u64) {
     update(|s| {
         s.unpin_ns = s.unpin_ns.saturating_add(ns);
         s.unpins += 1;
@@ -132,7 +132,7 @@ pub fn unpinned(ns: u64) {
 }
 
 /// End of a registration that missed: `t0` from `begin`, `t1` after the event sync, `t2` now.
-pub fn record_miss(t0: u64, t1: u64, t2: u64) {
+pub(crate) fn record_miss(t0: u64, t1: u64, t2: u64) {
     let m = &MISS;
     m.misses.fetch_add(1, Relaxed);
     m.total_ticks.fetch_add(t2.wrapping_sub(t0), Relaxed);
@@ -145,7 +145,7 @@ pub fn record_miss(t0: u64, t1: u64, t2: u64) {
 
 /// Forget the recorded misses (the native benchmark, between modes).
 #[cfg(test)]
-pub fn reset() {
+pub(crate) fn reset() {
     let m = &MISS;
     for c in [
         &m.misses,
@@ -161,7 +161,7 @@ pub fn reset() {
 
 /// Means per miss in microseconds, for the summary.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct Breakdown {
+pub(crate) struct Breakdown {
     pub misses: u64,
     pub total_us: f64,
     pub reg_us: f64,
@@ -181,7 +181,7 @@ pub struct Breakdown {
 /// Raw sums -> means per miss. `watch_ns` is all userfaultfd registration time (it happens on
 /// misses only), `unwatch_ns`/`unwatches` the unregistrations at unpin.
 #[allow(clippy::too_many_arguments)]
-pub fn breakdown(
+pub(crate) fn breakdown(
     misses: u64,
     total_ns: f64,
     quiesce_ns: f64,
@@ -221,10 +221,10 @@ pub fn breakdown(
 }
 
 /// The current breakdown.
-pub fn current() -> Breakdown {
+pub(crate) fn current() -> Breakdown {
     let m = &MISS;
     let k = ns_per_tick();
-    let w = firehose::monitor::watch_costs();
+    let w = firehose::internals::monitor::watch_costs();
     breakdown(
         m.misses.load(Relaxed),
         m.total_ticks.load(Relaxed) as f64 * k,
@@ -238,7 +238,7 @@ pub fn current() -> Breakdown {
 }
 
 /// The `FH_STATS` lines (`None` before the first miss).
-pub fn lines(b: &Breakdown) -> Option<String> {
+pub(crate) fn lines(b: &Breakdown) -> Option<String> {
     if b.misses == 0 {
         return None;
     }
@@ -263,7 +263,7 @@ pub fn lines(b: &Breakdown) -> Option<String> {
 
 /// Count the process's mappings (lines of `/proc/self/maps`): userfaultfd registration and
 /// pinning split mappings, so a miss-heavy run shows here. At exit only.
-pub fn mappings() -> Option<usize> {
+pub(crate) fn mappings() -> Option<usize> {
     let s = std::fs::read("/proc/self/maps").ok()?;
     Some(s.iter().filter(|&&b| b == b'\n').count())
 }

@@ -17,7 +17,7 @@
 //! the caches in it are the parent's (quarantined by the library), and the child makes its own.
 //!
 //! A cache that cannot be subscribed to memory events (the library's registry is full) is never
-//! used: `for_pd` fails with `FH_ERR_TOO_MANY_CACHES` and that registration passes through
+//! used: `for_pd` fails with `NoCache::TooManyCaches` and that registration passes through
 //! uncached.
 
 use std::cell::RefCell;
@@ -25,15 +25,14 @@ use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use firehose::assembly::{self, Parts};
-use firehose::cache::{Cache, Limits, Registration, Stats};
-use firehose::helper::{pin_flag, Helper};
-use firehose::monitor::{self, Hooked, MonitorOptions, Subscription};
-use firehose::pin::fork_mode;
-use firehose::pin::Access;
+use firehose::internals::assembly::{self, AssembleError, Parts};
+use firehose::internals::cache::{Cache, CacheError, Limits, Registration, Stats};
+use firehose::internals::helper::{pin_flag, Helper};
+use firehose::internals::monitor::{self, Hooked, MonitorOptions, Subscription};
+use firehose::internals::pin::fork_mode;
+use firehose::internals::pin::Access;
 #[cfg(test)]
-use firehose::pin::Pinner;
-use firehose::status::{fh_status, FhResult};
+use firehose::internals::pin::Pinner;
 
 use crate::ffi_types::IbvPd;
 use crate::real_pinner::RealPinner;
@@ -41,7 +40,7 @@ use crate::{real_verbs, settings};
 use rustc_hash::FxHashMap;
 
 /// The cache of one protection domain.
-pub struct PdCache {
+pub(crate) struct PdCache {
     /// Declared first so it drops first: events stop reaching the cache before it goes away.
     _events: Option<Subscription>,
     /// The helper thread (`FH_HELPER=1`), stopped and joined before the cache drops.
@@ -52,12 +51,13 @@ pub struct PdCache {
 }
 /// Test doubles' caches watch their ranges with userfaultfd (the native miss benchmark).
 #[cfg(test)]
-pub static TEST_UFFD: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+pub(crate) static TEST_UFFD: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
 #[cfg(test)]
 static TEST_PINNERS: Mutex<Vec<(usize, Arc<dyn Pinner>)>> = Mutex::new(Vec::new());
 
 /// Remote access bits: requests differing in these never share a cache.
-pub const REMOTE_RIGHTS: u32 =
+pub(crate) const REMOTE_RIGHTS: u32 =
     Access::REMOTE_WRITE.0 | Access::REMOTE_READ.0 | Access::REMOTE_ATOMIC.0;
 
 /// (pd address, remote-rights class).
@@ -87,13 +87,13 @@ fn pds() -> MutexGuard<'static, Option<PdMap>> {
 }
 
 /// The map and the retired counters, locked across `fork` (see `fork.rs`).
-pub struct ForkGuard {
+pub(crate) struct ForkGuard {
     map: MutexGuard<'static, Option<PdMap>>,
     _retired: MutexGuard<'static, Stats>,
 }
 
 /// Lock the map, then the retired counters, for `fork`.
-pub fn fork_lock() -> ForkGuard {
+pub(crate) fn fork_lock() -> ForkGuard {
     ForkGuard {
         map: pds(),
         _retired: RETIRED.lock().unwrap_or_else(|e| e.into_inner()),
@@ -105,7 +105,7 @@ impl ForkGuard {
     /// cache of the parent without dropping it (dropping would unsubscribe and release what the
     /// parent registered), and make this thread's remembered lookup stale, so that the next
     /// registration of any domain builds a new cache.
-    pub fn forget_in_child(&mut self) {
+    pub(crate) fn forget_in_child(&mut self) {
         if let Some(m) = self.map.take() {
             std::mem::forget(m);
         }
@@ -131,8 +131,25 @@ thread_local! {
     static LAST: RefCell<LastLookup> = const { RefCell::new(None) };
 }
 
+/// Why a domain has no cache: its registrations pass through uncached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum NoCache {
+    /// Invalidation is on but the monitor cannot see this process's unmaps.
+    Blind,
+    /// The library's registry of listeners is full.
+    TooManyCaches,
+}
+
+impl From<AssembleError> for NoCache {
+    fn from(e: AssembleError) -> NoCache {
+        match e {
+            AssembleError::TooManyCaches => NoCache::TooManyCaches,
+        }
+    }
+}
+
 /// The cache for requests with `access` in `pd`, created on first use.
-pub fn for_pd(pd: *mut IbvPd, access: Access) -> FhResult<Arc<PdCache>> {
+pub(crate) fn for_pd(pd: *mut IbvPd, access: Access) -> Result<Arc<PdCache>, NoCache> {
     let key = (pd as usize, access.0 & REMOTE_RIGHTS);
     // Acquire pairs with the Release bump in `drop_pd`: a thread that sees the old generation
     // started its lookup before the entry was removed, as it would with the map itself.
@@ -156,7 +173,7 @@ pub fn for_pd(pd: *mut IbvPd, access: Access) -> FhResult<Arc<PdCache>> {
     Ok(c)
 }
 
-fn lookup_or_create(pd: *mut IbvPd, key: Key) -> FhResult<Arc<PdCache>> {
+fn lookup_or_create(pd: *mut IbvPd, key: Key) -> Result<Arc<PdCache>, NoCache> {
     if let Some(c) = pds().as_ref().and_then(|m| m.get(&key)) {
         return Ok(c.clone());
     }
@@ -173,7 +190,7 @@ fn lookup_or_create(pd: *mut IbvPd, key: Key) -> FhResult<Arc<PdCache>> {
 
 /// Forget the cache of `pd` and release every idle registration it keeps, so that the real
 /// `ibv_dealloc_pd` does not fail with EBUSY because of MRs only the cache still holds.
-pub fn drop_pd(pd: *mut IbvPd) {
+pub(crate) fn drop_pd(pd: *mut IbvPd) {
     drop_where(|p| p == pd);
 }
 
@@ -182,7 +199,7 @@ pub fn drop_pd(pd: *mut IbvPd) {
 /// deallocating its domains (the kernel then destroys what they hold, and libibverbs frees the
 /// context): MRs left in a cache would later be deregistered through the freed context, at the
 /// next unmap of a cached range or at the next eviction, a use after free.
-pub fn drop_context(ctx: *mut c_void) {
+pub(crate) fn drop_context(ctx: *mut c_void) {
     // SAFETY: every pd in the map is live: it leaves the map when the application deallocates
     // it (`ibv_dealloc_pd` is interposed) or closes its device (here), and until then libibverbs
     // keeps the struct. Only its `context` field is read, under the map's lock.
@@ -224,7 +241,7 @@ fn drop_where(which: impl Fn(*mut IbvPd) -> bool) {
 /// Release the idle registrations of every cache (all domains and rights classes); returns how
 /// many caches there were. Called when a registration ran out of pinnable memory: the limit
 /// (`RLIMIT_MEMLOCK`, the HCA's) is the process's, while each cache evicts only its own.
-pub fn flush_all_idle() -> usize {
+pub(crate) fn flush_all_idle() -> usize {
     let caches: Vec<Arc<PdCache>> = pds()
         .as_ref()
         .map(|m| m.values().cloned().collect())
@@ -236,7 +253,7 @@ pub fn flush_all_idle() -> usize {
 }
 
 /// Cache counters summed over live and retired caches, and the number of live caches.
-pub fn stats_sum() -> (Stats, u64) {
+pub(crate) fn stats_sum() -> (Stats, u64) {
     let caches: Vec<Arc<PdCache>> = pds()
         .as_ref()
         .map(|m| m.values().cloned().collect())
@@ -260,7 +277,7 @@ static FORK_MODE: AtomicU8 = AtomicU8::new(NO_CACHE_YET);
 const NO_CACHE_YET: u8 = u8::MAX;
 
 /// The `FH_STATS` line of the fork mode, once a cache was made (they may all be gone by exit).
-pub fn fork_line() -> Option<String> {
+pub(crate) fn fork_line() -> Option<String> {
     let m = FORK_MODE.load(Ordering::Relaxed);
     (m != NO_CACHE_YET).then(|| {
         let mode = fork_mode::ForkMode::from_u8(m);
@@ -270,7 +287,7 @@ pub fn fork_line() -> Option<String> {
 
 /// The helper threads' line for the `FH_STATS` summary (`None` without `FH_HELPER=1`): summed
 /// over the live caches, or why the first one stayed off.
-pub fn helper_line() -> Option<String> {
+pub(crate) fn helper_line() -> Option<String> {
     if !settings::config().helper.enabled {
         return None;
     }
@@ -283,7 +300,7 @@ pub fn helper_line() -> Option<String> {
         let why = caches
             .iter()
             .find_map(|c| match c.helper.state() {
-                firehose::helper::HelperState::Off { reason } => Some(reason.clone()),
+                firehose::internals::helper::HelperState::Off { reason } => Some(reason.clone()),
                 _ => None,
             })
             .unwrap_or_else(|| "no cache".into());
@@ -325,7 +342,7 @@ fn ensure_monitor() {
         m.patch_libc && !settings::monitor_explicit() && crate::coexist::foreign_patcher_loaded();
     // Before the hooks go live, as the library does: every patched unmap is logged for the
     // helper threads (and waits for their pins ahead).
-    firehose::helper::install_unmap_windows();
+    firehose::internals::helper::install_unmap_windows();
     let st = monitor::install(MonitorOptions {
         patch_libc: m.patch_libc && !deferred,
         userfaultfd: m.userfaultfd,
@@ -361,7 +378,7 @@ fn refresh_foreign() {
 }
 
 /// For `FH_STATS`: which sources tell the caches of unmaps.
-pub fn monitor_line() -> String {
+pub(crate) fn monitor_line() -> String {
     let st = monitor::status();
     let libc = if st.patched != 0 {
         "libc entries patched"
@@ -398,12 +415,12 @@ fn sees_free_unmaps(st: &monitor::MonitorStatus) -> bool {
 }
 
 /// True when caching is off because nothing would see `free`'s unmaps (see `BLIND`).
-pub fn blind() -> bool {
+pub(crate) fn blind() -> bool {
     BLIND.load(Ordering::Acquire)
 }
 
 impl PdCache {
-    fn new(pd: *mut IbvPd) -> FhResult<Arc<PdCache>> {
+    fn new(pd: *mut IbvPd) -> Result<Arc<PdCache>, NoCache> {
         #[cfg(test)]
         if let Some(c) = Self::new_for_test(pd) {
             return c;
@@ -412,7 +429,7 @@ impl PdCache {
             ensure_monitor();
             refresh_foreign();
             if blind() {
-                return Err(fh_status::FH_ERR_UNSUPPORTED);
+                return Err(NoCache::Blind);
             }
         }
         let cfg = settings::config();
@@ -441,10 +458,10 @@ impl PdCache {
         )
     }
 
-    /// The cache from the one assembly (`firehose::assembly`); `FH_ERR_TOO_MANY_CACHES` when the
+    /// The cache from the one assembly (`firehose::internals::assembly`); `NoCache::TooManyCaches` when the
     /// library's registry has no room: a cache nobody invalidates would serve stale
     /// registrations, so this domain's registrations pass through uncached.
-    fn assembled(parts: Parts, pinner: Option<Arc<RealPinner>>) -> FhResult<Arc<PdCache>> {
+    fn assembled(parts: Parts, pinner: Option<Arc<RealPinner>>) -> Result<Arc<PdCache>, NoCache> {
         let a = assembly::assemble(parts)?;
         Ok(Arc::new(PdCache {
             _events: a.subscription,
@@ -457,7 +474,7 @@ impl PdCache {
     /// Test double: the caches of the fake domain `pd` will run over `pinner` (subscribed to
     /// memory events, without installing the monitor).
     #[cfg(test)]
-    pub fn install_for_test(pd: *mut IbvPd, pinner: Arc<dyn Pinner>) {
+    pub(crate) fn install_for_test(pd: *mut IbvPd, pinner: Arc<dyn Pinner>) {
         // A fake pd may reuse the address of an earlier test's: forget that one's caches.
         drop_pd(pd);
         let mut t = TEST_PINNERS.lock().unwrap_or_else(|e| e.into_inner());
@@ -466,7 +483,7 @@ impl PdCache {
     }
 
     #[cfg(test)]
-    fn new_for_test(pd: *mut IbvPd) -> Option<FhResult<Arc<PdCache>>> {
+    fn new_for_test(pd: *mut IbvPd) -> Option<Result<Arc<PdCache>, NoCache>> {
         let pinner = TEST_PINNERS
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -493,16 +510,16 @@ impl PdCache {
 
     /// Register (or find) `[addr, addr + len)` with at least `access`. The flag is true for a
     /// hit (no real registration was made for it).
-    pub fn register(
+    pub(crate) fn register(
         &self,
         addr: usize,
         len: usize,
         access: Access,
-    ) -> FhResult<(Registration, bool)> {
+    ) -> Result<(Registration, bool), CacheError> {
         let t0 = crate::miss_cost::begin();
         pin_flag::clear();
-        // Undispatched userfaultfd events first (see `firehose::monitor::quiesce`).
-        firehose::monitor::quiesce();
+        // Undispatched userfaultfd events first (see `firehose::internals::monitor::quiesce`).
+        firehose::internals::monitor::quiesce();
         let t1 = crate::miss_cost::ticks();
         // No call site from the hooks: the helper's signatures use the address and the context
         // window of previous registrations alone.
@@ -517,7 +534,7 @@ impl PdCache {
     /// Time a real registration and deregistration of `[addr, addr + len)`, which a hit just
     /// found registered (so resident and pinned): what that hit avoided. Recorded in the
     /// resident-pages cost model (`cost_model.rs`); nothing else sees this registration.
-    pub fn sample_resident(&self, addr: usize, len: usize, access: Access) {
+    pub(crate) fn sample_resident(&self, addr: usize, len: usize, access: Access) {
         if let Some(p) = &self.pinner {
             if let Some((reg, dereg)) = p.time_reg_dereg(addr, len, access) {
                 crate::cost_model::record_resident(len, reg, dereg);
@@ -526,34 +543,34 @@ impl PdCache {
     }
 
     /// Release one registration returned by `register`.
-    pub fn deregister(&self, handle: u64) -> FhResult<()> {
+    pub(crate) fn deregister(&self, handle: u64) -> Result<(), CacheError> {
         self.helper.deregister(&self.cache, handle)
     }
 
     /// Release every idle registration.
-    pub fn flush(&self) {
+    pub(crate) fn flush(&self) {
         self.cache.flush();
     }
 
     /// Stop the helper thread for good and wait for it (it may be registering ahead on this
     /// domain right now): before the real `ibv_dealloc_pd`, while other threads' remembered
     /// lookups may keep this cache alive.
-    pub fn stop_helper(&self) {
+    pub(crate) fn stop_helper(&self) {
         self.helper.stop();
     }
 
-    pub fn stats(&self) -> Stats {
+    pub(crate) fn stats(&self) -> Stats {
         self.cache.stats()
     }
 
     /// Whether the library quarantined this cache (it was inherited across `fork`).
     #[cfg(test)]
-    pub fn is_forked(&self) -> bool {
+    pub(crate) fn is_forked(&self) -> bool {
         self.cache.is_forked()
     }
 
     /// Kernel handle of the live MR with this lkey.
-    pub fn mr_handle(&self, lkey: u32) -> u32 {
+    pub(crate) fn mr_handle(&self, lkey: u32) -> u32 {
         self.pinner.as_ref().map_or(0, |p| p.handle_of(lkey))
     }
 }

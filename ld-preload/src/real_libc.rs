@@ -7,12 +7,13 @@
 use std::ffi::{c_int, c_void, CStr};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-pub type MunmapFn = unsafe extern "C" fn(*mut c_void, usize) -> c_int;
-pub type MremapFn = unsafe extern "C" fn(*mut c_void, usize, usize, c_int, ...) -> *mut c_void;
-pub type MadviseFn = unsafe extern "C" fn(*mut c_void, usize, c_int) -> c_int;
-pub type MmapFn =
+pub(crate) type MunmapFn = unsafe extern "C" fn(*mut c_void, usize) -> c_int;
+pub(crate) type MremapFn =
+    unsafe extern "C" fn(*mut c_void, usize, usize, c_int, ...) -> *mut c_void;
+pub(crate) type MadviseFn = unsafe extern "C" fn(*mut c_void, usize, c_int) -> c_int;
+pub(crate) type MmapFn =
     unsafe extern "C" fn(*mut c_void, usize, c_int, c_int, c_int, libc::off_t) -> *mut c_void;
-pub type ShmdtFn = unsafe extern "C" fn(*const c_void) -> c_int;
+pub(crate) type ShmdtFn = unsafe extern "C" fn(*const c_void) -> c_int;
 
 static MUNMAP: AtomicUsize = AtomicUsize::new(0);
 static MREMAP: AtomicUsize = AtomicUsize::new(0);
@@ -26,7 +27,7 @@ fn next(name: &CStr) -> usize {
 }
 
 /// Resolve every target with `dlsym(RTLD_NEXT)`. Called once from the constructor.
-pub fn resolve() {
+pub(crate) fn resolve() {
     MUNMAP.store(next(c"munmap"), Ordering::Release);
     MREMAP.store(next(c"mremap"), Ordering::Release);
     MADVISE.store(next(c"madvise"), Ordering::Release);
@@ -47,18 +48,18 @@ macro_rules! loaded {
     }};
 }
 
-pub fn munmap() -> Option<MunmapFn> {
+pub(crate) fn munmap() -> Option<MunmapFn> {
     loaded!(MUNMAP, MunmapFn)
 }
-pub fn mremap() -> Option<MremapFn> {
+pub(crate) fn mremap() -> Option<MremapFn> {
     loaded!(MREMAP, MremapFn)
 }
-pub fn madvise() -> Option<MadviseFn> {
+pub(crate) fn madvise() -> Option<MadviseFn> {
     loaded!(MADVISE, MadviseFn)
 }
-pub fn mmap() -> Option<MmapFn> {
+pub(crate) fn mmap() -> Option<MmapFn> {
     loaded!(MMAP, MmapFn)
 }
-pub fn shmdt() -> Option<ShmdtFn> {
+pub(crate) fn shmdt() -> Option<ShmdtFn> {
     loaded!(SHMDT, ShmdtFn)
 }

@@ -1,7 +1,7 @@
 //! The cache's pinning backend inside the shim: `ibv_reg_mr_iova2` / `ibv_dereg_mr` of the
 //! *real* libibverbs, called through the resolved pointers.
 //!
-//! Not `firehose::pin::verbs::VerbsPinner`: that one calls `ibv_reg_mr` by symbol, which inside a
+//! Not `firehose::internals::pin::verbs::VerbsPinner`: that one calls `ibv_reg_mr` by symbol, which inside a
 //! preloaded process is our own hook, and it would make every process that inherits LD_PRELOAD
 //! link libibverbs. Calling the resolved targets directly needs neither, and lets us time each
 //! real call for the `FH_STATS` cost model. It also remembers each MR's kernel `handle` by lkey,
@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
-use firehose::pin::{Access, PinError, Pinned, Pinner};
+use firehose::internals::pin::{Access, PinError, Pinned, Pinner};
 
 use crate::counters::{self, COUNTERS};
 use crate::ffi_types::{IbvMr, IbvPd};
@@ -22,7 +22,7 @@ use rustc_hash::FxHashMap;
 /// Slots of the lock-free lkey -> handle table (a power of two).
 const RECENT: usize = 256;
 
-pub struct RealPinner {
+pub(crate) struct RealPinner {
     pd: *mut IbvPd,
     real: &'static RealVerbs,
     /// Every live MR's handle by lkey: the truth.
@@ -47,7 +47,7 @@ unsafe impl Send for RealPinner {}
 unsafe impl Sync for RealPinner {}
 
 impl RealPinner {
-    pub fn new(pd: *mut IbvPd, real: &'static RealVerbs) -> RealPinner {
+    pub(crate) fn new(pd: *mut IbvPd, real: &'static RealVerbs) -> RealPinner {
         RealPinner {
             pd,
             real,
@@ -57,7 +57,7 @@ impl RealPinner {
     }
 
     /// Kernel handle of the live MR with this lkey (0 if unknown).
-    pub fn handle_of(&self, lkey: u32) -> u32 {
+    pub(crate) fn handle_of(&self, lkey: u32) -> u32 {
         let e = self.recent[recent_slot(lkey)].load(Ordering::Acquire);
         if e != 0 && (e >> 32) as u32 == lkey {
             return e as u32;
@@ -68,7 +68,7 @@ impl RealPinner {
 }
 
 /// ENOMEM/EAGAIN are "out of pinnable memory or keys": the cache evicts and retries.
-pub fn classify(errno: i32) -> PinError {
+pub(crate) fn classify(errno: i32) -> PinError {
     if errno == libc::ENOMEM || errno == libc::EAGAIN {
         PinError::NoMemory(errno)
     } else {
@@ -84,7 +84,12 @@ impl RealPinner {
     /// Register `[addr, addr + len)` for real and deregister it at once, timed: (reg ns, dereg
     /// ns), or `None` if the registration failed. For the resident-pages cost samples: no
     /// counter, no handle table, no pinned bytes see it.
-    pub fn time_reg_dereg(&self, addr: usize, len: usize, access: Access) -> Option<(u64, u64)> {
+    pub(crate) fn time_reg_dereg(
+        &self,
+        addr: usize,
+        len: usize,
+        access: Access,
+    ) -> Option<(u64, u64)> {
         let (Some(reg), Some(dereg)) = (self.real.reg_mr_iova2, self.real.dereg_mr) else {
             return None;
         };

@@ -15,7 +15,7 @@ use crate::ffi_types::{
 
 /// Every target we may call. `None` when libibverbs lacks it (an older library).
 #[derive(Clone, Copy)]
-pub struct RealVerbs {
+pub(crate) struct RealVerbs {
     pub reg_mr: Option<RegMrFn>,
     pub reg_mr_iova: Option<RegMrIovaFn>,
     pub reg_mr_iova2: Option<RegMrIova2Fn>,
@@ -27,10 +27,10 @@ pub struct RealVerbs {
 
 /// Not a `OnceLock`: a child forked while another thread resolved it would wait for that thread
 /// forever in its first verbs call (see the library's `race_once.rs`).
-static REAL: firehose::race_once::RaceOnce<RealVerbs> = firehose::race_once::RaceOnce::new();
+static REAL: firehose::internals::RaceOnce<RealVerbs> = firehose::internals::RaceOnce::new();
 
 /// The real functions (resolved on first use; later calls are one atomic load).
-pub fn get() -> &'static RealVerbs {
+pub(crate) fn get() -> &'static RealVerbs {
     REAL.get_or_init(resolve)
 }
 

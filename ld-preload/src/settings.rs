@@ -18,7 +18,7 @@
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::OnceLock;
 
-use firehose::config::Config;
+use firehose::internals::config::Config;
 
 static DISABLED: AtomicBool = AtomicBool::new(false);
 static NO_INVALIDATE: AtomicBool = AtomicBool::new(false);
@@ -30,36 +30,36 @@ const STATS_FD_MIN: i32 = 500;
 
 /// True when `FH_DISABLE` asks for pure pass-through.
 #[inline]
-pub fn disabled() -> bool {
+pub(crate) fn disabled() -> bool {
     DISABLED.load(Ordering::Relaxed)
 }
 
 /// True when memory events should reach the caches.
 #[inline]
-pub fn invalidation_enabled() -> bool {
+pub(crate) fn invalidation_enabled() -> bool {
     !NO_INVALIDATE.load(Ordering::Relaxed) && !disabled()
 }
 
 /// True when `FH_MONITOR` was set: then it is obeyed even next to other memory hookers
 /// (see `coexist.rs`).
-pub fn monitor_explicit() -> bool {
+pub(crate) fn monitor_explicit() -> bool {
     MONITOR_EXPLICIT.load(Ordering::Relaxed)
 }
 
 /// Where the exit summary goes (`None` without `FH_STATS`).
-pub fn stats_fd() -> Option<i32> {
+pub(crate) fn stats_fd() -> Option<i32> {
     let fd = STATS_FD.load(Ordering::Relaxed);
     (fd >= 0).then_some(fd)
 }
 
 /// Stop reporting from this process (a forked child: its counters are its parent's copy).
 /// The descriptor stays open (close-on-exec, harmless).
-pub fn forget_stats_fd() {
+pub(crate) fn forget_stats_fd() {
     STATS_FD.store(-1, Ordering::Relaxed);
 }
 
 /// "1", "yes", "true", "on" (any case) are true; unset, empty or anything else is false.
-pub fn truthy(v: Option<&str>) -> bool {
+pub(crate) fn truthy(v: Option<&str>) -> bool {
     matches!(
         v.map(|s| s.trim().to_ascii_lowercase()).as_deref(),
         Some("1" | "yes" | "true" | "on")
@@ -74,7 +74,7 @@ static CONFIG: OnceLock<Config> = OnceLock::new();
 
 /// The library's own settings (`FH_MAX_PINNED`, `FH_MAX_REGIONS`, `FH_MONITOR`...). An invalid
 /// value is reported once on stderr (by the parser) and the defaults apply.
-pub fn config() -> Config {
+pub(crate) fn config() -> Config {
     *CONFIG.get_or_init(|| {
         Config::from_env()
             .or_else(|_| Config::from_lookup(|_| None).map_err(|_| ()))
@@ -83,7 +83,7 @@ pub fn config() -> Config {
 }
 
 /// Read the environment and open the stats descriptor. Called once from the constructor.
-pub fn load() {
+pub(crate) fn load() {
     let _ = config();
     MONITOR_EXPLICIT.store(std::env::var_os("FH_MONITOR").is_some(), Ordering::Relaxed);
     DISABLED.store(env_flag("FH_DISABLE"), Ordering::Relaxed);

@@ -4,7 +4,7 @@
 use std::ffi::c_int;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use firehose::cache::Stats;
+use firehose::internals::cache::Stats;
 
 use crate::counters::COUNTERS;
 
@@ -12,7 +12,7 @@ use crate::counters::COUNTERS;
 /// how much the shim filled in.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct FhPreloadStats {
+pub(crate) struct FhPreloadStats {
     pub struct_size: u32,
     /// Bit 0: the shim is active (not `FH_DISABLE`); bit 1: invalidation is on.
     pub flags: u32,
@@ -49,11 +49,11 @@ pub struct FhPreloadStats {
     pub bypassed_reg: u64,
 }
 
-pub const FLAG_ACTIVE: u32 = 1;
-pub const FLAG_INVALIDATION: u32 = 2;
+pub(crate) const FLAG_ACTIVE: u32 = 1;
+pub(crate) const FLAG_INVALIDATION: u32 = 2;
 
 /// A snapshot: shim counters plus the caches' own counters summed over protection domains.
-pub fn snapshot() -> FhPreloadStats {
+pub(crate) fn snapshot() -> FhPreloadStats {
     let c = &COUNTERS;
     let ld = |a: &AtomicU64| a.load(Ordering::Relaxed);
     let (cache, pds): (Stats, u64) = crate::pd_cache::stats_sum();
@@ -99,7 +99,7 @@ pub fn snapshot() -> FhPreloadStats {
 /// # Safety
 /// `out` is NULL or valid for writing `size` bytes.
 #[no_mangle]
-pub unsafe extern "C" fn fh_preload_stats(out: *mut FhPreloadStats, size: usize) -> c_int {
+pub(crate) unsafe extern "C" fn fh_preload_stats(out: *mut FhPreloadStats, size: usize) -> c_int {
     if out.is_null() || size < 8 {
         return -1;
     }
@@ -121,7 +121,7 @@ fn mean_us(total_ns: u64, n: u64) -> f64 {
 }
 
 /// The `FH_STATS` summary text.
-pub fn summary(s: &FhPreloadStats) -> String {
+pub(crate) fn summary(s: &FhPreloadStats) -> String {
     let reg_us = mean_us(s.real_reg_ns, s.real_regs);
     let dereg_us = mean_us(s.real_dereg_ns, s.real_deregs);
     // Every hit is a registration (and later a deregistration) the application did not pay for.
@@ -175,7 +175,7 @@ pub fn summary(s: &FhPreloadStats) -> String {
 }
 
 /// `atexit` handler: write the summary to the stats descriptor. Never unwinds.
-pub extern "C" fn print_at_exit() {
+pub(crate) extern "C" fn print_at_exit() {
     let Some(fd) = crate::settings::stats_fd() else {
         return;
     };

@@ -9,14 +9,14 @@
 
 use std::ffi::{c_int, c_void};
 
-use firehose::monitor::ranges::{madvise_drops_pages, mmap_replaces, mremap_fresh};
+use firehose::internals::monitor::{madvise_drops_pages, mmap_replaces, mremap_fresh};
 
 use crate::{real_libc, settings};
 
 /// Report `[addr, addr + len)` as going away (unless invalidation is switched off).
 fn notify(addr: usize, len: usize) {
     if len != 0 && settings::invalidation_enabled() {
-        firehose::monitor::notify_unmapped(addr, len);
+        firehose::internals::monitor::notify_unmapped(addr, len);
     }
 }
 
@@ -53,7 +53,7 @@ fn mapped_extent(addr: usize) -> usize {
 /// # Safety
 /// Same contract as libc `munmap`.
 #[no_mangle]
-pub unsafe extern "C" fn munmap(addr: *mut c_void, len: usize) -> c_int {
+pub(crate) unsafe extern "C" fn munmap(addr: *mut c_void, len: usize) -> c_int {
     notify(addr as usize, len);
     match real_libc::munmap() {
         // SAFETY: forwarding the caller's arguments to the real function.
@@ -71,7 +71,7 @@ pub unsafe extern "C" fn munmap(addr: *mut c_void, len: usize) -> c_int {
 /// # Safety
 /// Same contract as libc `mremap`.
 #[no_mangle]
-pub unsafe extern "C" fn mremap(
+pub(crate) unsafe extern "C" fn mremap(
     old: *mut c_void,
     old_len: usize,
     new_len: usize,
@@ -98,7 +98,7 @@ pub unsafe extern "C" fn mremap(
             libc::syscall(libc::SYS_mremap, old, old_len, new_len, flags, target) as *mut c_void
         },
     };
-    if r != libc::MAP_FAILED && firehose::monitor::reports_fresh() {
+    if r != libc::MAP_FAILED && firehose::internals::monitor::reports_fresh() {
         let fresh = mremap_fresh(old as usize, old_len, new_len, flags, r as usize);
         if let Some((start, span)) = fresh {
             notify(start, span);
@@ -110,7 +110,7 @@ pub unsafe extern "C" fn mremap(
 /// # Safety
 /// Same contract as libc `madvise`.
 #[no_mangle]
-pub unsafe extern "C" fn madvise(addr: *mut c_void, len: usize, advice: c_int) -> c_int {
+pub(crate) unsafe extern "C" fn madvise(addr: *mut c_void, len: usize, advice: c_int) -> c_int {
     if madvise_drops_pages(advice) {
         notify(addr as usize, len);
     }
@@ -124,12 +124,12 @@ pub unsafe extern "C" fn madvise(addr: *mut c_void, len: usize, advice: c_int) -
 
 /// `MAP_FIXED` replaces whatever was mapped at `addr` (told before the call); any other mapping
 /// is new memory at addresses a raw unmap may have freed before its userfaultfd event was read
-/// (told after the call: see `firehose::monitor`'s `UnmapEvent::Fresh`).
+/// (told after the call: see `firehose::internals::monitor`'s `UnmapEvent::Fresh`).
 ///
 /// # Safety
 /// Same contract as libc `mmap`.
 #[no_mangle]
-pub unsafe extern "C" fn mmap(
+pub(crate) unsafe extern "C" fn mmap(
     addr: *mut c_void,
     len: usize,
     prot: c_int,
@@ -149,7 +149,8 @@ pub unsafe extern "C" fn mmap(
             libc::syscall(libc::SYS_mmap, addr, len, prot, flags, fd, off) as *mut c_void
         },
     };
-    if replaces.is_none() && r != libc::MAP_FAILED && firehose::monitor::reports_fresh() {
+    if replaces.is_none() && r != libc::MAP_FAILED && firehose::internals::monitor::reports_fresh()
+    {
         notify(r as usize, len);
     }
     r
@@ -158,7 +159,7 @@ pub unsafe extern "C" fn mmap(
 /// # Safety
 /// Same contract as libc `shmdt`.
 #[no_mangle]
-pub unsafe extern "C" fn shmdt(addr: *const c_void) -> c_int {
+pub(crate) unsafe extern "C" fn shmdt(addr: *const c_void) -> c_int {
     if settings::invalidation_enabled() {
         notify(addr as usize, mapped_extent(addr as usize));
     }

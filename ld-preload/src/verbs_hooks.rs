@@ -9,8 +9,8 @@
 use std::ffi::{c_int, c_uint, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use firehose::pin::Access;
-use firehose::status::fh_status;
+use firehose::internals::cache::CacheError;
+use firehose::internals::pin::Access;
 
 use crate::counters::{bump, COUNTERS};
 use crate::ffi_types::*;
@@ -24,7 +24,7 @@ fn set_errno(e: c_int) {
 }
 
 /// True for access flags the cache can serve exactly as libibverbs would.
-pub fn cacheable(access: u32) -> bool {
+pub(crate) fn cacheable(access: u32) -> bool {
     const LOCAL_WRITE: u32 = Access::LOCAL_WRITE.0;
     const NEEDS_LOCAL_WRITE: u32 = Access::REMOTE_WRITE.0 | Access::REMOTE_ATOMIC.0;
     // Remote write/atomic without local write is EINVAL in libibverbs: let it say so.
@@ -49,7 +49,7 @@ unsafe fn cached_reg(
         Ok(r) => r,
         // Out of pinnable memory after this cache evicted its own idle regions: other domains'
         // and rights classes' caches may hold the rest of the process's limit idle.
-        Err(fh_status::FH_ERR_NO_MEMORY) if pd_cache::flush_all_idle() > 1 => {
+        Err(CacheError::NoMemory) if pd_cache::flush_all_idle() > 1 => {
             match cache.register(addr as usize, len, Access(access)) {
                 Ok(r) => r,
                 Err(_) => return std::ptr::null_mut(),
@@ -161,7 +161,7 @@ unsafe fn register(
 /// # Safety
 /// As `register`.
 #[cfg(test)]
-pub unsafe fn register_for_test(
+pub(crate) unsafe fn register_for_test(
     pd: *mut IbvPd,
     addr: *mut c_void,
     len: usize,
@@ -181,7 +181,7 @@ fn missing_ptr() -> *mut IbvMr {
 /// # Safety
 /// Same contract as libibverbs `ibv_reg_mr`.
 #[no_mangle]
-pub unsafe extern "C" fn ibv_reg_mr(
+pub(crate) unsafe extern "C" fn ibv_reg_mr(
     pd: *mut IbvPd,
     addr: *mut c_void,
     length: usize,
@@ -206,7 +206,7 @@ pub unsafe extern "C" fn ibv_reg_mr(
 /// # Safety
 /// Same contract as libibverbs `ibv_reg_mr_iova`.
 #[no_mangle]
-pub unsafe extern "C" fn ibv_reg_mr_iova(
+pub(crate) unsafe extern "C" fn ibv_reg_mr_iova(
     pd: *mut IbvPd,
     addr: *mut c_void,
     length: usize,
@@ -232,7 +232,7 @@ pub unsafe extern "C" fn ibv_reg_mr_iova(
 /// # Safety
 /// Same contract as libibverbs `ibv_reg_mr_iova2`.
 #[no_mangle]
-pub unsafe extern "C" fn ibv_reg_mr_iova2(
+pub(crate) unsafe extern "C" fn ibv_reg_mr_iova2(
     pd: *mut IbvPd,
     addr: *mut c_void,
     length: usize,
@@ -265,7 +265,7 @@ unsafe fn real_dereg(mr: *mut IbvMr) -> c_int {
 /// Release what stands behind a wrapper. On failure the backing is handed back.
 ///
 /// A cached wrapper inherited across `fork` is released without touching its registration: its
-/// cache is the parent's, quarantined in the child (`FH_ERR_FORKED`), and the registration behind
+/// cache is the parent's, quarantined in the child (`CacheError::Forked`), and the registration behind
 /// it lives in the verbs context the child shares with the parent, where the parent still uses
 /// it (never the real `ibv_dereg_mr` here). The child only lets go of its copy of the wrapper.
 ///
@@ -274,7 +274,7 @@ unsafe fn real_dereg(mr: *mut IbvMr) -> c_int {
 unsafe fn release(backing: Backing) -> Result<(), (Backing, c_int)> {
     match backing {
         Backing::Cached { cache, handle } => match cache.deregister(handle) {
-            Ok(()) | Err(fh_status::FH_ERR_FORKED) => Ok(()),
+            Ok(()) | Err(CacheError::Forked) => Ok(()),
             Err(_) => Err((Backing::Cached { cache, handle }, libc::EINVAL)),
         },
         Backing::Real(mr) => {
@@ -292,7 +292,7 @@ unsafe fn release(backing: Backing) -> Result<(), (Backing, c_int)> {
 /// # Safety
 /// Same contract as libibverbs `ibv_dereg_mr`.
 #[no_mangle]
-pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut IbvMr) -> c_int {
+pub(crate) unsafe extern "C" fn ibv_dereg_mr(mr: *mut IbvMr) -> c_int {
     let Some(_outer) = Outermost::enter() else {
         // SAFETY: a nested call comes from libibverbs or our backend: a real MR.
         return unsafe { real_dereg(mr) };
@@ -429,7 +429,7 @@ unsafe fn rereg_wrapper(
 /// # Safety
 /// Same contract as libibverbs `ibv_rereg_mr`.
 #[no_mangle]
-pub unsafe extern "C" fn ibv_rereg_mr(
+pub(crate) unsafe extern "C" fn ibv_rereg_mr(
     mr: *mut IbvMr,
     flags: c_int,
     pd: *mut IbvPd,
@@ -474,7 +474,7 @@ pub unsafe extern "C" fn ibv_rereg_mr(
 /// # Safety
 /// Same contract as libibverbs `ibv_dealloc_pd`.
 #[no_mangle]
-pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut IbvPd) -> c_int {
+pub(crate) unsafe extern "C" fn ibv_dealloc_pd(pd: *mut IbvPd) -> c_int {
     let outer = Outermost::enter();
     if outer.is_some() && !pd.is_null() {
         let _ = catch_unwind(|| pd_cache::drop_pd(pd));
@@ -492,7 +492,7 @@ pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut IbvPd) -> c_int {
 /// # Safety
 /// Same contract as libibverbs `ibv_close_device`.
 #[no_mangle]
-pub unsafe extern "C" fn ibv_close_device(ctx: *mut c_void) -> c_int {
+pub(crate) unsafe extern "C" fn ibv_close_device(ctx: *mut c_void) -> c_int {
     let outer = Outermost::enter();
     if outer.is_some() && !ctx.is_null() {
         let _ = catch_unwind(|| pd_cache::drop_context(ctx));

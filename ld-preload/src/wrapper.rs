@@ -23,7 +23,7 @@ use crate::ffi_types::IbvMr;
 use crate::pd_cache::PdCache;
 
 /// What stands behind a wrapper.
-pub enum Backing {
+pub(crate) enum Backing {
     /// A cache registration, released with `PdCache::deregister(handle)`.
     Cached { cache: Arc<PdCache>, handle: u64 },
     /// A real MR the shim owns (after an `ibv_rereg_mr` to flags the cache cannot serve).
@@ -31,7 +31,7 @@ pub enum Backing {
 }
 
 #[repr(C)]
-pub struct WrapperMr {
+pub(crate) struct WrapperMr {
     /// Must stay first: the application's `struct ibv_mr *` points here.
     pub mr: IbvMr,
     pub backing: Backing,
@@ -49,7 +49,7 @@ const HELD: u8 = 2;
 
 /// One wrapper's storage. `w` is initialised exactly when `state != FREE`.
 #[repr(C)]
-pub struct Slot {
+pub(crate) struct Slot {
     /// Must stay first: the slot's address is the wrapper's, which is the MR's.
     w: UnsafeCell<MaybeUninit<WrapperMr>>,
     state: AtomicU8,
@@ -77,7 +77,7 @@ fn pool() -> MutexGuard<'static, Vec<&'static Slot>> {
 }
 
 /// Lock the shared pool for `fork` (see `fork.rs`).
-pub fn fork_lock() -> MutexGuard<'static, Vec<&'static Slot>> {
+pub(crate) fn fork_lock() -> MutexGuard<'static, Vec<&'static Slot>> {
     pool()
 }
 
@@ -155,7 +155,7 @@ fn slot_at(mr: *mut IbvMr) -> Option<&'static Slot> {
 
 /// Hand a new wrapper out: returns the `struct ibv_mr *` the application will use, or the
 /// wrapper back when no slot can be had.
-pub fn publish_new(w: WrapperMr) -> Result<*mut IbvMr, WrapperMr> {
+pub(crate) fn publish_new(w: WrapperMr) -> Result<*mut IbvMr, WrapperMr> {
     let Some(slot) = free_slot() else {
         return Err(w);
     };
@@ -167,10 +167,10 @@ pub fn publish_new(w: WrapperMr) -> Result<*mut IbvMr, WrapperMr> {
 
 /// A wrapper taken back from the application; this thread alone may touch it. Dropping it frees
 /// the wrapper (its backing is dropped with it); `publish` hands it out again at the same address.
-pub struct Held(&'static Slot);
+pub(crate) struct Held(&'static Slot);
 
 impl Held {
-    pub fn publish(self) -> *mut IbvMr {
+    pub(crate) fn publish(self) -> *mut IbvMr {
         let p = self.0.w.get() as *mut IbvMr;
         self.0.state.store(LIVE, Ordering::Release);
         std::mem::forget(self);
@@ -215,7 +215,7 @@ impl Drop for Held {
 }
 
 /// What `take` found at an MR pointer.
-pub enum Taken {
+pub(crate) enum Taken {
     /// A wrapper we handed out, now ours to release or hand out again.
     Wrapper(Held),
     /// The start of one of our slots that is not handed out: a wrapper already deregistered (a
@@ -228,7 +228,7 @@ pub enum Taken {
 }
 
 /// Take the wrapper at `mr` back.
-pub fn take(mr: *mut IbvMr) -> Taken {
+pub(crate) fn take(mr: *mut IbvMr) -> Taken {
     let Some(slot) = slot_at(mr) else {
         return Taken::NotOurs;
     };
@@ -243,7 +243,7 @@ pub fn take(mr: *mut IbvMr) -> Taken {
 
 /// Wrappers currently handed out (or held by a call in progress). Scans every slot: for the
 /// statistics, never on the hit path.
-pub fn live() -> u64 {
+pub(crate) fn live() -> u64 {
     let n = NCHUNKS.load(Ordering::Acquire);
     let mut live = 0;
     for (k, c) in CHUNKS.iter().enumerate().take(n) {

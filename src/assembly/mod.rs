@@ -10,6 +10,7 @@
 //! May call: `cache`, `monitor` (subscribe; the userfaultfd watcher), `helper`, `pin`, `config`
 //! (the helper's settings type), `rt`.
 
+use std::fmt;
 use std::sync::Arc;
 
 use crate::cache::{Cache, Limits, RangeWatcher};
@@ -18,7 +19,6 @@ use crate::helper::{self, Helper, HelperConfig, Placement};
 use crate::monitor::{self, MemoryListener, Subscription, UffdWatcher};
 use crate::pin::fork_mode::ForkMode;
 use crate::pin::Pinner;
-use crate::rt::status::{fh_status, FhResult};
 
 /// What a cache is made of.
 pub struct Parts {
@@ -54,10 +54,29 @@ pub fn helper_config(h: &HelperSettings) -> Option<HelperConfig> {
     })
 }
 
-/// Build the cache. `FH_ERR_TOO_MANY_CACHES` when it cannot be subscribed to memory events (a
+/// Why a cache could not be assembled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AssembleError {
+    /// No room to subscribe one more listener to memory events (`monitor::MAX_LISTENERS`).
+    TooManyCaches,
+}
+
+impl fmt::Display for AssembleError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            AssembleError::TooManyCaches => {
+                f.write_str("too many caches: no room to subscribe one more to memory events")
+            }
+        }
+    }
+}
+
+impl std::error::Error for AssembleError {}
+
+/// Build the cache. `AssembleError::TooManyCaches` when it cannot be subscribed to memory events (a
 /// cache nobody invalidates would serve stale registrations; it pinned nothing yet, so dropping
 /// it releases nothing).
-pub fn assemble(p: Parts) -> FhResult<Assembled> {
+pub fn assemble(p: Parts) -> Result<Assembled, AssembleError> {
     // Always flagged: the helper's front and the shim both tell a miss from a hit this way.
     let pinner = helper::wrap_backend(p.pinner);
     let watcher: Option<Arc<dyn RangeWatcher>> = if p.uffd_watch {
@@ -70,7 +89,7 @@ pub fn assemble(p: Parts) -> FhResult<Assembled> {
     let subscription = if p.events {
         let s = monitor::subscribe(cache.clone() as Arc<dyn MemoryListener>);
         if !s.is_active() {
-            return Err(fh_status::FH_ERR_TOO_MANY_CACHES);
+            return Err(AssembleError::TooManyCaches);
         }
         Some(s)
     } else {

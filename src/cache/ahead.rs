@@ -22,9 +22,9 @@ use super::readers::my_slot;
 use super::region::Region;
 use std::sync::Arc;
 
+use super::error::CacheError;
 use crate::pin::{Access, Pinner};
 use crate::rt::counted::Counted;
-use crate::rt::status::{fh_status, FhResult};
 
 /// Detached regions queued for the helper at most; past that the releasing caller unpins
 /// itself (as without a helper).
@@ -32,29 +32,31 @@ const DEFERRED_CAPACITY: usize = 1024;
 
 impl Cache {
     /// Page-aligned bounds of a request, with `register`'s checks and statuses.
-    fn bounds(&self, addr: usize, len: usize, access: Access) -> FhResult<(usize, usize)> {
+    fn bounds(
+        &self,
+        addr: usize,
+        len: usize,
+        access: Access,
+    ) -> Result<(usize, usize), CacheError> {
         if len == 0 {
-            return Err(fh_status::FH_ERR_ZERO_LENGTH);
+            return Err(CacheError::ZeroLength);
         }
-        let end = addr.checked_add(len).ok_or(fh_status::FH_ERR_OVERFLOW)?;
+        let end = addr.checked_add(len).ok_or(CacheError::Overflow)?;
         if !access.is_valid() {
-            return Err(fh_status::FH_ERR_BAD_ACCESS);
+            return Err(CacheError::BadAccess);
         }
         let start = addr & !(self.page - 1);
-        let end = end
-            .checked_add(self.page - 1)
-            .ok_or(fh_status::FH_ERR_OVERFLOW)?
-            & !(self.page - 1);
+        let end = end.checked_add(self.page - 1).ok_or(CacheError::Overflow)? & !(self.page - 1);
         if end - start > self.max_request.load(Ordering::Relaxed) {
-            return Err(fh_status::FH_ERR_TOO_LARGE);
+            return Err(CacheError::TooLarge);
         }
         Ok((start, end))
     }
 
     /// Pin `[addr, addr + len)` into the cache without handing out a registration, so that the
     /// next `register` of it hits. `Ok(true)`: a region was pinned now; `Ok(false)`: it was
-    /// cached already. `FH_ERR_NO_MEMORY` when the bounds leave no room for it (nothing stays
-    /// pinned), `FH_ERR_BUSY` when `still_valid` (called after the pin, before any reader can
+    /// cached already. `CacheError::NoMemory` when the bounds leave no room for it (nothing stays
+    /// pinned), `CacheError::Busy` when `still_valid` (called after the pin, before any reader can
     /// see the region, with the cache mutex held: it must not call into the cache) answered
     /// false (the pin is undone), and the backend's errors as `register` returns them. Counted
     /// as `prefetched`, never as a hit or a miss.
@@ -64,7 +66,7 @@ impl Cache {
         len: usize,
         access: Access,
         still_valid: &dyn Fn() -> bool,
-    ) -> FhResult<bool> {
+    ) -> Result<bool, CacheError> {
         let (start, end) = self.bounds(addr, len, access)?;
         let sid = my_slot();
         let (region, fresh) = self.miss(sid, start, end, access, MissBy::Helper(still_valid))?;
@@ -72,7 +74,7 @@ impl Cache {
         let uncached = unsafe { region.as_ref() }.uncached;
         self.release_region(sid, region);
         if uncached {
-            return Err(fh_status::FH_ERR_NO_MEMORY);
+            return Err(CacheError::NoMemory);
         }
         Ok(fresh)
     }

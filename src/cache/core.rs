@@ -109,7 +109,7 @@ pub struct Cache {
     pub(super) page: usize,
     pub(super) shift: u32,
     /// Set in a child process after `fork` (see `quarantine`): every call fails with
-    /// `FH_ERR_FORKED` before touching a lock, and drop leaves the parent's pins alone.
+    /// `CacheError::Forked` before touching a lock, and drop leaves the parent's pins alone.
     pub(super) forked: AtomicBool,
     // --- read-mostly (written by `set_limits` only) ---
     /// Largest page-aligned request `register` accepts: `max_pinned`, capped so that the length

@@ -6,6 +6,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::Ordering;
 
 use super::core::Cache;
+use super::error::CacheError;
 use super::gate::Seen;
 use super::index::RegionPtr;
 use super::membarrier;
@@ -14,7 +15,6 @@ use super::region::{COUNT_MASK, DETACHED, PENDING};
 use super::spinlock::wait_while;
 use super::Registration;
 use crate::pin::Access;
-use crate::rt::status::{fh_status, FhResult};
 
 pub(super) enum Fast {
     Hit(RegionPtr),
@@ -24,21 +24,23 @@ pub(super) enum Fast {
 
 impl Cache {
     /// Validates, page-aligns, hits or pins. Returns the caller's exact addr/len plus keys.
-    pub fn register(&self, addr: usize, len: usize, access: Access) -> FhResult<Registration> {
+    pub fn register(
+        &self,
+        addr: usize,
+        len: usize,
+        access: Access,
+    ) -> Result<Registration, CacheError> {
         if len == 0 {
-            return Err(fh_status::FH_ERR_ZERO_LENGTH);
+            return Err(CacheError::ZeroLength);
         }
-        let end = addr.checked_add(len).ok_or(fh_status::FH_ERR_OVERFLOW)?;
+        let end = addr.checked_add(len).ok_or(CacheError::Overflow)?;
         if !access.is_valid() {
-            return Err(fh_status::FH_ERR_BAD_ACCESS);
+            return Err(CacheError::BadAccess);
         }
         let start = addr & !(self.page - 1);
-        let end = end
-            .checked_add(self.page - 1)
-            .ok_or(fh_status::FH_ERR_OVERFLOW)?
-            & !(self.page - 1);
+        let end = end.checked_add(self.page - 1).ok_or(CacheError::Overflow)? & !(self.page - 1);
         if end - start > self.max_request.load(Ordering::Relaxed) {
-            return Err(fh_status::FH_ERR_TOO_LARGE);
+            return Err(CacheError::TooLarge);
         }
         let sid = my_slot();
         let region = match self.try_hit(sid, start, end, access) {
@@ -63,7 +65,7 @@ impl Cache {
         start: usize,
         end: usize,
         access: Access,
-    ) -> FhResult<RegionPtr> {
+    ) -> Result<RegionPtr, CacheError> {
         for _ in 0..100 {
             wait_while(|| self.gate.writer_active());
             match self.try_hit(sid, start, end, access) {
@@ -131,7 +133,7 @@ impl Cache {
         r: RegionPtr,
         addr: usize,
         len: usize,
-    ) -> FhResult<Registration> {
+    ) -> Result<Registration, CacheError> {
         match self.handles.acquire(sid, r) {
             Some(handle) => {
                 // SAFETY: we hold a reference count on `r`, so it is live.
@@ -146,7 +148,7 @@ impl Cache {
             }
             None => {
                 self.release_region(sid, r);
-                Err(fh_status::FH_ERR_NO_MEMORY)
+                Err(CacheError::NoMemory)
             }
         }
     }
@@ -168,8 +170,8 @@ impl Cache {
         }
     }
 
-    /// Unknown / already released handle -> `FH_ERR_UNKNOWN_HANDLE` and nothing changes.
-    pub fn deregister(&self, handle: u64) -> FhResult<()> {
+    /// Unknown / already released handle -> `CacheError::UnknownHandle` and nothing changes.
+    pub fn deregister(&self, handle: u64) -> Result<(), CacheError> {
         if self.pending() {
             return self.deregister_pending(handle);
         }
@@ -180,9 +182,9 @@ impl Cache {
     /// too): out of line, so the common release checks one flag.
     #[cold]
     #[inline(never)]
-    fn deregister_pending(&self, handle: u64) -> FhResult<()> {
+    fn deregister_pending(&self, handle: u64) -> Result<(), CacheError> {
         if self.is_forked() {
-            return Err(fh_status::FH_ERR_FORKED);
+            return Err(CacheError::Forked);
         }
         self.release(handle)?;
         if self.deferred.get().is_none() {
@@ -193,12 +195,12 @@ impl Cache {
     }
 
     #[inline(always)]
-    fn release(&self, handle: u64) -> FhResult<()> {
+    fn release(&self, handle: u64) -> Result<(), CacheError> {
         let sid = my_slot();
         let r = self
             .handles
             .release(sid, handle)
-            .ok_or(fh_status::FH_ERR_UNKNOWN_HANDLE)?;
+            .ok_or(CacheError::UnknownHandle)?;
         self.release_region(sid, r);
         Ok(())
     }

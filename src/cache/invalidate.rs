@@ -108,7 +108,7 @@ impl Cache {
     /// Quarantine after `fork`, in the child (see `seam::MemoryListener::forked`): no lock, no
     /// allocation. A writer flag left raised by a parent thread that does not exist here is
     /// lowered and `overflow` raised, so every hit attempt falls through to the slow path, which
-    /// returns `FH_ERR_FORKED` without waiting for anything.
+    /// returns `CacheError::Forked` without waiting for anything.
     pub fn quarantine(&self) {
         self.forked.store(true, Ordering::SeqCst);
         self.gate.quarantine();

@@ -12,11 +12,11 @@ use std::ptr::NonNull;
 use std::sync::atomic::Ordering;
 
 use super::core::Cache;
+use super::error::CacheError;
 use super::exclusion::{Exclusive, Writer};
 use super::index::RegionPtr;
 use super::region::{COUNT_MASK, DETACHED, PENDING};
 use crate::pin::{Access, PinError};
-use crate::rt::status::{fh_status, FhResult};
 
 /// Who is missing: a caller (counted as a miss or a hit) or the helper pinning ahead of a
 /// predicted use (`Cache::prefetch`, counted apart), with its check that the memory it just
@@ -53,7 +53,7 @@ impl Cache {
         start: usize,
         end: usize,
         access: Access,
-    ) -> FhResult<RegionPtr> {
+    ) -> Result<RegionPtr, CacheError> {
         self.miss(sid, start, end, access, MissBy::Caller)
             .map(|(region, _)| region)
     }
@@ -67,14 +67,14 @@ impl Cache {
         end: usize,
         access: Access,
         by: MissBy,
-    ) -> FhResult<(RegionPtr, bool)> {
+    ) -> Result<(RegionPtr, bool), CacheError> {
         if self.is_forked() {
-            return Err(fh_status::FH_ERR_FORKED);
+            return Err(CacheError::Forked);
         }
         let mut w = self.lock();
         if matches!(by, MissBy::Helper(_)) && self.forking.load(Ordering::SeqCst) {
             // A fork is releasing: a pin ahead now would cross it (`across_fork.rs`).
-            return Err(fh_status::FH_ERR_BUSY);
+            return Err(CacheError::Busy);
         }
         // Scratch lists kept in the writer state: a miss then pays no malloc/free pair.
         let mut unpins = std::mem::take(&mut w.state.spare);
@@ -116,7 +116,7 @@ impl Cache {
         by: MissBy,
         unpins: &mut Vec<RegionPtr>,
         overlaps: &mut Vec<RegionPtr>,
-    ) -> FhResult<(RegionPtr, bool)> {
+    ) -> Result<(RegionPtr, bool), CacheError> {
         self.drain(w, unpins);
         let found = w
             .index()
@@ -172,7 +172,7 @@ impl Cache {
                     Some(p)
                 } else {
                     self.c.pin_failures.bump(w, 1); // ~4 Mi region records exist
-                    return Err(fh_status::FH_ERR_NO_MEMORY);
+                    return Err(CacheError::NoMemory);
                 }
             };
         // No room even after evicting every idle region (the rest is in use, or the bounds are
@@ -208,7 +208,7 @@ impl Cache {
                     if victim.is_none() {
                         self.drop_pending(w, pending.region.take());
                         self.c.pin_failures.bump(w, 1);
-                        return Err(fh_status::FH_ERR_NO_MEMORY);
+                        return Err(CacheError::NoMemory);
                     }
                     self.c.evictions.bump(w, 1);
                     self.c.pin_retries.bump(w, 1);
@@ -236,14 +236,14 @@ impl Cache {
                         }
                         if pending.region.is_none() {
                             self.c.pin_failures.bump(w, 1);
-                            return Err(fh_status::FH_ERR_NO_MEMORY);
+                            return Err(CacheError::NoMemory);
                         }
                     }
                 }
                 Err(PinError::Failed(_)) => {
                     self.drop_pending(w, pending.region.take());
                     self.c.pin_failures.bump(w, 1);
-                    return Err(fh_status::FH_ERR_PIN_FAILED);
+                    return Err(CacheError::PinFailed);
                 }
             }
         };
@@ -254,7 +254,7 @@ impl Cache {
             if !still_valid() {
                 self.pinner.unpin(pinned, ts, te - ts);
                 self.drop_pending(w, pending.region.take());
-                return Err(fh_status::FH_ERR_BUSY);
+                return Err(CacheError::Busy);
             }
         }
         let len = (te - ts) as u64;
@@ -267,7 +267,7 @@ impl Cache {
                 self.slots[sid].add_in_use(sid, -1);
                 self.pinner.unpin(pinned, ts, te - ts);
                 self.c.pin_failures.bump(w, 1);
-                return Err(fh_status::FH_ERR_NO_MEMORY);
+                return Err(CacheError::NoMemory);
             };
             self.count_pin(w, len, false);
             self.c.uncached_total.bump(w, 1);

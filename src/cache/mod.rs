@@ -3,7 +3,7 @@
 //!
 //! Owns: the index, region records, refcounts, LRU and limits, handles, the invalidation queue.
 //! May call: `pin` (the `Pinner` backend), `rt` (`seam`'s `RangeWatcher`, reader ids' fork
-//! hook, `inside`, `status`). Never: `monitor` (events come in through `invalidate`), `helper`,
+//! hook, `inside`). Never: `monitor` (events come in through `invalidate`), `helper`,
 //! `net`, `rma`.
 //!
 //! SEAM: the cache hooks nothing. Memory events reach it only through [`Cache::invalidate`], which
@@ -17,6 +17,7 @@ mod across_fork;
 mod ahead;
 mod core;
 mod counters;
+mod error;
 mod exclusion;
 mod gate;
 mod handles;
@@ -38,6 +39,7 @@ mod stats;
 mod writer_state;
 
 pub use self::core::Cache;
+pub use self::error::CacheError;
 pub use self::inval_queue::QUEUE_CAPACITY;
 
 /// Bounds on what the cache keeps pinned. Regions in use are never evicted, so the bounds apply
@@ -53,7 +55,7 @@ pub struct Limits {
 /// One successful registration as the caller sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Registration {
-    /// Opaque, generation-checked: releasing it twice or a made-up value is `FH_ERR_UNKNOWN_HANDLE`.
+    /// Opaque, generation-checked: releasing it twice or a made-up value is `CacheError::UnknownHandle`.
     pub handle: u64,
     /// Exactly what the caller asked for.
     pub addr: usize,

@@ -3,10 +3,10 @@
 
 use std::sync::Arc;
 
+use super::CacheError::*;
 use super::{Cache, Limits, QUEUE_CAPACITY};
 use crate::pin::counting::CountingPinner;
 use crate::pin::Access;
-use crate::rt::status::fh_status::*;
 
 const P: usize = 4096;
 const RW: Access = Access(1 | 2);
@@ -28,16 +28,16 @@ fn cache(max_pinned: usize, max_regions: usize) -> (Arc<CountingPinner>, Arc<Cac
 #[test]
 fn validation_errors_change_nothing() {
     let (pin, c) = cache(1 << 30, 100);
-    assert_eq!(c.register(P, 0, R), Err(FH_ERR_ZERO_LENGTH));
-    assert_eq!(c.register(usize::MAX - 5, 10, R), Err(FH_ERR_OVERFLOW));
+    assert_eq!(c.register(P, 0, R), Err(ZeroLength));
+    assert_eq!(c.register(usize::MAX - 5, 10, R), Err(Overflow));
     assert_eq!(
         c.register(usize::MAX - 5, 3, R),
-        Err(FH_ERR_OVERFLOW),
+        Err(Overflow),
         "page round-up overflows"
     );
-    assert_eq!(c.register(P, 10, Access(16)), Err(FH_ERR_BAD_ACCESS));
-    assert_eq!(c.register(P, (1 << 30) + 1, R), Err(FH_ERR_TOO_LARGE));
-    assert_eq!(c.deregister(12345), Err(FH_ERR_UNKNOWN_HANDLE));
+    assert_eq!(c.register(P, 10, Access(16)), Err(BadAccess));
+    assert_eq!(c.register(P, (1 << 30) + 1, R), Err(TooLarge));
+    assert_eq!(c.deregister(12345), Err(UnknownHandle));
     assert_eq!(pin.attempts(), 0);
     assert_eq!(c.stats(), Default::default());
 }
@@ -50,7 +50,7 @@ fn hit_after_lazy_release_and_exact_addr_returned() {
     let rec = pin.record(a.lkey).unwrap();
     assert_eq!((rec.addr, rec.len), (P, P));
     c.deregister(a.handle).unwrap();
-    assert_eq!(c.deregister(a.handle), Err(FH_ERR_UNKNOWN_HANDLE));
+    assert_eq!(c.deregister(a.handle), Err(UnknownHandle));
     let b = c.register(P + 8, 8, Access::REMOTE_WRITE).unwrap();
     assert_eq!(b.lkey, a.lkey, "contained + covered access = hit");
     let s = c.stats();
@@ -192,7 +192,7 @@ fn lru_bounds_and_too_large() {
     });
     assert_eq!(c.stats().regions, 1);
     assert_eq!(pin.live_count(), 1);
-    assert_eq!(c.register(0, 5 * P, R), Err(FH_ERR_TOO_LARGE));
+    assert_eq!(c.register(0, 5 * P, R), Err(TooLarge));
 }
 
 #[test]
@@ -206,10 +206,10 @@ fn no_memory_evicts_and_retries_then_fails() {
     let s = c.stats();
     assert_eq!((s.pin_retries, s.evictions, s.regions), (1, 1, 2));
     // Everything in use: clear error, no hang.
-    assert_eq!(c.register(6 * P, P, R), Err(FH_ERR_NO_MEMORY));
+    assert_eq!(c.register(6 * P, P, R), Err(NoMemory));
     assert_eq!(c.stats().pin_failures, 1);
     pin.set_fail_all(true);
-    assert_eq!(c.register(8 * P, P, R), Err(FH_ERR_PIN_FAILED));
+    assert_eq!(c.register(8 * P, P, R), Err(PinFailed));
     c.deregister(b.handle).unwrap();
     c.deregister(d.handle).unwrap();
 }
@@ -502,11 +502,11 @@ fn a_quarantined_cache_refuses_everything_and_leaves_the_pins_alone() {
     assert!(c.is_forked());
     assert_eq!(
         c.register(P, P, R),
-        Err(FH_ERR_FORKED),
+        Err(Forked),
         "no hit on the parent's pin"
     );
-    assert_eq!(c.register(8 * P, P, R), Err(FH_ERR_FORKED));
-    assert_eq!(c.deregister(held.handle), Err(FH_ERR_FORKED));
+    assert_eq!(c.register(8 * P, P, R), Err(Forked));
+    assert_eq!(c.deregister(held.handle), Err(Forked));
     assert_eq!(c.flush(), 0);
     assert_eq!(c.process_invalidations(), 0);
     let attempts = pin.attempts();
@@ -592,7 +592,7 @@ fn prefetch_pins_ahead_and_a_failed_check_undoes_it() {
     assert_eq!(c.evict_range(P, P), 4 * P, "idle: unpinned");
     assert_eq!(pin.live_count(), 0);
     let no = || false;
-    assert_eq!(c.prefetch(8 * P, P, RW, &no), Err(FH_ERR_BUSY));
+    assert_eq!(c.prefetch(8 * P, P, RW, &no), Err(Busy));
     assert_eq!((pin.live_count(), pin.bad_unpins()), (0, 0));
     assert_eq!(c.stats().regions, 0);
     let r = c.register(8 * P, P, RW).unwrap();
@@ -600,5 +600,5 @@ fn prefetch_pins_ahead_and_a_failed_check_undoes_it() {
     // In use: evict_range leaves it alone.
     assert_eq!(c.evict_range(8 * P, P), 0);
     c.deregister(r.handle).unwrap();
-    assert_eq!(c.prefetch(0, 0, RW, &yes), Err(FH_ERR_ZERO_LENGTH));
+    assert_eq!(c.prefetch(0, 0, RW, &yes), Err(ZeroLength));
 }

@@ -2,7 +2,7 @@
 //!
 //! Its own folder, above `helper` and `pin` whose setting types it fills in (`ClockChoice`,
 //! `ForkSetting`), below `net`, `rma` and `ffi`, which read it. Owns: the parsing of the `FH_*`
-//! variables and their defaults. May call: `helper::clock`, `pin::fork_mode`, `rt::status`, and
+//! variables and their defaults. May call: `helper::clock`, `pin::fork_mode`, `rt`, and
 //! `firehose_proto::config::parse_size` (sizes are parsed the same way everywhere).
 //!
 //! | variable         | values                                   | default                          |
@@ -19,11 +19,11 @@
 //!
 //! (1) only when the kernel enforces it: a process with CAP_IPC_LOCK (root) is not limited.
 //!
-//! An invalid value is `FH_ERR_BAD_CONFIG`, with a message naming the variable on stderr.
+//! An invalid value is [`BadConfig`] (`FH_ERR_BAD_CONFIG` at the C API), with a message naming
+//! the variable on stderr.
 
 use crate::helper::clock::ClockChoice;
 use crate::pin::fork_mode::{self, ForkSetting};
-use crate::rt::status::{fh_status, FhResult};
 
 /// Which pinning backend to use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -104,6 +104,21 @@ impl std::fmt::Display for ConfigError {
     }
 }
 
+/// An invalid setting, already reported (the variable and why) on stderr. Plain, to be returned
+/// by the `from_env` readers without allocating; the C API returns `FH_ERR_BAD_CONFIG` for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct BadConfig;
+
+impl std::fmt::Display for BadConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("invalid configuration value")
+    }
+}
+
+impl std::error::Error for BadConfig {}
+
+impl std::error::Error for ConfigError {}
+
 impl Default for Config {
     fn default() -> Self {
         Config {
@@ -122,10 +137,10 @@ impl Default for Config {
 
 impl Config {
     /// Defaults overridden by the process environment. Prints the reason to stderr on error.
-    pub fn from_env() -> FhResult<Config> {
+    pub fn from_env() -> Result<Config, BadConfig> {
         Self::from_lookup(|k| std::env::var(k).ok()).map_err(|e| {
             crate::fh_error!("{e}");
-            fh_status::FH_ERR_BAD_CONFIG
+            BadConfig
         })
     }
 
@@ -205,28 +220,28 @@ fn parse_clock(v: &str) -> Result<ClockChoice, ConfigError> {
 }
 
 /// One environment variable read alone (settings `fh_config` has no field for): its parsed
-/// value, `default` when unset, `FH_ERR_BAD_CONFIG` with the reason on stderr when invalid.
+/// value, `default` when unset, [`BadConfig`] with the reason on stderr when invalid.
 fn one_from_env<T>(
     var: &str,
     parse: impl Fn(&str) -> Result<T, ConfigError>,
     default: T,
-) -> FhResult<T> {
+) -> Result<T, BadConfig> {
     match std::env::var(var) {
         Ok(v) => parse(&v).map_err(|e| {
             crate::fh_error!("{e}");
-            fh_status::FH_ERR_BAD_CONFIG
+            BadConfig
         }),
         Err(_) => Ok(default),
     }
 }
 
 /// `FH_HELPER_CLOCK` alone (`fh_config` has no field for it).
-pub fn helper_clock_from_env() -> FhResult<ClockChoice> {
+pub fn helper_clock_from_env() -> Result<ClockChoice, BadConfig> {
     one_from_env("FH_HELPER_CLOCK", parse_clock, ClockChoice::Auto)
 }
 
 /// `FH_FORK_MODE` alone (a cache made from an explicit `fh_config` still follows it).
-pub(crate) fn fork_setting_from_env() -> FhResult<ForkSetting> {
+pub(crate) fn fork_setting_from_env() -> Result<ForkSetting, BadConfig> {
     one_from_env("FH_FORK_MODE", parse_fork, ForkSetting::Auto)
 }
 

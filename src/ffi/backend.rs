@@ -3,10 +3,10 @@
 use std::ffi::c_void;
 use std::sync::Arc;
 
+use crate::ffi::status::{fh_status, FhResult};
 use crate::pin::mlock::MlockPinner;
 use crate::pin::verbs::{open_device, VerbsPinner};
 use crate::pin::Pinner;
-use crate::rt::status::{fh_status, FhResult};
 
 use super::types::{FH_BACKEND_AUTO, FH_BACKEND_MLOCK, FH_BACKEND_VERBS};
 

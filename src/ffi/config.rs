@@ -1,7 +1,7 @@
 //! `fh_config`: defaults + `FH_*` environment, reading a caller's struct safely across ABI versions.
 
 use crate::config::{Backend, Config};
-use crate::rt::status::{fh_status, FhResult};
+use crate::ffi::status::{fh_status, FhResult};
 
 use super::guard::{ffi_guard, status_of};
 use super::handle::write_out;

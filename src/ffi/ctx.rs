@@ -4,10 +4,10 @@
 use std::ffi::{c_char, CStr};
 use std::sync::Arc;
 
+use crate::ffi::status::fh_status;
 use crate::net::bootstrap::CallbackBootstrap;
 use crate::net::{Peers, PeersConfig};
 use crate::rma::Rma;
-use crate::rt::status::fh_status;
 
 use super::bootstrap_ops::fh_bootstrap_ops;
 use super::cache_object::fh_cache;
@@ -119,7 +119,7 @@ unsafe fn build(cfg: Option<&fh_init_config>) -> Result<fh_ctx, fh_status> {
         // SAFETY: per the contract, `bootstrap` is NULL or points to a readable ops struct.
         if let Some(ops) = unsafe { cfg.bootstrap.as_ref() } {
             // SAFETY: the callbacks and ctx are valid until fh_finalize (documented contract).
-            let b = unsafe { CallbackBootstrap::new((*ops).into()) }.map_err(|e| e.status())?;
+            let b = unsafe { CallbackBootstrap::new((*ops).into()) }.map_err(fh_status::from)?;
             pc.bootstrap = Some(Box::new(b));
         }
         if !cfg.device.is_null() {

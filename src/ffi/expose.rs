@@ -3,7 +3,7 @@
 
 use std::ffi::c_void;
 
-use crate::rt::status::fh_status;
+use crate::ffi::status::fh_status;
 use firehose_proto::Rights;
 
 use super::ctx::{fh_ctx, here};

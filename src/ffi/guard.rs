@@ -26,24 +26,26 @@ macro_rules! ffi_guard {
         }
     }};
     ($body:block) => {
-        $crate::ffi::guard::ffi_guard!(fallback = $crate::rt::status::fh_status::FH_ERR_PANIC; $body)
+        $crate::ffi::guard::ffi_guard!(fallback = $crate::ffi::status::fh_status::FH_ERR_PANIC; $body)
     };
 }
 
 pub(crate) use ffi_guard;
 
-/// Turns a `FhResult<()>` into the status a C caller sees.
+/// Turns a layer's `Result<(), E>` into the status a C caller sees (`super::errors`).
 #[inline]
-pub(crate) fn status_of(r: crate::rt::status::FhResult<()>) -> crate::rt::status::fh_status {
+pub(crate) fn status_of<E: Into<crate::ffi::status::fh_status>>(
+    r: Result<(), E>,
+) -> crate::ffi::status::fh_status {
     match r {
-        Ok(()) => crate::rt::status::fh_status::FH_OK,
-        Err(e) => e,
+        Ok(()) => crate::ffi::status::fh_status::FH_OK,
+        Err(e) => e.into(),
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use crate::rt::status::fh_status;
+    use crate::ffi::status::fh_status;
 
     fn panics() -> fh_status {
         ffi_guard! {{

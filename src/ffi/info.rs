@@ -3,10 +3,10 @@
 use std::ffi::{c_char, c_int};
 use std::fmt::Write as _;
 
+use crate::ffi::status::fh_status;
 use crate::helper::{Helper, HelperState};
 use crate::monitor::Hooked;
 use crate::pin::fork_mode::ForkMode;
-use crate::rt::status::fh_status;
 
 use super::cache_object::fh_cache;
 use super::guard::ffi_guard;

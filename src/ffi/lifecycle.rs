@@ -5,11 +5,11 @@ use std::sync::Arc;
 use crate::assembly::{self, Parts};
 use crate::cache::Limits;
 use crate::config::HelperSettings;
+use crate::ffi::status::{fh_status, FhResult};
 use crate::helper::clock::ClockChoice;
 use crate::monitor::{self, MonitorOptions};
 use crate::pin::fork_mode;
 use crate::pin::fork_mode::ForkSetting;
-use crate::rt::status::{fh_status, FhResult};
 
 use super::cache_object::fh_cache;
 use super::guard::ffi_guard;

@@ -3,8 +3,8 @@
 
 use std::ffi::{c_char, c_int, c_void};
 
+use crate::ffi::status::fh_status;
 use crate::rt::log;
-use crate::rt::status::fh_status;
 
 use super::guard::ffi_guard;
 

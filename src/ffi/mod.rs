@@ -20,6 +20,7 @@ pub mod bootstrap_ops;
 pub mod cache_object;
 pub mod config;
 pub mod ctx;
+mod errors;
 pub mod expose;
 pub mod guard;
 pub mod handle;
@@ -29,6 +30,7 @@ pub mod log;
 pub mod notify;
 pub mod ops;
 pub mod rma;
+pub mod status;
 pub mod types;
 
 pub use bootstrap_ops::{fh_allgather_fn, fh_barrier_fn, fh_bootstrap_ops};

@@ -1,7 +1,7 @@
 //! `fh_notify_unmapped`: for runtimes that already hook memory release themselves.
 
+use crate::ffi::status::fh_status;
 use crate::monitor;
-use crate::rt::status::fh_status;
 
 use super::guard::ffi_guard;
 

@@ -1,8 +1,8 @@
 //! The hot calls: `fh_register`, `fh_deregister`, plus `fh_flush` and `fh_set_limits`.
 
 use crate::cache::Limits;
+use crate::ffi::status::fh_status;
 use crate::pin::Access;
-use crate::rt::status::fh_status;
 
 use super::cache_object::fh_cache;
 use super::guard::{ffi_guard, status_of};
@@ -97,7 +97,7 @@ unsafe extern "C" fn register_at(
                 unsafe { write_out(out, fh_mr::from(reg)) };
                 fh_status::FH_OK
             }
-            Err(e) => e,
+            Err(e) => e.into(),
         }
     }}
 }

@@ -3,8 +3,8 @@
 
 use std::ffi::c_void;
 
+use crate::ffi::status::fh_status;
 use crate::net::RdmaKind;
-use crate::rt::status::fh_status;
 
 use super::ctx::{fh_ctx, here};
 use super::guard::{ffi_guard, status_of};
@@ -160,7 +160,7 @@ unsafe fn start(
             }
             fh_status::FH_OK
         }
-        Err(e) => e,
+        Err(e) => e.into(),
     }
 }
 
@@ -304,7 +304,7 @@ pub unsafe extern "C" fn fh_test(ctx: *mut fh_ctx, op: fh_op, done: *mut i32) ->
             return fh_status::FH_ERR_NULL;
         }
         match c.rma.test(op) {
-            Err(e) => e,
+            Err(e) => e.into(),
             Ok(r) => {
                 // SAFETY: non-NULL, writable per the contract.
                 unsafe { write_out(done, i32::from(r.is_some())) };

@@ -6,7 +6,7 @@ use std::ptr::{null, null_mut};
 
 use super::types::FH_CONFIG_MIN_SIZE;
 use super::*;
-use crate::rt::status::fh_status::{self, *};
+use crate::ffi::status::fh_status::{self, *};
 
 fn config() -> fh_config {
     let mut cfg = std::mem::MaybeUninit::<fh_config>::uninit();

@@ -27,10 +27,9 @@ use super::placement::{self, Placement};
 use super::planner::{Action, Planner, PlannerConfig, PlannerStats};
 use super::releases::Releases;
 use super::{pins_ahead, unmap_log};
-use crate::cache::{Cache, Registration};
+use crate::cache::{Cache, CacheError, Registration};
 use crate::monitor::{MemoryListener, Subscription};
 use crate::pin::Access;
-use crate::rt::status::{fh_status, FhResult};
 use crossbeam_queue::ArrayQueue;
 
 /// How a helper is started.
@@ -282,7 +281,7 @@ impl Helper {
         addr: usize,
         len: usize,
         access: Access,
-    ) -> FhResult<Registration> {
+    ) -> Result<Registration, CacheError> {
         if !self.on || len < self.min_bytes {
             return cache.register(addr, len, access);
         }
@@ -297,7 +296,7 @@ impl Helper {
         addr: usize,
         len: usize,
         access: Access,
-    ) -> FhResult<Registration> {
+    ) -> Result<Registration, CacheError> {
         pin_flag::clear();
         let t0 = now_ns();
         let r = cache.register(addr, len, access)?;
@@ -325,7 +324,7 @@ impl Helper {
 
     /// `cache.deregister`. The helper is not told: it sees the handle go (`releases.rs`).
     #[inline]
-    pub fn deregister(&self, cache: &Cache, handle: u64) -> FhResult<()> {
+    pub fn deregister(&self, cache: &Cache, handle: u64) -> Result<(), CacheError> {
         cache.deregister(handle)
     }
 
@@ -538,7 +537,7 @@ fn run(cache: &Arc<Cache>, s: &Shared, cfg: HelperConfig, cpu: Option<usize>) {
     publish(s, &planner, &integral, deferred, cache);
 }
 
-/// `Cache::prefetch`, guarded against unmaps racing with it (`FH_ERR_BUSY`: raced, nothing
+/// `Cache::prefetch`, guarded against unmaps racing with it (`CacheError::Busy`: raced, nothing
 /// stays pinned; else as `Cache::prefetch`). The pin is announced first
 /// (`helper::pins_ahead`): a patched unmap of the range that begins from then on waits until this
 /// returns, so the pin, and its undo if it raced, touch the old memory only, never a mapping the
@@ -555,13 +554,13 @@ fn run(cache: &Arc<Cache>, s: &Shared, cfg: HelperConfig, cpu: Option<usize>) {
 /// new mapping: mlock and the userfaultfd watch split that mapping, and the application's
 /// `mremap` of it failed with EFAULT (seen in `case6_stale_threads_helper` under
 /// AddressSanitizer, about 1 run in 6; the announcement closed the rest, about 1 in 30).
-pub fn prefetch_checked(cache: &Cache, k: Key, synced: u64) -> FhResult<bool> {
+pub fn prefetch_checked(cache: &Cache, k: Key, synced: u64) -> Result<bool, CacheError> {
     let (s, e) = (k.start, k.end);
     let Some(_announced) = pins_ahead::enter(s, e) else {
-        return Err(fh_status::FH_ERR_BUSY);
+        return Err(CacheError::Busy);
     };
     if unmap_log::in_flight_overlapping(s, e) || unmap_log::begun_since(synced, s, e) {
-        return Err(fh_status::FH_ERR_BUSY);
+        return Err(CacheError::Busy);
     }
     let still_valid = || !unmap_log::begun_since(synced, s, e);
     cache.prefetch(s, e - s, Access(k.access), &still_valid)
@@ -610,19 +609,13 @@ mod tests {
         let synced = unmap_log::mark_before_unfinished();
         let seq = unmap_log::begin(k.start + 0x8000, k.end + 0x8000);
         unmap_log::end(seq);
-        assert_eq!(
-            prefetch_checked(&cache, k, synced),
-            Err(fh_status::FH_ERR_BUSY)
-        );
+        assert_eq!(prefetch_checked(&cache, k, synced), Err(CacheError::Busy));
         // One in flight when the helper took the reports (its report not pushed yet), ended
         // before the pin.
         let seq = unmap_log::begin(k.start, k.start + 0x1000);
         let synced = unmap_log::mark_before_unfinished();
         unmap_log::end(seq);
-        assert_eq!(
-            prefetch_checked(&cache, k, synced),
-            Err(fh_status::FH_ERR_BUSY)
-        );
+        assert_eq!(prefetch_checked(&cache, k, synced), Err(CacheError::Busy));
         assert_eq!(counting.pins(), 0);
         // Nothing overlapping since a newer look: pinned. (Retried: other tests' unmaps may fill
         // the log's 64 slots between the mark and the check, which counts as raced.)

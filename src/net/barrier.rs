@@ -5,7 +5,7 @@
 
 use super::am::Am;
 use super::Rank;
-use crate::rt::status::{fh_status, FhResult};
+use crate::net::NetError;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 /// Handler id of the barrier's one-way message (ids >= 0xFF00 belong to the library).
 pub(crate) const BARRIER_AM: u16 = 0xFF00;
 /// Handler id of the liveness ping a waiting rank sends to the peer it waits for: its reply (or
-/// `FH_ERR_PEER_LOST`) tells a slow peer from a dead one, so a barrier never hangs on a corpse.
+/// `NetError::PeerLost`) tells a slow peer from a dead one, so a barrier never hangs on a corpse.
 pub(crate) const PING_AM: u16 = 0xFF01;
 
 /// Arrivals per (epoch, round), filled by the handler, consumed by `enter`.
@@ -69,13 +69,13 @@ impl AmBarrier {
 
     /// Returns once every rank has entered the same barrier; progresses `am` while waiting. A
     /// peer waited for longer than `probe` is pinged: a dead one fails the barrier with
-    /// `FH_ERR_PEER_LOST`; `timeout` bounds the whole wait (`FH_ERR_TIMEOUT`).
+    /// `NetError::PeerLost`; `timeout` bounds the whole wait (`NetError::Timeout`).
     pub(crate) fn enter(
         &self,
         am: &Am,
         timeout: Option<Duration>,
         probe: Duration,
-    ) -> FhResult<()> {
+    ) -> Result<(), NetError> {
         let mut epoch = self.epoch.lock().unwrap_or_else(|e| e.into_inner());
         let (rank, size) = (am.rank(), am.size());
         let deadline = timeout.map(|t| Instant::now() + t);
@@ -96,7 +96,7 @@ impl AmBarrier {
                 if am.progress()? == 0 {
                     let now = Instant::now();
                     if deadline.is_some_and(|d| now >= d) {
-                        return Err(fh_status::FH_ERR_TIMEOUT);
+                        return Err(NetError::Timeout);
                     }
                     if now >= next_ping {
                         // Progresses while it waits, so arrivals keep being counted.

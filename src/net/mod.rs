@@ -3,7 +3,7 @@
 //! credits, progress; it passes RDMA completions up to the layer above through one handler).
 //!
 //! Owns: endpoints, queue pairs, receive buffers, credits, the progress thread.
-//! May call: `pin::verbs` (context, protection domain, memory regions), `config`, `rt` (`status`,
+//! May call: `pin::verbs` (context, protection domain, memory regions), `config`, `rt` (
 //! `raw_thread`, `race_once`, `inside`: the progress thread marks itself as the library's).
 //! Never calls: `cache`, `monitor` (a message buffer is registered once, never through the cache).
 //! Only `net/verbs` touches libibverbs here; everything else is tested with `sim` and no device.
@@ -12,6 +12,7 @@ pub(crate) mod am;
 pub(crate) mod barrier;
 pub mod bootstrap;
 pub mod credits;
+mod error;
 pub(crate) mod link;
 pub(crate) mod peers;
 pub mod settings;
@@ -24,6 +25,7 @@ pub mod wire;
 
 pub use am::{Am, Replier, Ticket};
 pub use bootstrap::{Bootstrap, BootstrapError};
+pub use error::NetError;
 pub use link::{Link, LinkError, LinkEvent, Rank, RdmaKind, RdmaOp};
 pub use peers::{Peers, PeersConfig};
 pub use settings::NetSettings;

@@ -11,8 +11,8 @@ use super::settings::NetSettings;
 use super::solo::SoloLink;
 use super::verbs::{gid_index_from_env, LinkSettings, VerbsLink, VerbsLinkConfig};
 use super::{Link, LinkError, Rank};
+use crate::net::NetError;
 use crate::pin::verbs::{open_device, Pd};
-use crate::rt::status::{fh_status, FhResult};
 use std::sync::Arc;
 
 /// Device chosen by name: `FH_DEVICE`, the same variable the cache's verbs backend reads.
@@ -38,15 +38,15 @@ pub struct PeersConfig {
 
 impl PeersConfig {
     /// Everything from the environment (`FH_BOOTSTRAP`, `FH_DEVICE`, `FH_IB_PORT`, `FH_AM_*`,
-    /// `FH_PROGRESS_THREAD`); a bad value is `FH_ERR_BAD_CONFIG` with the variable on stderr.
-    pub fn from_env() -> FhResult<PeersConfig> {
+    /// `FH_PROGRESS_THREAD`); a bad value is `NetError::BadConfig` with the variable on stderr.
+    pub fn from_env() -> Result<PeersConfig, NetError> {
         let port = match std::env::var(PORT_ENV) {
             Err(_) => 1,
             Ok(v) => match v.trim().parse::<u8>() {
                 Ok(p) if p >= 1 => p,
                 _ => {
                     crate::fh_error!("firehose: {PORT_ENV}={v:?}: expected a port number 1..=255");
-                    return Err(fh_status::FH_ERR_BAD_CONFIG);
+                    return Err(NetError::BadConfig);
                 }
             },
         };
@@ -78,22 +78,22 @@ pub struct Peers {
     _bootstrap: Option<std::sync::Mutex<Box<dyn Bootstrap>>>,
 }
 
-fn bootstrap_status(e: impl std::fmt::Display) -> fh_status {
+fn bootstrap_status(e: impl std::fmt::Display) -> NetError {
     crate::fh_error!("firehose: {e}");
-    fh_status::FH_ERR_BOOTSTRAP
+    NetError::Bootstrap
 }
 
 impl Peers {
     /// Builds the job's peers. Collective: every rank of the bootstrap calls it. A rank that
     /// cannot open its device tells the others, so all fail together instead of some hanging.
-    pub fn new(mut cfg: PeersConfig) -> FhResult<Peers> {
+    pub fn new(mut cfg: PeersConfig) -> Result<Peers, NetError> {
         let mut boot = match cfg.bootstrap.take() {
             Some(b) => b,
             None => {
                 // A bad FH_BOOTSTRAP is a configuration error, not a failed launcher.
                 if let Err(e) = bootstrap::select::choose(&|k| std::env::var(k).ok()) {
                     crate::fh_error!("firehose: {e}");
-                    return Err(fh_status::FH_ERR_BAD_CONFIG);
+                    return Err(NetError::BadConfig);
                 }
                 bootstrap::from_env().map_err(bootstrap_status)?
             }
@@ -136,7 +136,7 @@ impl Peers {
     /// `net::sim::SimNet`), with no bootstrap and no device (`pd()` is `None`). Not collective:
     /// every rank of the link builds its own. The progress thread is left stopped (as with
     /// `defer_progress`): call [`Peers::start_progress`] once the owner's handlers are in.
-    pub fn from_link(link: Arc<dyn Link>, settings: NetSettings) -> FhResult<Peers> {
+    pub fn from_link(link: Arc<dyn Link>, settings: NetSettings) -> Result<Peers, NetError> {
         let am = Am::new_paused(link.clone(), settings)?;
         let barrier = AmBarrier::register(&am);
         Ok(Peers {
@@ -152,12 +152,15 @@ impl Peers {
 
     /// Starts the progress thread of a `Peers` built with `defer_progress` (once its owner's
     /// handlers are registered). Idempotent; nothing without `FH_PROGRESS_THREAD`.
-    pub fn start_progress(&self) -> FhResult<()> {
+    pub fn start_progress(&self) -> Result<(), NetError> {
         self.am.start_progress_thread()
     }
 
     /// Opens the device on every rank, agrees that all did, then connects.
-    fn verbs_link(cfg: &PeersConfig, boot: &mut dyn Bootstrap) -> FhResult<(VerbsLink, Arc<Pd>)> {
+    fn verbs_link(
+        cfg: &PeersConfig,
+        boot: &mut dyn Bootstrap,
+    ) -> Result<(VerbsLink, Arc<Pd>), NetError> {
         let opened = open_device(cfg.device.as_deref())
             .and_then(|ctx| ctx.alloc_pd())
             .map_err(|e| {
@@ -166,11 +169,11 @@ impl Peers {
                     boot.rank(),
                     cfg.device.as_deref().unwrap_or("(first)")
                 );
-                fh_status::FH_ERR_NO_DEVICE
+                NetError::NoDevice
             });
         let gid_index = gid_index_from_env().map_err(|e| {
             crate::fh_error!("firehose: {e}");
-            fh_status::FH_ERR_BAD_CONFIG
+            NetError::BadConfig
         });
         let mine = [u8::from(opened.is_ok() && gid_index.is_ok())];
         let all = boot.allgather(&mine).map_err(bootstrap_status)?;
@@ -178,7 +181,7 @@ impl Peers {
         let gid_index = gid_index?;
         if let Some(bad) = all.iter().position(|&ok| ok != 1) {
             crate::fh_error!("firehose: rank {bad} could not open its RDMA device; no peers");
-            return Err(fh_status::FH_ERR_NO_DEVICE);
+            return Err(NetError::NoDevice);
         }
         let vcfg = VerbsLinkConfig {
             port: cfg.port,
@@ -192,8 +195,8 @@ impl Peers {
         let link = VerbsLink::new(&pd, boot, &vcfg).map_err(|e| {
             crate::fh_error!("firehose: rank {}: connecting peers: {e}", boot.rank());
             match e {
-                LinkError::PeerLost(_) => fh_status::FH_ERR_PEER_LOST,
-                _ => fh_status::FH_ERR_BOOTSTRAP,
+                LinkError::PeerLost(_) => NetError::PeerLost,
+                _ => NetError::Bootstrap,
             }
         })?;
         Ok((link, pd))
@@ -232,19 +235,19 @@ impl Peers {
     }
 
     /// Every rank enters; returns when all have. Progresses while waiting; a dead peer is
-    /// `FH_ERR_PEER_LOST`, a peer that never comes `FH_ERR_TIMEOUT` (`FH_AM_TIMEOUT_MS`).
-    pub fn barrier(&self) -> FhResult<()> {
+    /// `NetError::PeerLost`, a peer that never comes `NetError::Timeout` (`FH_AM_TIMEOUT_MS`).
+    pub fn barrier(&self) -> Result<(), NetError> {
         self.barrier
             .enter(&self.am, self.settings.timeout, self.settings.probe)
     }
 
     /// Runs handlers for what arrived; returns the number of events.
-    pub fn progress(&self) -> FhResult<usize> {
+    pub fn progress(&self) -> Result<usize, NetError> {
         self.am.progress()
     }
 
-    /// Says goodbye to every peer; later calls return `FH_ERR_FINALIZED`. Idempotent.
-    pub fn finalize(&self) -> FhResult<()> {
+    /// Says goodbye to every peer; later calls return `NetError::Finalized`. Idempotent.
+    pub fn finalize(&self) -> Result<(), NetError> {
         self.am.finalize()
     }
 }

@@ -17,7 +17,7 @@
 use crate::config::{parse_size, ConfigError};
 use crate::net::credits::RESERVED;
 use crate::net::wire::HEADER_LEN;
-use crate::rt::status::{fh_status, FhResult};
+use crate::net::NetError;
 use std::time::Duration;
 
 /// The peer layer's settings.
@@ -71,10 +71,10 @@ impl Default for NetSettings {
 
 impl NetSettings {
     /// Defaults overridden by the process environment. Prints the reason to stderr on error.
-    pub fn from_env() -> FhResult<NetSettings> {
+    pub fn from_env() -> Result<NetSettings, NetError> {
         Self::from_lookup(|k| std::env::var(k).ok()).map_err(|e| {
             crate::fh_error!("{e}");
-            fh_status::FH_ERR_BAD_CONFIG
+            NetError::BadConfig
         })
     }
 

@@ -72,6 +72,17 @@ pub enum PinError {
     Failed(i32),
 }
 
+impl std::fmt::Display for PinError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PinError::NoMemory(e) => write!(f, "out of pinnable memory (errno {e})"),
+            PinError::Failed(e) => write!(f, "pin failed (errno {e})"),
+        }
+    }
+}
+
+impl std::error::Error for PinError {}
+
 /// A pinning backend. Implementations must be callable from any thread.
 ///
 /// The cache only calls `pin`/`unpin` outside memory hooks and outside its read path; a backend may

@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use crate::net::{Peers, Rank};
-use crate::rt::status::{fh_status, FhResult};
+use crate::rma::RmaError;
 
 /// The active-message id of the settings exchange.
 pub(crate) const AGREE_AM: u16 = 0xFE01;
@@ -155,14 +155,14 @@ pub fn exchange(peers: &Peers, mine: &[Agreed]) -> Result<(), String> {
     compare(me, mine, &theirs).map_or(Ok(()), Err)
 }
 
-/// `exchange`, reported as `fh_init` does: the message on stderr, `FH_ERR_BAD_CONFIG`.
-pub(crate) fn exchange_or_fail(peers: &Peers, mine: &[Agreed]) -> FhResult<()> {
+/// `exchange`, reported as `fh_init` does: the message on stderr, `RmaError::BadConfig`.
+pub(crate) fn exchange_or_fail(peers: &Peers, mine: &[Agreed]) -> Result<(), RmaError> {
     exchange(peers, mine).map_err(|m| {
         crate::fh_error!(
             "firehose: rank {}: settings differ across ranks: {m}",
             peers.rank()
         );
-        fh_status::FH_ERR_BAD_CONFIG
+        RmaError::BadConfig
     })
 }
 

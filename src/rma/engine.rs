@@ -34,7 +34,7 @@ use super::windows::{WindowCounters, WindowMode, WindowStats, Windows};
 use crate::cache::Cache;
 use crate::net::{LinkError, Peers, Rank, RdmaKind, RdmaOp};
 use crate::pin::Access;
-use crate::rt::status::{fh_status, FhResult};
+use crate::rma::RmaError;
 use firehose_proto::{
     Acquire, Event, FhError, Firehose, FirehoseConfig, InvalId, RegionPins, RemoteError, Rights,
     Seg,
@@ -85,10 +85,10 @@ struct Engine {
 
 /// `FH_MW` against what the device offers: whether this rank's pins give each holder a
 /// memory window of its own (`super::windows`).
-fn windows_wanted(peers: &Peers) -> FhResult<bool> {
+fn windows_wanted(peers: &Peers) -> Result<bool, RmaError> {
     let mode = WindowMode::from_env().map_err(|e| {
         crate::fh_error!("firehose: {e}");
-        fh_status::FH_ERR_BAD_CONFIG
+        RmaError::BadConfig
     })?;
     let has = match peers.pd() {
         Some(pd) if peers.verbs().is_some() => pd.context().has_type2_windows().unwrap_or(false),
@@ -96,7 +96,7 @@ fn windows_wanted(peers: &Peers) -> FhResult<bool> {
     };
     mode.decide(has).map_err(|e| {
         crate::fh_error!("firehose: rank {}: {e}", peers.rank());
-        fh_status::FH_ERR_BAD_CONFIG
+        RmaError::BadConfig
     })
 }
 
@@ -151,37 +151,37 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// The C status of a failed op (the Firehose core knows nothing of the C ABI).
-fn status_of(e: FhError) -> fh_status {
-    use fh_status::*;
+/// The error of a failed op (the Firehose core knows nothing of this library's errors).
+fn status_of(e: FhError) -> RmaError {
+    use RmaError::*;
     match e {
-        FhError::ZeroLength => FH_ERR_ZERO_LENGTH,
-        FhError::Overflow => FH_ERR_OVERFLOW,
-        FhError::BadRank(_) | FhError::SelfRank => FH_ERR_BAD_RANK,
-        FhError::TooLong { .. } => FH_ERR_TOO_LARGE,
-        FhError::PutLength | FhError::BadRights => FH_ERR_BAD_ACCESS,
-        FhError::DuplicateOp | FhError::UnknownOp => FH_ERR_UNKNOWN_HANDLE,
-        FhError::PeerLost(_) => FH_ERR_PEER_LOST,
-        FhError::Remote(RemoteError::NoMemory) => FH_ERR_NO_MEMORY,
-        FhError::Remote(RemoteError::Unmapped) => FH_ERR_REMOTE_FAULT,
-        FhError::Remote(RemoteError::Denied) => FH_ERR_REMOTE_DENIED,
+        FhError::ZeroLength => ZeroLength,
+        FhError::Overflow => Overflow,
+        FhError::BadRank(_) | FhError::SelfRank => BadRank,
+        FhError::TooLong { .. } => TooLarge,
+        FhError::PutLength | FhError::BadRights => BadAccess,
+        FhError::DuplicateOp | FhError::UnknownOp => UnknownHandle,
+        FhError::PeerLost(_) => PeerLost,
+        FhError::Remote(RemoteError::NoMemory) => NoMemory,
+        FhError::Remote(RemoteError::Unmapped) => RemoteFault,
+        FhError::Remote(RemoteError::Denied) => RemoteDenied,
         // `PinFailed`, and `Refused` (the target's settings do not take the move).
-        FhError::Remote(_) => FH_ERR_PIN_FAILED,
+        FhError::Remote(_) => PinFailed,
     }
 }
 
-fn link_status(e: &LinkError) -> fh_status {
+fn link_status(e: &LinkError) -> RmaError {
     match e {
-        LinkError::ZeroLength => fh_status::FH_ERR_ZERO_LENGTH,
-        LinkError::Overflow => fh_status::FH_ERR_OVERFLOW,
-        LinkError::BadRank(_) => fh_status::FH_ERR_BAD_RANK,
-        LinkError::TooLong { .. } => fh_status::FH_ERR_TOO_LARGE,
-        LinkError::Closed => fh_status::FH_ERR_FINALIZED,
+        LinkError::ZeroLength => RmaError::ZeroLength,
+        LinkError::Overflow => RmaError::Overflow,
+        LinkError::BadRank(_) => RmaError::BadRank,
+        LinkError::TooLong { .. } => RmaError::TooLarge,
+        LinkError::Closed => RmaError::Finalized,
         // A remote access error breaks the connection (RC); so does a device error. A post the
         // device refused (`Device` from `rdma`, the connection possibly still up) is reported
         // the same: no status says "this transfer failed, the peer is fine", and the caller's
         // remedy is the same (the transfer did not complete; tests/rma_seg_fail.rs).
-        _ => fh_status::FH_ERR_PEER_LOST,
+        _ => RmaError::PeerLost,
     }
 }
 
@@ -192,16 +192,16 @@ impl Rma {
     /// Settings from the environment (`FH_M`, ..., `FH_REMOTE_INVALIDATION`); the target's pins
     /// are verbs memory regions on `peers.pd()`. Collective: compares the settings every rank
     /// must share (`super::agree`) and fails on every rank if they differ.
-    pub fn new(peers: Arc<Peers>, local: Option<Arc<Cache>>) -> FhResult<Arc<Rma>> {
+    pub fn new(peers: Arc<Peers>, local: Option<Arc<Cache>>) -> Result<Arc<Rma>, RmaError> {
         let (rank, size) = (peers.rank(), peers.size());
         let cfg = FirehoseConfig::from_env(rank, size).map_err(|e| {
             crate::fh_error!("firehose: {}: {}", e.var, e.msg);
-            fh_status::FH_ERR_BAD_CONFIG
+            RmaError::BadConfig
         });
         let rs = RevokeSettings::from_env();
         let mode = ExposeMode::from_env().map_err(|e| {
             crate::fh_error!("firehose: {e}");
-            fh_status::FH_ERR_BAD_CONFIG
+            RmaError::BadConfig
         });
         // Every rank takes part in the comparison, also one whose own settings are invalid (the
         // others then fail at once instead of after FH_AM_TIMEOUT_MS).
@@ -252,7 +252,7 @@ impl Rma {
         local: Option<Arc<Cache>>,
         cfg: FirehoseConfig,
         pins: Box<dyn RegionPins + Send>,
-    ) -> FhResult<Arc<Rma>> {
+    ) -> Result<Arc<Rma>, RmaError> {
         Self::with_pins_exposed(peers, local, cfg, pins, ExposeMode::All)
     }
 
@@ -263,7 +263,7 @@ impl Rma {
         cfg: FirehoseConfig,
         pins: Box<dyn RegionPins + Send>,
         mode: ExposeMode,
-    ) -> FhResult<Arc<Rma>> {
+    ) -> Result<Arc<Rma>, RmaError> {
         if cfg.rank != peers.rank() || cfg.size != peers.size() {
             crate::fh_error!(
                 "firehose: config for rank {} of {}, peers are rank {} of {}",
@@ -272,7 +272,7 @@ impl Rma {
                 peers.rank(),
                 peers.size()
             );
-            return Err(fh_status::FH_ERR_BAD_CONFIG);
+            return Err(RmaError::BadConfig);
         }
         Self::build(peers, local, cfg, Some(pins), None, mode)
     }
@@ -284,7 +284,7 @@ impl Rma {
         pins: Option<Box<dyn RegionPins + Send>>,
         mut revocation: Option<Revocation>,
         mode: ExposeMode,
-    ) -> FhResult<Arc<Rma>> {
+    ) -> Result<Arc<Rma>, RmaError> {
         let (rank, size) = (peers.rank(), peers.size());
         // Every pin and small put a peer asks for passes the policy first; the link's own
         // buffers are never a target.
@@ -301,11 +301,11 @@ impl Rma {
         cfg.max_msg = cfg.max_msg.min(peers.am().max_payload());
         let fh = Firehose::new(cfg).map_err(|e| {
             crate::fh_error!("firehose: {}: {}", e.var, e.msg);
-            fh_status::FH_ERR_BAD_CONFIG
+            RmaError::BadConfig
         })?;
         let pins = if size > 1 { pins } else { None };
         if size > 1 && (pins.is_none() || local.is_none()) {
-            return Err(fh_status::FH_ERR_NO_DEVICE);
+            return Err(RmaError::NoDevice);
         }
         let max_rdma = peers.link().max_rdma();
         let max_chunk = if size > 1 {
@@ -381,15 +381,15 @@ impl Rma {
 
     /// `fh_expose`: peers may reach `[addr, addr + len)` with `rights` (`FH_EXPOSE=declared`;
     /// recorded, and without effect, with `all`).
-    pub fn expose(&self, addr: u64, len: usize, rights: Rights) -> FhResult<()> {
+    pub fn expose(&self, addr: u64, len: usize, rights: Rights) -> Result<(), RmaError> {
         if len == 0 {
-            return Err(fh_status::FH_ERR_ZERO_LENGTH);
+            return Err(RmaError::ZeroLength);
         }
         if addr.checked_add(len as u64).is_none() {
-            return Err(fh_status::FH_ERR_OVERFLOW);
+            return Err(RmaError::Overflow);
         }
         if !rights.is_valid() {
-            return Err(fh_status::FH_ERR_BAD_ACCESS);
+            return Err(RmaError::BadAccess);
         }
         self.exposure.expose(addr, len, rights);
         Ok(())
@@ -398,12 +398,12 @@ impl Rma {
     /// `fh_unexpose`: withdraws the exposure of exactly `[addr, addr + len)`, then revokes the
     /// peers' firehoses on regions overlapping it (so no key granted while it was exposed
     /// outlives it) and waits until every holder let go (bounded by `FH_AM_TIMEOUT_MS`: a
-    /// holder that stays silent is given up on, `FH_ERR_TIMEOUT`). Regions that another
+    /// holder that stays silent is given up on, `RmaError::Timeout`). Regions that another
     /// exposure still allows are pinned again by the next miss there.
-    pub fn unexpose(&self, addr: u64, len: usize) -> FhResult<()> {
+    pub fn unexpose(&self, addr: u64, len: usize) -> Result<(), RmaError> {
         let _inside = crate::rt::inside::enter();
         if !self.exposure.unexpose(addr, len) {
-            return Err(fh_status::FH_ERR_UNKNOWN_HANDLE);
+            return Err(RmaError::UnknownHandle);
         }
         if self.size == 1 || self.exposure.mode() == ExposeMode::All {
             return Ok(());
@@ -423,7 +423,7 @@ impl Rma {
                 }
                 // The loss is told to the algorithm here: the holders count as having acked.
                 self.progress()?;
-                return Err(fh_status::FH_ERR_TIMEOUT);
+                return Err(RmaError::Timeout);
             }
             if n == 0 {
                 std::thread::yield_now();
@@ -516,7 +516,7 @@ impl Rma {
         }
     }
 
-    fn seg_done(&self, chunk: u64, err: Option<fh_status>) {
+    fn seg_done(&self, chunk: u64, err: Option<RmaError>) {
         self.finish(chunk, |ops| ops.seg_done(chunk, err));
     }
 
@@ -582,19 +582,19 @@ impl Rma {
         local: *mut u8,
         len: usize,
         implicit: bool,
-    ) -> FhResult<u64> {
+    ) -> Result<u64, RmaError> {
         let _inside = crate::rt::inside::enter();
         if local.is_null() {
-            return Err(fh_status::FH_ERR_NULL);
+            return Err(RmaError::Null);
         }
         if len == 0 {
-            return Err(fh_status::FH_ERR_ZERO_LENGTH);
+            return Err(RmaError::ZeroLength);
         }
         if raddr.checked_add(len as u64).is_none() || (local as usize).checked_add(len).is_none() {
-            return Err(fh_status::FH_ERR_OVERFLOW);
+            return Err(RmaError::Overflow);
         }
         if peer >= self.size {
-            return Err(fh_status::FH_ERR_BAD_RANK);
+            return Err(RmaError::BadRank);
         }
         match kind {
             RdmaKind::Write => self.counters.puts.fetch_add(1, Relaxed),
@@ -611,7 +611,7 @@ impl Rma {
             let r = unsafe { self_copy::copy(dir, local, raddr, len) };
             return Ok(self.done_request(r, implicit));
         }
-        let cache = self.local.as_ref().ok_or(fh_status::FH_ERR_NO_DEVICE)?;
+        let cache = self.local.as_ref().ok_or(RmaError::NoDevice)?;
         // A short put goes inline (the link copies it at post time): nothing to register, the
         // pin-down cache's lookup and release leave its hit path. A put's source is only read
         // by the device (no LOCAL_WRITE: a read-only buffer registers), a get's destination
@@ -684,7 +684,7 @@ impl Rma {
     }
 
     /// A request that finished at once (a local copy).
-    fn done_request(&self, r: FhResult<()>, implicit: bool) -> u64 {
+    fn done_request(&self, r: Result<(), RmaError>, implicit: bool) -> u64 {
         let mut g = lock(&self.engine);
         let ops = &mut g.ops;
         if implicit {
@@ -704,7 +704,7 @@ impl Rma {
     }
 
     /// Progresses once; the request's result if it is done (its handle is then spent).
-    pub fn test(&self, req: u64) -> FhResult<Option<FhResult<()>>> {
+    pub fn test(&self, req: u64) -> Result<Option<Result<(), RmaError>>, RmaError> {
         let _inside = crate::rt::inside::enter();
         if let Some(r) = lock(&self.engine).ops.take_if_done(req)? {
             return Ok(Some(r));
@@ -720,7 +720,7 @@ impl Rma {
     /// not on the operation table, whose lock every completion takes; it takes that lock to
     /// collect the result, and every `RECHECK` polls (a handle that is not a running request,
     /// spent or made up, has a word that never says done: the table then says what it is).
-    pub fn wait(&self, req: u64) -> FhResult<()> {
+    pub fn wait(&self, req: u64) -> Result<(), RmaError> {
         const RECHECK: u32 = 64;
         let _inside = crate::rt::inside::enter();
         let mut b = Bounded::new(self);
@@ -742,7 +742,7 @@ impl Rma {
 
     /// Progresses until every request of this context is done; returns the first error of an
     /// implicit (handle-less) request since the last `quiet`. Bounded as `wait`.
-    pub fn quiet(&self) -> FhResult<()> {
+    pub fn quiet(&self) -> Result<(), RmaError> {
         let _inside = crate::rt::inside::enter();
         let mut b = Bounded::new(self);
         loop {
@@ -759,7 +759,7 @@ impl Rma {
 
     /// Progresses the endpoint (handlers, completions), then tells the algorithm about peers
     /// lost meanwhile (their ops fail).
-    pub fn progress(&self) -> FhResult<usize> {
+    pub fn progress(&self) -> Result<usize, RmaError> {
         let _inside = crate::rt::inside::enter();
         let n = self.peers.am().progress()?;
         // A push whose flag this swap misses is taken by the `take` below (the lock orders it),
@@ -882,7 +882,7 @@ impl revoke::Driver for RmaDriver {
         let r = self.0.upgrade()?;
         match r.progress() {
             Ok(n) => Some(n),
-            Err(fh_status::FH_ERR_FINALIZED) => None,
+            Err(RmaError::Finalized) => None,
             Err(_) => Some(0),
         }
     }
@@ -924,12 +924,12 @@ impl revoke::Driver for RmaDriver {
 }
 
 /// What bounds a blocking wait (`wait`, `quiet`): every probe interval (`FH_AM_PROBE_MS`) it
-/// probes the peers it waits on, so a dead one turns into `FH_ERR_PEER_LOST`; once
+/// probes the peers it waits on, so a dead one turns into `RmaError::PeerLost`; once
 /// `FH_AM_TIMEOUT_MS` has passed it gives up on the peers that still owe an answer (a live peer
 /// that never progresses: computing, inside another library, hung). Those are declared lost
 /// (`Am::give_up`: told with a goodbye, counted): the algorithm fails their ops at once, which
 /// releases the ops' pins, reservations and queued messages, and the wait ends with
-/// `FH_ERR_TIMEOUT`. Only a peer given up on is affected; the context goes on with the others.
+/// `RmaError::Timeout`. Only a peer given up on is affected; the context goes on with the others.
 /// Why not leave the op running and just return: its reply or RDMA could still come and write
 /// the caller's buffer after the caller took it back.
 struct Bounded {
@@ -947,7 +947,7 @@ impl Bounded {
     }
 
     /// One round of a wait for request `req` (every request: `None`) that is not done yet.
-    fn poll(&mut self, rma: &Rma, req: Option<u64>) -> FhResult<()> {
+    fn poll(&mut self, rma: &Rma, req: Option<u64>) -> Result<(), RmaError> {
         let n = rma.progress()?;
         if !self.gave_up {
             match self.clock.tick(Instant::now) {
@@ -972,9 +972,9 @@ impl Bounded {
     }
 
     /// The wait's result: after giving up, what failed for the loss is a timeout.
-    fn result(&self, r: FhResult<()>) -> FhResult<()> {
+    fn result(&self, r: Result<(), RmaError>) -> Result<(), RmaError> {
         match r {
-            Err(fh_status::FH_ERR_PEER_LOST) if self.gave_up => Err(fh_status::FH_ERR_TIMEOUT),
+            Err(RmaError::PeerLost) if self.gave_up => Err(RmaError::Timeout),
             r => r,
         }
     }

@@ -26,6 +26,7 @@
 pub mod agree;
 mod done_board;
 pub(crate) mod engine;
+mod error;
 pub mod expose;
 mod ops;
 mod probe;
@@ -38,3 +39,4 @@ pub(crate) mod target_pins;
 pub(crate) mod windows;
 
 pub use engine::{Rma, RmaStats, FIREHOSE_AM};
+pub use error::RmaError;

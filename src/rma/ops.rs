@@ -6,7 +6,7 @@
 use super::done_board::DoneBoard;
 use super::slab::{Key, Slab};
 use crate::net::{Rank, RdmaKind};
-use crate::rt::status::{fh_status, FhResult};
+use crate::rma::RmaError;
 use std::sync::Arc;
 
 /// One Firehose op: a piece of a request.
@@ -23,7 +23,7 @@ pub(super) struct Chunk {
     pub segs_left: u32,
     /// Holds firehose references (a `Hit`/`Ready`): `release` it when the segments are done.
     pub holds_refs: bool,
-    pub error: Option<fh_status>,
+    pub error: Option<RmaError>,
 }
 
 /// What the caller started.
@@ -32,7 +32,7 @@ pub(super) struct Request {
     pub chunks_left: u32,
     /// The pin-down cache handle of the local buffer (released when the request is done).
     pub reg: Option<u64>,
-    pub error: Option<fh_status>,
+    pub error: Option<RmaError>,
     /// No handle was given out: `fh_quiet` collects it.
     pub implicit: bool,
     pub done: bool,
@@ -48,7 +48,7 @@ pub(super) struct Ops {
     /// Requests not yet done (explicit and implicit).
     running: usize,
     /// First error of an implicit request since the last `fh_quiet`.
-    pub implicit_error: Option<fh_status>,
+    pub implicit_error: Option<RmaError>,
     /// Which explicit requests are done, readable without this table's lock (waiters spin on
     /// it); written here, when a request ends.
     pub board: Arc<DoneBoard>,
@@ -64,7 +64,7 @@ pub(super) struct Finished {
 
 impl Ops {
     /// Record one completed segment of `chunk`; `Some` when it was the chunk's last.
-    pub(super) fn seg_done(&mut self, chunk: Key, err: Option<fh_status>) -> Option<Finished> {
+    pub(super) fn seg_done(&mut self, chunk: Key, err: Option<RmaError>) -> Option<Finished> {
         let c = self.chunks.get_mut(chunk)?;
         if c.error.is_none() {
             c.error = err;
@@ -77,7 +77,7 @@ impl Ops {
     }
 
     /// Chunk `chunk` is over (all its segments done, or failed before any was posted).
-    pub(super) fn finish_chunk(&mut self, chunk: Key, err: Option<fh_status>) -> Option<Finished> {
+    pub(super) fn finish_chunk(&mut self, chunk: Key, err: Option<RmaError>) -> Option<Finished> {
         let c = self.chunks.remove(chunk)?;
         let err = c.error.or(err);
         let req = self.reqs.get_mut(c.req)?;
@@ -107,10 +107,13 @@ impl Ops {
     }
 
     /// The result of a done request, removing it; `None` while it runs; unknown: an error.
-    pub(super) fn take_if_done(&mut self, req: Key) -> FhResult<Option<FhResult<()>>> {
+    pub(super) fn take_if_done(
+        &mut self,
+        req: Key,
+    ) -> Result<Option<Result<(), RmaError>>, RmaError> {
         match self.reqs.get(req) {
-            None => Err(fh_status::FH_ERR_UNKNOWN_HANDLE),
-            Some(r) if r.implicit => Err(fh_status::FH_ERR_UNKNOWN_HANDLE),
+            None => Err(RmaError::UnknownHandle),
+            Some(r) if r.implicit => Err(RmaError::UnknownHandle),
             Some(r) if !r.done => Ok(None),
             Some(_) => {
                 let r = self.reqs.remove(req).expect("present");

@@ -1,10 +1,10 @@
 //! Puts and gets to the own rank: a copy inside this process, through `process_vm_writev` /
 //! `process_vm_readv` on our own pid rather than `memcpy`, so an unmapped "remote" address is an
-//! `EFAULT` (reported as `FH_ERR_REMOTE_FAULT`, as it would be from a peer) instead of a SIGSEGV.
+//! `EFAULT` (reported as `RmaError::RemoteFault`, as it would be from a peer) instead of a SIGSEGV.
 //! The kernel copies page by page and stops at the first fault; a failed copy may have written a
 //! prefix of the destination, exactly as a failed RDMA may have.
 
-use crate::rt::status::{fh_status, FhResult};
+use crate::rma::RmaError;
 
 /// Which side of a self copy is the "remote" address (the one that may be unmapped).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -16,13 +16,18 @@ pub(crate) enum Dir {
 }
 
 /// Copy `len` bytes between the caller's buffer `local` and `remote`, both in this process.
-/// `FH_ERR_REMOTE_FAULT` if `remote` is not (entirely) mapped with the needed rights,
-/// `FH_ERR_PIN_FAILED` if `local` is not.
+/// `RmaError::RemoteFault` if `remote` is not (entirely) mapped with the needed rights,
+/// `RmaError::PinFailed` if `local` is not.
 ///
 /// # Safety
 /// `local` must be valid for `len` bytes (readable for a put, writable for a get) for the call.
 /// `remote` may be anything: the kernel checks it.
-pub(crate) unsafe fn copy(dir: Dir, local: *mut u8, remote: u64, len: usize) -> FhResult<()> {
+pub(crate) unsafe fn copy(
+    dir: Dir,
+    local: *mut u8,
+    remote: u64,
+    len: usize,
+) -> Result<(), RmaError> {
     let mut done = 0usize;
     while done < len {
         let l = libc::iovec {
@@ -47,7 +52,7 @@ pub(crate) unsafe fn copy(dir: Dir, local: *mut u8, remote: u64, len: usize) -> 
         }
         if n == 0 {
             // No progress and no error: the remote side ends at a fault boundary.
-            return Err(fh_status::FH_ERR_REMOTE_FAULT);
+            return Err(RmaError::RemoteFault);
         }
         let e = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
         return Err(match e {
@@ -55,12 +60,12 @@ pub(crate) unsafe fn copy(dir: Dir, local: *mut u8, remote: u64, len: usize) -> 
             // The kernel does not say which side faulted: blame the remote address unless the
             // local one is the unreadable one (checked with a one-byte probe per page).
             libc::EFAULT if !local_ok(dir, local.wrapping_add(done), len - done) => {
-                fh_status::FH_ERR_PIN_FAILED
+                RmaError::PinFailed
             }
-            libc::EFAULT => fh_status::FH_ERR_REMOTE_FAULT,
-            libc::ENOMEM => fh_status::FH_ERR_NO_MEMORY,
+            libc::EFAULT => RmaError::RemoteFault,
+            libc::ENOMEM => RmaError::NoMemory,
             // EPERM (ptrace restrictions on ourselves are not expected) and anything else.
-            _ => fh_status::FH_ERR_UNSUPPORTED,
+            _ => RmaError::Unsupported,
         });
     }
     Ok(())
@@ -134,7 +139,7 @@ mod tests {
         for dir in [Dir::Put, Dir::Get] {
             // SAFETY: `buf` is live for 64 bytes; `bad` is checked by the kernel.
             let r = unsafe { copy(dir, buf.as_mut_ptr(), bad, 64) };
-            assert_eq!(r, Err(fh_status::FH_ERR_REMOTE_FAULT), "{dir:?}");
+            assert_eq!(r, Err(RmaError::RemoteFault), "{dir:?}");
         }
     }
 
@@ -145,6 +150,6 @@ mod tests {
         // SAFETY: deliberately breaks the contract's *validity* only in a way the kernel checks
         // (the local side is only ever touched through process_vm_*).
         let r = unsafe { copy(Dir::Put, bad, target.as_ptr() as u64, 64) };
-        assert_eq!(r, Err(fh_status::FH_ERR_PIN_FAILED));
+        assert_eq!(r, Err(RmaError::PinFailed));
     }
 }

@@ -226,8 +226,8 @@ pub(crate) fn write_own_memory(addr: u64, data: &[u8]) -> Result<(), PinFailure>
         )
     };
     r.map_err(|s| match s {
-        crate::rt::status::fh_status::FH_ERR_NO_MEMORY => PinFailure::NoMemory,
-        crate::rt::status::fh_status::FH_ERR_REMOTE_FAULT => PinFailure::Unmapped,
+        super::RmaError::NoMemory => PinFailure::NoMemory,
+        super::RmaError::RemoteFault => PinFailure::Unmapped,
         _ => PinFailure::Other,
     })
 }

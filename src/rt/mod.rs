@@ -14,9 +14,6 @@
 //!   the userfaultfd's watches);
 //! - `seam`: the two traits where the cache and the monitor meet. Both layers implement or call
 //!   them and neither may import the other, so the traits live below both;
-//! - `status`: the C ABI's status codes (`fh_status`, `FhResult`). They are part of the C header
-//!   (build.rs feeds this file to cbindgen), but every layer returns them, so they sit here rather
-//!   than in `ffi`, which is the top.
 //!
 //! `config` (the environment's settings) is not here: it parses into types of `helper` and
 //! `pin`, so it sits above them, in `src/config/`.
@@ -32,4 +29,3 @@ pub mod race_once;
 pub(crate) mod range_counts;
 pub(crate) mod raw_thread;
 pub mod seam;
-pub mod status;

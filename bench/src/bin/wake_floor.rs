@@ -104,7 +104,7 @@ fn bind(cpu: usize) -> Result<(), String> {
     if cpu >= libc::CPU_SETSIZE as usize {
         return Err(format!("CPU {cpu} is out of range"));
     }
-    firehose::helper::placement::bind_current_thread(cpu).map_err(|errno| {
+    firehose::internals::helper::placement::bind_current_thread(cpu).map_err(|errno| {
         format!(
             "cannot bind to CPU {cpu}: {}",
             std::io::Error::from_raw_os_error(errno)

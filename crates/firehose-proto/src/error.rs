@@ -3,6 +3,8 @@
 //! that does not parse or does not fit the protocol (`WireError`, nothing changed), and why the
 //! driver's pinning backend refused a range (`PinFailure`).
 
+use std::fmt;
+
 use crate::Rank;
 
 /// An op refused by `acquire`/`release`, or failed later (`Event::Failed`).
@@ -116,3 +118,60 @@ impl RemoteError {
         }
     }
 }
+
+impl fmt::Display for FhError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FhError::ZeroLength => f.write_str("length is zero"),
+            FhError::Overflow => f.write_str("raddr + len overflows"),
+            FhError::BadRank(r) => write!(f, "no such rank {r}"),
+            FhError::SelfRank => f.write_str("the own rank"),
+            FhError::TooLong { max } => write!(f, "longer than {max} bytes"),
+            FhError::PutLength => f.write_str("small put payload length differs from len"),
+            FhError::BadRights => f.write_str("invalid rights"),
+            FhError::DuplicateOp => f.write_str("op id already in use"),
+            FhError::UnknownOp => f.write_str("unknown op id"),
+            FhError::PeerLost(r) => write!(f, "rank {r} was lost"),
+            FhError::Remote(e) => write!(f, "at the target: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for FhError {}
+
+impl fmt::Display for WireError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            WireError::Truncated => f.write_str("truncated message"),
+            WireError::BadVersion => f.write_str("unknown protocol version"),
+            WireError::UnknownKind => f.write_str("unknown message kind"),
+            WireError::TrailingBytes => f.write_str("trailing bytes"),
+            WireError::Malformed => f.write_str("malformed field"),
+            WireError::BadSender(r) => write!(f, "bad sender rank {r}"),
+            WireError::PeerLost(r) => write!(f, "sender rank {r} was lost"),
+            WireError::BadPin => f.write_str("bad pin"),
+            WireError::BadPut => f.write_str("bad small put"),
+            WireError::OverQuota => f.write_str("over quota"),
+            WireError::NotHeld => f.write_str("region not held"),
+            WireError::UnknownRequest => f.write_str("reply to no outstanding request"),
+            WireError::BadGrant => f.write_str("bad grant"),
+            WireError::BadQuota => f.write_str("quota message out of protocol"),
+        }
+    }
+}
+
+impl std::error::Error for WireError {}
+
+impl fmt::Display for RemoteError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            RemoteError::Unmapped => "range not mapped",
+            RemoteError::NoMemory => "out of pinnable memory",
+            RemoteError::PinFailed => "pin failed",
+            RemoteError::Refused => "move refused",
+            RemoteError::Denied => "range not exposed for this access",
+        })
+    }
+}
+
+impl std::error::Error for RemoteError {}

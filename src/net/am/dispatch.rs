@@ -6,8 +6,8 @@ use super::endpoint::{map_link_err, Inner};
 use super::handlers::Handler;
 use super::replier::Replier;
 use crate::net::wire::{Header, Kind, Reject, HEADER_LEN};
+use crate::net::NetError;
 use crate::net::{LinkError, LinkEvent, Rank};
-use crate::rt::status::{fh_status, FhResult};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -21,7 +21,7 @@ struct Settle {
 }
 
 impl Inner {
-    pub(super) fn progress(&self) -> FhResult<usize> {
+    pub(super) fn progress(&self) -> Result<usize, NetError> {
         let mut n = self.run_loopback();
         let mut done: Option<Settle> = None;
         let polled = self.link.poll(&mut |ev| {
@@ -176,12 +176,11 @@ impl Inner {
         p.got_bye = true;
         p.drop_queued();
         drop(p);
-        self.tickets
-            .fail_peer(Some(from), fh_status::FH_ERR_PEER_LOST);
+        self.tickets.fail_peer(Some(from), NetError::PeerLost);
         self.tell_lost(from);
     }
 
-    pub(super) fn finalize(&self) -> FhResult<()> {
+    pub(super) fn finalize(&self) -> Result<(), NetError> {
         if self.finalized.load(Ordering::Acquire) {
             return Ok(());
         }
@@ -204,7 +203,7 @@ impl Inner {
             }
             p.said_bye = true;
         }
-        self.tickets.fail_peer(None, fh_status::FH_ERR_FINALIZED);
+        self.tickets.fail_peer(None, NetError::Finalized);
         Ok(())
     }
 

@@ -10,8 +10,8 @@ use crate::net::credits::PeerFlow;
 use crate::net::settings::NetSettings;
 use crate::net::stats::{Stats, StatsSnapshot};
 use crate::net::wire::{Header, Kind, HEADER_LEN};
+use crate::net::NetError;
 use crate::net::{Link, LinkError, Rank};
-use crate::rt::status::{fh_status, FhResult};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -33,13 +33,13 @@ pub struct Ticket {
 }
 
 impl SendReply for Inner {
-    fn send_reply(&self, peer: Rank, token: u32, payload: &[u8]) -> FhResult<()> {
+    fn send_reply(&self, peer: Rank, token: u32, payload: &[u8]) -> Result<(), NetError> {
         self.send_msg(peer, Kind::Reply, 0, token, payload)
     }
 }
 
 impl Progress for Inner {
-    fn progress(&self) -> FhResult<usize> {
+    fn progress(&self) -> Result<usize, NetError> {
         Inner::progress(self)
     }
     fn link(&self) -> &Arc<dyn Link> {
@@ -80,18 +80,18 @@ pub(super) struct Inner {
     pub me: Weak<Inner>,
 }
 
-pub(super) fn map_link_err(e: &LinkError) -> fh_status {
+pub(super) fn map_link_err(e: &LinkError) -> NetError {
     match e {
-        LinkError::BadRank(_) => fh_status::FH_ERR_BAD_RANK,
-        LinkError::TooLong { .. } => fh_status::FH_ERR_MSG_TOO_LONG,
-        LinkError::Closed => fh_status::FH_ERR_FINALIZED,
+        LinkError::BadRank(_) => NetError::BadRank,
+        LinkError::TooLong { .. } => NetError::MsgTooLong,
+        LinkError::Closed => NetError::Finalized,
         // A device error on one connection (verbs: the QP went to error) loses that peer.
-        LinkError::PeerLost(_) | LinkError::Device(_) => fh_status::FH_ERR_PEER_LOST,
+        LinkError::PeerLost(_) | LinkError::Device(_) => NetError::PeerLost,
         // Refused before posting.
-        LinkError::ZeroLength => fh_status::FH_ERR_ZERO_LENGTH,
-        LinkError::Overflow => fh_status::FH_ERR_OVERFLOW,
+        LinkError::ZeroLength => NetError::ZeroLength,
+        LinkError::Overflow => NetError::Overflow,
         // The target refused the access, and the connection broke with it (RC).
-        LinkError::RemoteAccess(_) => fh_status::FH_ERR_PEER_LOST,
+        LinkError::RemoteAccess(_) => NetError::PeerLost,
     }
 }
 
@@ -118,15 +118,15 @@ impl Inner {
         handler: u16,
         token: u32,
         payload: &[u8],
-    ) -> FhResult<()> {
+    ) -> Result<(), NetError> {
         if self.finalized.load(Ordering::Acquire) {
-            return Err(fh_status::FH_ERR_FINALIZED);
+            return Err(NetError::Finalized);
         }
         if peer >= self.size {
-            return Err(fh_status::FH_ERR_BAD_RANK);
+            return Err(NetError::BadRank);
         }
         if payload.len() > self.max_payload {
-            return Err(fh_status::FH_ERR_MSG_TOO_LONG);
+            return Err(NetError::MsgTooLong);
         }
         let header = Header {
             kind,
@@ -149,7 +149,7 @@ impl Inner {
         }
         let mut p = self.peer(peer);
         if p.closed() {
-            return Err(fh_status::FH_ERR_PEER_LOST);
+            return Err(NetError::PeerLost);
         }
         match p.send_data(&self.out(peer), header, payload) {
             Ok(true) => Ok(()),
@@ -160,7 +160,7 @@ impl Inner {
                     drop(p);
                     self.stats.queue_overflow();
                     self.give_up(peer);
-                    return Err(fh_status::FH_ERR_PEER_LOST);
+                    return Err(NetError::PeerLost);
                 }
                 Ok(())
             }
@@ -184,8 +184,7 @@ impl Inner {
         if first {
             self.stats.peer_lost();
         }
-        self.tickets
-            .fail_peer(Some(peer), fh_status::FH_ERR_PEER_LOST);
+        self.tickets.fail_peer(Some(peer), NetError::PeerLost);
         self.tell_lost(peer);
     }
 
@@ -222,7 +221,7 @@ impl Inner {
         self.lose(peer);
     }
 
-    fn wait(&self, t: &Ticket, timeout: Option<Duration>) -> FhResult<Vec<u8>> {
+    fn wait(&self, t: &Ticket, timeout: Option<Duration>) -> Result<Vec<u8>, NetError> {
         let timeout = timeout.or(self.settings.timeout);
         let probe = self.settings.probe;
         // The clock is first read at the first check after some empty polls, not here: under
@@ -259,7 +258,7 @@ impl Inner {
                 .get_or_insert_with(|| (timeout.and_then(|d| now.checked_add(d)), now + probe));
             if deadline.is_some_and(|d| now >= d) {
                 self.tickets.forget(t.token);
-                return Err(fh_status::FH_ERR_TIMEOUT);
+                return Err(NetError::Timeout);
             }
             if now >= *np && t.peer != self.rank {
                 // A silent peer shows up as PeerLost from a later poll, failing the ticket.
@@ -298,8 +297,8 @@ pub struct Am {
 
 impl Am {
     /// An endpoint over `link`. The link must keep at least `credits::RESERVED + 1` receive slots
-    /// per peer (`FH_ERR_BAD_CONFIG` otherwise). Starts the progress thread if the settings say so.
-    pub fn new(link: Arc<dyn Link>, settings: NetSettings) -> FhResult<Am> {
+    /// per peer (`NetError::BadConfig` otherwise). Starts the progress thread if the settings say so.
+    pub fn new(link: Arc<dyn Link>, settings: NetSettings) -> Result<Am, NetError> {
         let am = Self::new_paused(link, settings)?;
         am.start_progress_thread()?;
         Ok(am)
@@ -311,19 +310,19 @@ impl Am {
     /// soon as the link is up (e.g. its first barrier round), so the owner registers its
     /// handlers first, then starts the thread. Without a thread nothing is delivered before the
     /// owner's first call, which comes after its registrations.
-    pub(crate) fn new_paused(link: Arc<dyn Link>, settings: NetSettings) -> FhResult<Am> {
+    pub(crate) fn new_paused(link: Arc<dyn Link>, settings: NetSettings) -> Result<Am, NetError> {
         let (rank, size) = (link.rank(), link.size());
         let max_size = settings.max_size.min(link.max_msg());
         if max_size <= HEADER_LEN || rank >= size {
-            return Err(fh_status::FH_ERR_BAD_CONFIG);
+            return Err(NetError::BadConfig);
         }
         let peers = (0..size)
             .map(|_| {
                 PeerFlow::new(link.recv_slots())
                     .map(|f| Mutex::new(Peer::new(f, max_size)))
-                    .ok_or(fh_status::FH_ERR_BAD_CONFIG)
+                    .ok_or(NetError::BadConfig)
             })
-            .collect::<FhResult<Vec<_>>>()?;
+            .collect::<Result<Vec<_>, NetError>>()?;
         let inner = Arc::new_cyclic(|me| Inner {
             link,
             rank,
@@ -348,7 +347,7 @@ impl Am {
 
     /// Starts the progress thread if the settings want one and it is not running yet (nor
     /// finalized). Idempotent.
-    pub(crate) fn start_progress_thread(&self) -> FhResult<()> {
+    pub(crate) fn start_progress_thread(&self) -> Result<(), NetError> {
         let mut t = self.thread.lock().unwrap_or_else(|e| e.into_inner());
         if !self.inner.settings.progress_thread
             || t.is_some()
@@ -356,9 +355,7 @@ impl Am {
         {
             return Ok(());
         }
-        *t = Some(
-            ProgressThread::start(self.inner.clone()).map_err(|_| fh_status::FH_ERR_NO_MEMORY)?,
-        );
+        *t = Some(ProgressThread::start(self.inner.clone()).map_err(|_| NetError::NoMemory)?);
         Ok(())
     }
 
@@ -423,9 +420,9 @@ impl Am {
     }
 
     /// Sends a request to handler `id` at `peer` without waiting (queued if no credit is free).
-    pub fn request(&self, peer: Rank, id: u16, payload: &[u8]) -> FhResult<Ticket> {
+    pub fn request(&self, peer: Rank, id: u16, payload: &[u8]) -> Result<Ticket, NetError> {
         if peer >= self.inner.size {
-            return Err(fh_status::FH_ERR_BAD_RANK);
+            return Err(NetError::BadRank);
         }
         let token = self.inner.tickets.open(peer);
         match self.inner.send_msg(peer, Kind::Request, id, token, payload) {
@@ -438,26 +435,26 @@ impl Am {
     }
 
     /// Sends a message to one-way handler `id` at `peer` (no reply; queued if no credit).
-    pub fn send_oneway(&self, peer: Rank, id: u16, payload: &[u8]) -> FhResult<()> {
+    pub fn send_oneway(&self, peer: Rank, id: u16, payload: &[u8]) -> Result<(), NetError> {
         self.inner.send_msg(peer, Kind::OneWay, id, 0, payload)
     }
 
     /// Progresses once, then: `Ok(Some(reply))` (the ticket is spent), `Ok(None)` if still
-    /// outstanding, or the request's error. A spent ticket is `FH_ERR_UNKNOWN_HANDLE`.
-    pub fn test(&self, t: &Ticket) -> FhResult<Option<Vec<u8>>> {
+    /// outstanding, or the request's error. A spent ticket is `NetError::UnknownHandle`.
+    pub fn test(&self, t: &Ticket) -> Result<Option<Vec<u8>>, NetError> {
         self.inner.progress()?;
         self.inner.tickets.take(t.token).transpose()
     }
 
     /// Progresses until the reply arrives. `timeout` `None` means `FH_AM_TIMEOUT_MS`; on timeout
-    /// the request is forgotten (a late reply is rejected as stale) and `FH_ERR_TIMEOUT` returned.
-    /// Waits longer than `FH_AM_PROBE_MS` probe the peer, so a dead peer is `FH_ERR_PEER_LOST`.
-    pub fn wait(&self, t: Ticket, timeout: Option<Duration>) -> FhResult<Vec<u8>> {
+    /// the request is forgotten (a late reply is rejected as stale) and `NetError::Timeout` returned.
+    /// Waits longer than `FH_AM_PROBE_MS` probe the peer, so a dead peer is `NetError::PeerLost`.
+    pub fn wait(&self, t: Ticket, timeout: Option<Duration>) -> Result<Vec<u8>, NetError> {
         self.inner.wait(&t, timeout)
     }
 
     /// `request` then `wait` with the default timeout.
-    pub fn call(&self, peer: Rank, id: u16, payload: &[u8]) -> FhResult<Vec<u8>> {
+    pub fn call(&self, peer: Rank, id: u16, payload: &[u8]) -> Result<Vec<u8>, NetError> {
         let t = self.request(peer, id, payload)?;
         self.wait(t, None)
     }
@@ -469,15 +466,15 @@ impl Am {
 
     /// Delivers what arrived (running handlers), sends what credits allow. Returns the number of
     /// events handled. Never blocks.
-    pub fn progress(&self) -> FhResult<usize> {
+    pub fn progress(&self) -> Result<usize, NetError> {
         self.inner.progress()
     }
 
     /// Finishes: stops the progress thread, sends what waits for credits (for up to one probe
     /// interval), says bye to every peer, and fails outstanding requests with
-    /// `FH_ERR_FINALIZED`. Afterwards every send is `FH_ERR_FINALIZED` and every message that
+    /// `NetError::Finalized`. Afterwards every send is `NetError::Finalized` and every message that
     /// still arrives is rejected. Idempotent. Must not be called from a handler.
-    pub fn finalize(&self) -> FhResult<()> {
+    pub fn finalize(&self) -> Result<(), NetError> {
         if let Some(t) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
             t.stop();
         }
@@ -486,7 +483,7 @@ impl Am {
 
     /// Declares a live `peer` lost: it stayed silent past a bound (`rma`'s waits), or
     /// misbehaved (see `FH_AM_MAX_QUEUED`). It is told with a goodbye (best effort), everything
-    /// queued for it is dropped, its requests fail with `FH_ERR_PEER_LOST`, the peer-loss handler
+    /// queued for it is dropped, its requests fail with `NetError::PeerLost`, the peer-loss handler
     /// is told, and nothing more goes to it or is accepted from it. Counted in
     /// `StatsSnapshot::peers_given_up` (and `peers_lost`). Idempotent.
     pub(crate) fn give_up(&self, peer: Rank) {

@@ -26,7 +26,7 @@
 //! after every wake-up, and ~0 after (`scripts/bench-attentive`).
 
 use crate::net::link::Link;
-use crate::rt::status::FhResult;
+use crate::net::NetError;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -47,7 +47,7 @@ const YIELD_EVERY_FOREVER: u32 = 1024;
 /// the thread needs nothing else of the endpoint.
 pub(super) trait Progress: Send + Sync + 'static {
     /// Deliver what arrived, send what credits allow; the number of events handled.
-    fn progress(&self) -> FhResult<usize>;
+    fn progress(&self) -> Result<usize, NetError>;
     /// The link the thread sleeps on.
     fn link(&self) -> &Arc<dyn Link>;
     /// How long to keep polling after an event (`None`: forever).

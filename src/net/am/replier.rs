@@ -3,18 +3,18 @@
 
 use std::sync::Weak;
 
+use crate::net::NetError;
 use crate::net::Rank;
-use crate::rt::status::{fh_status, FhResult};
 
 /// What a [`Replier`] sends through: the endpoint's shared state (`endpoint.rs`).
 pub(super) trait SendReply: Send + Sync {
     /// Send `payload` as the reply to request `token` of `peer`.
-    fn send_reply(&self, peer: Rank, token: u32, payload: &[u8]) -> FhResult<()>;
+    fn send_reply(&self, peer: Rank, token: u32, payload: &[u8]) -> Result<(), NetError>;
 }
 
 /// The way back to a requester, handed to a request handler. It may be kept and used after the
 /// handler returned (a reply that needs other messages first). Dropped without `reply`, the
-/// requester's ticket ends in `FH_ERR_TIMEOUT` (or `PEER_LOST`/`FINALIZED`).
+/// requester's ticket ends in `NetError::Timeout` (or `PEER_LOST`/`FINALIZED`).
 #[derive(Debug)]
 pub struct Replier {
     pub(super) inner: Weak<dyn SendReply>,
@@ -23,10 +23,10 @@ pub struct Replier {
 }
 
 impl Replier {
-    /// Sends the reply (non-blocking: queued if no credit is free). `FH_ERR_FINALIZED` if the
+    /// Sends the reply (non-blocking: queued if no credit is free). `NetError::Finalized` if the
     /// endpoint is finalized or gone.
-    pub fn reply(self, payload: &[u8]) -> FhResult<()> {
-        let inner = self.inner.upgrade().ok_or(fh_status::FH_ERR_FINALIZED)?;
+    pub fn reply(self, payload: &[u8]) -> Result<(), NetError> {
+        let inner = self.inner.upgrade().ok_or(NetError::Finalized)?;
         inner.send_reply(self.peer, self.token, payload)
     }
 }

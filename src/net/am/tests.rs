@@ -4,7 +4,7 @@ use super::*;
 use crate::net::settings::NetSettings;
 use crate::net::sim::{Delivery, SimConfig, SimNet};
 use crate::net::wire::{Kind, Reject};
-use crate::rt::status::fh_status;
+use crate::net::NetError;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -40,15 +40,9 @@ fn loopback_to_own_rank() {
 #[test]
 fn argument_errors() {
     let (_net, a, _b) = pair(Delivery::Auto);
-    assert_eq!(
-        a.request(2, 1, b"").unwrap_err(),
-        fh_status::FH_ERR_BAD_RANK
-    );
+    assert_eq!(a.request(2, 1, b"").unwrap_err(), NetError::BadRank);
     let big = vec![0; a.max_payload() + 1];
-    assert_eq!(
-        a.send_oneway(1, 1, &big).unwrap_err(),
-        fh_status::FH_ERR_MSG_TOO_LONG
-    );
+    assert_eq!(a.send_oneway(1, 1, &big).unwrap_err(), NetError::MsgTooLong);
     a.send_oneway(1, 1, &big[1..]).unwrap();
 }
 
@@ -75,10 +69,7 @@ fn spent_ticket_and_stale_reply() {
     a.progress().unwrap();
     assert_eq!(a.stats().rejected(Reject::UnknownToken), 1);
     let spent = Ticket { token, peer: 1 };
-    assert_eq!(
-        a.test(&spent).unwrap_err(),
-        fh_status::FH_ERR_UNKNOWN_HANDLE
-    );
+    assert_eq!(a.test(&spent).unwrap_err(), NetError::UnknownHandle);
 }
 
 #[test]
@@ -86,7 +77,7 @@ fn timeout_when_the_peer_never_progresses() {
     let (_net, a, _b) = pair(Delivery::Auto);
     let t = a.request(1, 1, b"x").unwrap();
     let e = a.wait(t, Some(Duration::from_millis(30))).unwrap_err();
-    assert_eq!(e, fh_status::FH_ERR_TIMEOUT);
+    assert_eq!(e, NetError::Timeout);
     assert_eq!(a.outstanding(), 0);
 }
 
@@ -97,7 +88,7 @@ fn needs_a_data_slot() {
         ..SimConfig::new(2, 1, Delivery::Auto)
     });
     let e = Am::new(net.link(0), NetSettings::default()).err();
-    assert_eq!(e, Some(fh_status::FH_ERR_BAD_CONFIG));
+    assert_eq!(e, Some(NetError::BadConfig));
 }
 
 #[test]

@@ -7,14 +7,14 @@
 //! only after it moved; and `done` is notified only if someone sleeps on it (a notify is a futex
 //! system call even with no waiter, microseconds under emulation).
 
+use crate::net::NetError;
 use crate::net::Rank;
-use crate::rt::status::fh_status;
 use rustc_hash::FxHashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
-pub(super) type Outcome = Result<Vec<u8>, fh_status>;
+pub(super) type Outcome = Result<Vec<u8>, NetError>;
 
 struct Entry {
     peer: Rank,
@@ -96,7 +96,7 @@ impl Tickets {
     }
 
     /// Fails every outstanding request to `peer` (`None`: to everyone).
-    pub(super) fn fail_peer(&self, peer: Option<Rank>, why: fh_status) {
+    pub(super) fn fail_peer(&self, peer: Option<Rank>, why: NetError) {
         let mut t = self.lock();
         for e in t.map.values_mut() {
             if !matches!(peer, Some(p) if p != e.peer) && e.outcome.is_none() {
@@ -112,7 +112,7 @@ impl Tickets {
     pub(super) fn take(&self, token: u32) -> Option<Outcome> {
         let mut t = self.lock();
         match t.map.get(&token) {
-            None => Some(Err(fh_status::FH_ERR_UNKNOWN_HANDLE)),
+            None => Some(Err(NetError::UnknownHandle)),
             Some(e) if e.outcome.is_some() => t.map.remove(&token).and_then(|e| e.outcome),
             Some(_) => None,
         }
@@ -186,7 +186,7 @@ mod tests {
             assert!(t.complete(tok, i % 3, &[]));
             assert!(t.take(tok).unwrap().is_ok());
         }
-        t.fail_peer(None, fh_status::FH_ERR_FINALIZED);
+        t.fail_peer(None, NetError::Finalized);
         // A sleep on a settled ticket returns at once and is never counted.
         let tok = t.open(0);
         assert!(t.complete(tok, 0, &[]));

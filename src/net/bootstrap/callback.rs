@@ -10,7 +10,6 @@
 
 use super::{Bootstrap, BootstrapError};
 use crate::net::Rank;
-use crate::rt::status::fh_status;
 use std::ffi::{c_int, c_void};
 use std::fmt;
 
@@ -38,19 +37,13 @@ pub struct HostOps {
     pub barrier: Option<BarrierFn>,
 }
 
-/// `HostOps` that cannot describe a job. Each is `FH_ERR_BAD_CONFIG` at the C API: the struct is
-/// configuration, so a NULL `allgather` in it is a bad setting, not a NULL argument.
+/// `HostOps` that cannot describe a job. Each is `FH_ERR_BAD_CONFIG` at the C API (mapped in
+/// `ffi`): the struct is configuration, so a NULL `allgather` in it is a bad setting, not a NULL argument.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BadOps {
     ZeroSize,
     RankOutOfRange { rank: u32, size: u32 },
     NoAllgather,
-}
-
-impl BadOps {
-    pub fn status(self) -> fh_status {
-        fh_status::FH_ERR_BAD_CONFIG
-    }
 }
 
 impl fmt::Display for BadOps {

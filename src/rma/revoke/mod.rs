@@ -34,7 +34,7 @@ pub use shared::RevokeStats;
 pub use worker::Driver;
 
 use crate::monitor::{self, MemoryListener, Subscription};
-use crate::rt::status::{fh_status, FhResult};
+use crate::rma::RmaError;
 use shared::Shared;
 use std::sync::Arc;
 
@@ -63,18 +63,18 @@ impl Revocation {
     }
 
     /// Subscribes the listener and starts the `fh-revoke` worker on `driver`.
-    /// `FH_ERR_TOO_MANY_CACHES` when no listener slot is left (a context whose unmaps nobody
+    /// `RmaError::TooManyCaches` when no listener slot is left (a context whose unmaps nobody
     /// sees must not pin for peers). Call once.
-    pub fn start(&mut self, driver: Box<dyn worker::Driver>) -> FhResult<()> {
+    pub fn start(&mut self, driver: Box<dyn worker::Driver>) -> Result<(), RmaError> {
         let listener = Arc::new(listener::RevokeListener(self.shared.clone()));
         let subscription = monitor::subscribe(listener as Arc<dyn MemoryListener>);
         if !subscription.is_active() {
-            return Err(fh_status::FH_ERR_TOO_MANY_CACHES);
+            return Err(RmaError::TooManyCaches);
         }
         let sh = self.shared.clone();
         // A plain pthread: see `raw_thread.rs`.
         let worker = crate::rt::raw_thread::spawn(c"fh-revoke", move || worker::run(sh, driver))
-            .map_err(|_| fh_status::FH_ERR_NO_MEMORY)?;
+            .map_err(|_| RmaError::NoMemory)?;
         self.subscription = Some(subscription);
         self.worker = Some(worker);
         Ok(())

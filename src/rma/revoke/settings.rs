@@ -22,7 +22,7 @@
 //! timeout.
 
 use crate::config::ConfigError;
-use crate::rt::status::{fh_status, FhResult};
+use crate::rma::RmaError;
 use std::time::Duration;
 
 pub(crate) const DEFAULT_TIMEOUT_MS: u64 = 1000;
@@ -50,10 +50,10 @@ impl Default for RevokeSettings {
 
 impl RevokeSettings {
     /// Defaults overridden by the process environment; the reason on stderr on error.
-    pub fn from_env() -> FhResult<RevokeSettings> {
+    pub fn from_env() -> Result<RevokeSettings, RmaError> {
         Self::from_lookup(|k| std::env::var(k).ok()).map_err(|e| {
             crate::fh_error!("{e}");
-            fh_status::FH_ERR_BAD_CONFIG
+            RmaError::BadConfig
         })
     }
 

@@ -18,8 +18,8 @@ mod rate;
 mod report;
 mod summary;
 
-use firehose::net::bootstrap;
-use firehose::net::{Peers, PeersConfig};
+use firehose::internals::net::bootstrap;
+use firehose::internals::net::{Peers, PeersConfig};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 

@@ -74,8 +74,9 @@ fn measure(ctx: &Ctx, a: &Args) -> Rate {
         ));
     }
     ctx.stop_responder();
-    let credit_only =
-        |s: &firehose::net::stats::StatsSnapshot| s.received(firehose::net::wire::Kind::CreditOnly);
+    let credit_only = |s: &firehose::internals::net::StatsSnapshot| {
+        s.received(firehose::internals::net::WireKind::CreditOnly)
+    };
     Rate {
         msgs: a.msgs,
         secs,

@@ -20,7 +20,7 @@ pub fn header(ctx: &Ctx, a: &Args) -> String {
         ctx.peers.size(),
         a.size,
         s.recv_depth,
-        s.recv_depth - firehose::net::credits::RESERVED,
+        s.recv_depth - firehose::internals::net::RESERVED,
         s.max_size,
         s.spin.as_micros(),
     )

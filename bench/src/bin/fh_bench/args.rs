@@ -96,7 +96,7 @@ fn tests(list: &str) -> Result<Vec<Test>, lexopt::Error> {
 fn sizes(flag: &str, list: &str) -> Result<Vec<usize>, lexopt::Error> {
     list.split(',')
         .map(|s| {
-            firehose::config::parse_size(s.trim())
+            firehose::internals::config::parse_size(s.trim())
                 .filter(|&v| v > 0)
                 .ok_or_else(|| format!("{flag}: {s:?} is not a size > 0").into())
         })
@@ -105,7 +105,7 @@ fn sizes(flag: &str, list: &str) -> Result<Vec<usize>, lexopt::Error> {
 
 fn size(p: &mut lexopt::Parser, flag: &str) -> Result<usize, lexopt::Error> {
     let v = p.value()?.string()?;
-    firehose::config::parse_size(v.trim())
+    firehose::internals::config::parse_size(v.trim())
         .filter(|&v| v > 0)
         .ok_or_else(|| format!("{flag}: {v:?} is not a size > 0").into())
 }

@@ -24,11 +24,11 @@ use std::alloc::{alloc_zeroed, Layout};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use firehose::cache::{Cache, Limits};
-use firehose::net::bootstrap;
-use firehose::net::{Peers, PeersConfig};
-use firehose::pin::verbs::VerbsPinner;
-use firehose::rma::Rma;
+use firehose::internals::cache::{Cache, Limits};
+use firehose::internals::net::bootstrap;
+use firehose::internals::net::{Peers, PeersConfig};
+use firehose::internals::pin::verbs::VerbsPinner;
+use firehose::internals::rma::Rma;
 use firehose_proto::FirehoseConfig;
 
 use served::Served;

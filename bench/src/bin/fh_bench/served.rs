@@ -7,10 +7,10 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 
-use firehose::net::{Am, Rank};
-use firehose::pin::verbs::{Mr, Pd};
-use firehose::pin::Access;
-use firehose::rma::Rma;
+use firehose::internals::net::{Am, Rank};
+use firehose::internals::pin::verbs::{Mr, Pd};
+use firehose::internals::pin::Access;
+use firehose::internals::rma::Rma;
 
 /// Handler ids (clear of Firehose's 0xFE00 and the barrier's 0xFF00).
 pub const RV_REQ: u16 = 0x4601;

@@ -16,10 +16,10 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use firehose::net::{Am, LinkError, Rank, RdmaKind, RdmaOp, Ticket};
-use firehose::pin::verbs::{Mr, Pd};
-use firehose::pin::Access;
-use firehose::rma::Rma;
+use firehose::internals::net::{Am, LinkError, Rank, RdmaKind, RdmaOp, Ticket};
+use firehose::internals::pin::verbs::{Mr, Pd};
+use firehose::internals::pin::Access;
+use firehose::internals::rma::Rma;
 
 use crate::served::{rv_request, Exposed, RV_DONE, RV_REQ};
 use crate::{fail, Ctx};
@@ -168,7 +168,7 @@ impl Transport for Firehose {
 struct Poster {
     rma: Arc<Rma>,
     raw: Arc<Raw>,
-    am_link: Arc<dyn firehose::net::Link>,
+    am_link: Arc<dyn firehose::internals::net::Link>,
     local: Arc<LocalKeys>,
     window: usize,
 }

@@ -38,10 +38,10 @@ mod workload;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use firehose::cache::{Cache, Limits};
-use firehose::helper::planner::PlannerConfig;
-use firehose::helper::{self, Helper, HelperConfig, HelperStats, Placement};
-use firehose::pin::{Access, Pinner};
+use firehose::internals::cache::{Cache, Limits};
+use firehose::internals::helper::PlannerConfig;
+use firehose::internals::helper::{self, Helper, HelperConfig, HelperStats, Placement};
+use firehose::internals::pin::{Access, Pinner};
 
 use recorder::{PinnedLog, Recorder};
 use workload::Program;
@@ -265,8 +265,8 @@ const ACCESS: Access = Access(1 | 4); // local write, remote read: a send buffer
 
 /// `cores`: (the program's core, the helper's core), from `--cores`; `None`: both unbound.
 /// `FH_HELPER_CLOCK` (a bad value exits with the reason, as the library's settings do).
-fn helper_clock() -> firehose::helper::clock::ClockChoice {
-    firehose::config::helper_clock_from_env().unwrap_or_else(|_| std::process::exit(2))
+fn helper_clock() -> firehose::internals::helper::clock::ClockChoice {
+    firehose::internals::config::helper_clock_from_env().unwrap_or_else(|_| std::process::exit(2))
 }
 
 fn run(p: &Program, mode: Mode, backend: &Arc<dyn Pinner>, cores: Option<(usize, usize)>) -> Run {
@@ -338,9 +338,9 @@ fn run(p: &Program, mode: Mode, backend: &Arc<dyn Pinner>, cores: Option<(usize,
 
 fn open_backend(name: &str) -> Result<Arc<dyn Pinner>, String> {
     match name {
-        "mlock" => Ok(Arc::new(firehose::pin::mlock::MlockPinner::new())),
+        "mlock" => Ok(Arc::new(firehose::internals::pin::MlockPinner::new())),
         "verbs" => {
-            use firehose::pin::verbs::{open_device, VerbsPinner};
+            use firehose::internals::pin::verbs::{open_device, VerbsPinner};
             let pd = open_device(None)
                 .and_then(|ctx| ctx.alloc_pd())
                 .map_err(|e| format!("verbs backend: {e:?}"))?;
@@ -404,7 +404,7 @@ fn main() {
     let mut modelled = Vec::new();
     for p in &programs {
         let steps = model::steps(p);
-        let runs: Vec<(Mode, firehose::helper::sim::Outcome)> = Mode::ALL
+        let runs: Vec<(Mode, firehose::internals::helper::sim::Outcome)> = Mode::ALL
             .iter()
             .map(|&m| (m, model::run(&steps, m, costs)))
             .collect();

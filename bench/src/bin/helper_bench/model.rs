@@ -1,5 +1,5 @@
 //! The modelled rows: the same programs through the helper's planner on a modelled clock
-//! (`firehose::helper::sim`), with the backend's pin and unpin costs calibrated on the real
+//! (`firehose::internals::helper::sim`), with the backend's pin and unpin costs calibrated on the real
 //! backend and each transfer's time measured here. Deterministic: what the helper does when it
 //! gets the idle core the paper's placement policy asks for, which this shared, loaded host
 //! cannot give the measured rows (a 400 us computation was seen to take 15 ms there).
@@ -7,10 +7,10 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use firehose::helper::cost;
-use firehose::helper::events::Key;
-use firehose::helper::sim::{self, Costs, Outcome, Step};
-use firehose::pin::Pinner;
+use firehose::internals::helper::cost;
+use firehose::internals::helper::sim::{self, Costs, Outcome, Step};
+use firehose::internals::helper::Key;
+use firehose::internals::pin::Pinner;
 
 use crate::workload::Program;
 use crate::Mode;

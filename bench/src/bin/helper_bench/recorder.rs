@@ -5,7 +5,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use firehose::pin::{Access, PinError, Pinned, Pinner};
+use firehose::internals::pin::{Access, PinError, Pinned, Pinner};
 
 pub struct Recorder {
     inner: Arc<dyn Pinner>,

@@ -92,7 +92,7 @@ pub fn summarize(modes: &[Mode], runs: &[(Mode, Run)]) -> Summary {
                 .map(|(_, r)| r)
                 .collect();
             let comm_all: Vec<f64> = rs.iter().map(|r| r.comm_ns as f64 / 1e6).collect();
-            let sum = |f: &dyn Fn(&firehose::helper::HelperStats) -> u64| -> u64 {
+            let sum = |f: &dyn Fn(&firehose::internals::helper::HelperStats) -> u64| -> u64 {
                 rs.iter().filter_map(|r| r.helper.as_ref()).map(f).sum()
             };
             Row {
@@ -122,7 +122,7 @@ pub fn summarize(modes: &[Mode], runs: &[(Mode, Run)]) -> Summary {
 }
 
 /// The modelled runs as rows (one run each: deterministic).
-pub fn summarize_model(runs: &[(Mode, firehose::helper::sim::Outcome)]) -> Summary {
+pub fn summarize_model(runs: &[(Mode, firehose::internals::helper::sim::Outcome)]) -> Summary {
     let rows = runs
         .iter()
         .map(|(m, o)| {
@@ -319,9 +319,9 @@ pub fn table(
     o
 }
 
-/// The helper's time source (`firehose::helper::clock`), as the first helper chose it.
+/// The helper's time source (`firehose::internals::helper::clock`), as the first helper chose it.
 fn clock_line() -> String {
-    match firehose::helper::clock::selected() {
+    match firehose::internals::helper::clock::selected() {
         Some(s) => format!(
             "{} (FH_HELPER_CLOCK={:?}; one clock_gettime costs {} ns here)",
             s.source(),
@@ -443,7 +443,7 @@ fn write_steps(dir: &Path, p: &Program, runs: &[(Mode, Run)]) -> std::io::Result
 pub fn write_model_series(
     dir: &Path,
     p: &Program,
-    runs: &[(Mode, firehose::helper::sim::Outcome)],
+    runs: &[(Mode, firehose::internals::helper::sim::Outcome)],
 ) -> std::io::Result<()> {
     std::fs::create_dir_all(dir)?;
     for (m, o) in runs {

@@ -20,9 +20,9 @@ mod shim_stats;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use firehose::net::verbs::{gid_index_from_env, Completion, Cq, Path, Qp, QpCaps, Sge};
-use firehose::pin::verbs::{DeviceList, Mr, Pd, VerbsError};
-use firehose::pin::Access;
+use firehose::internals::net::verbs::{gid_index_from_env, Completion, Cq, Path, Qp, QpCaps, Sge};
+use firehose::internals::pin::verbs::{DeviceList, Mr, Pd, VerbsError};
+use firehose::internals::pin::Access;
 use rdma_sys::{ibv_dereg_mr, ibv_mr, ibv_reg_mr};
 
 use args::{Args, Mode};
@@ -132,7 +132,7 @@ struct Loop {
     wcs: Vec<Completion>,
 }
 
-fn connect(ctx: &Arc<firehose::pin::verbs::Context>, port: u8) -> Result<Loop, String> {
+fn connect(ctx: &Arc<firehose::internals::pin::verbs::Context>, port: u8) -> Result<Loop, String> {
     let e = |e: VerbsError| e.to_string();
     let path = Path::discover(ctx, port, gid_index_from_env().map_err(e)?).map_err(e)?;
     let pd = ctx.alloc_pd().map_err(e)?;
@@ -214,7 +214,10 @@ fn pattern(b: usize, i: usize) -> u8 {
     (i.wrapping_mul(7) ^ (i >> 9) ^ b.wrapping_mul(0x3d)) as u8
 }
 
-fn run(ctx: &Arc<firehose::pin::verbs::Context>, args: &Args) -> Result<RunResult, String> {
+fn run(
+    ctx: &Arc<firehose::internals::pin::verbs::Context>,
+    args: &Args,
+) -> Result<RunResult, String> {
     let mut lp = connect(ctx, args.port)?;
     let n = args.size;
     let mut srcs = (0..args.buffers)

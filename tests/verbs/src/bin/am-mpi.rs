@@ -8,15 +8,15 @@
 //!   (one of each kind); they must be rejected and counted exactly, and a storm must then work
 //!   among everybody, rank 1 included.
 //! - `exit-silent` / `exit-bye`: the last rank leaves after the first barrier, without (or with)
-//!   saying goodbye; every other rank's request to it must fail with FH_ERR_PEER_LOST (never a
+//!   saying goodbye; every other rank's request to it must fail with PeerLost (never a
 //!   hang, never success), and the survivors must still talk to each other.
 //!
 //! Exit 0 on success; 1 with a `FAIL:` line otherwise.
 
 use firehose::net::bootstrap::{self, Bootstrap, BootstrapError};
 use firehose::net::wire::{Header, Kind, HEADER_LEN};
+use firehose::net::NetError;
 use firehose::net::{Peers, PeersConfig, Rank};
-use firehose::status::fh_status;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -329,13 +329,13 @@ fn main() {
             }
             let started = Instant::now();
             match peers.am().call(leaver, XFORM, b"are you there") {
-                Err(fh_status::FH_ERR_PEER_LOST) => {}
+                Err(NetError::PeerLost) => {}
                 other => fail(format!(
                     "rank {me}: request to the departed rank: {other:?}"
                 )),
             }
             println!(
-                "rank {me}: request to departed rank {leaver}: FH_ERR_PEER_LOST after {:.2} s",
+                "rank {me}: request to departed rank {leaver}: PeerLost after {:.2} s",
                 started.elapsed().as_secs_f64()
             );
             let survivors: Vec<Rank> = (0..leaver).collect();

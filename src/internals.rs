@@ -1,0 +1,87 @@
+//! The library's internals that the LD_PRELOAD shim (`ld-preload/`) and the benchmarks (`bench/`)
+//! use, in one place: exactly those items, grouped by the layer that owns them. Not a stable API
+//! (hidden from the docs); the C API (`ffi`, `include/firehose.h`) is. A crate outside this one
+//! that needs another internal adds it here, so what leaks out of the layers stays visible in
+//! one file.
+
+/// One assembly of a cache (`crate::assembly`).
+pub mod assembly {
+    pub use crate::assembly::{assemble, helper_config, AssembleError, Parts};
+}
+
+/// The pin-down cache (`crate::cache`).
+pub mod cache {
+    pub use crate::cache::{Cache, CacheError, Limits, Registration, Stats};
+}
+
+/// The `FH_*` settings (`crate::config`).
+pub mod config {
+    pub use crate::config::{helper_clock_from_env, parse_size, Config};
+}
+
+/// The helper thread (`crate::helper`).
+pub mod helper {
+    pub use crate::helper::events::Key;
+    pub use crate::helper::planner::PlannerConfig;
+    /// The helper's simulator (the benchmarks' model).
+    #[cfg(any(test, feature = "test-support"))]
+    pub use crate::helper::sim;
+    pub use crate::helper::{clock, cost, pin_flag, placement};
+    pub use crate::helper::{
+        install_unmap_windows, wrap_backend, Helper, HelperConfig, HelperState, HelperStats,
+        Placement,
+    };
+}
+
+/// Memory events (`crate::monitor`).
+pub mod monitor {
+    pub use crate::monitor::ranges::{madvise_drops_pages, mmap_replaces, mremap_fresh};
+    pub use crate::monitor::{
+        install, notify_unmapped, quiesce, reports_fresh, status, subscribe, watch_costs, Hooked,
+        MemoryListener, MonitorOptions, MonitorStatus, Subscription,
+    };
+}
+
+/// Peers and active messages (`crate::net`).
+pub mod net {
+    pub use crate::net::credits::RESERVED;
+    /// The simulated link.
+    #[cfg(any(test, feature = "test-support"))]
+    pub use crate::net::sim::{Delivery, SimConfig, SimNet};
+    pub use crate::net::stats::StatsSnapshot;
+    pub use crate::net::wire::Kind as WireKind;
+    pub use crate::net::{
+        bootstrap, Am, Link, LinkError, NetSettings, Peers, PeersConfig, Rank, RdmaKind, RdmaOp,
+        Ticket,
+    };
+    /// The verbs objects a raw RDMA benchmark drives itself.
+    pub mod verbs {
+        pub use crate::net::verbs::{gid_index_from_env, Completion, Cq, Path, Qp, QpCaps, Sge};
+    }
+}
+
+/// Pinning backends (`crate::pin`).
+pub mod pin {
+    pub use crate::pin::counting::CountingPinner;
+    pub use crate::pin::fork_mode;
+    pub use crate::pin::mlock::MlockPinner;
+    pub use crate::pin::null::NullPinner;
+    pub use crate::pin::{Access, PinError, Pinned, Pinner};
+    /// libibverbs objects.
+    pub mod verbs {
+        pub use crate::pin::verbs::{
+            open_device, Context, DeviceList, Mr, Pd, VerbsError, VerbsPinner,
+        };
+    }
+}
+
+/// Puts and gets (`crate::rma`).
+pub mod rma {
+    /// The simulated target's pins.
+    #[cfg(any(test, feature = "test-support"))]
+    pub use crate::rma::sim_pins::SimPins;
+    pub use crate::rma::Rma;
+}
+
+/// A first-use initialiser that never makes a thread wait (`crate::rt::race_once`).
+pub use crate::rt::race_once::RaceOnce;
