@@ -1141,10 +1141,14 @@ static int st_main(int argc, char **argv, const char *name, int d_threads, int d
                    "registration must be a hit)\n", nm, (unsigned long)k->rounds, tried), bad = 1;
         /* Skipped rounds are honest (the hole went to another thread, malloc chose another
          * address), but too many would leave the path untested. free depends on where the kernel
-         * puts malloc's next mmap, which other threads' holes decide: a lower bar. */
+         * puts malloc's next mmap, which other threads' holes decide: a lower bar. How low depends
+         * on scheduling: with 16 threads on a quiet 2-core host the other core's threads take the
+         * freed hole between free's munmap and malloc's mmap most of the time (measured 111-185
+         * of 2400 free_trim rounds checked, 477-607 of free), on a loaded one much less often
+         * (~1800): 1 in 40, still a hundred-odd rounds per path at 16 threads. */
         int ph_path = st_ph_path[ph];
         int free_like = ph_path == P_FREE || ph_path == P_FREE_TRIM || ph_path == P_MIX;
-        if ((k->rounds + k->kept) * (free_like ? 10 : 4) < k->attempted)
+        if ((k->rounds + k->kept) * (free_like ? 40 : 4) < k->attempted)
             printf("FAIL %s: only %lu of %lu rounds could be checked (see skipped)\n", nm,
                    (unsigned long)k->rounds, (unsigned long)k->attempted), bad = 1;
     }
