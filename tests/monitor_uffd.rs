@@ -7,31 +7,24 @@ mod monitor_util;
 
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::mpsc;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use firehose::cache::RangeWatcher;
-use firehose::monitor::{self, MemoryListener, MonitorOptions, Subscription, UffdWatcher};
-use monitor_util::{in_child, map, run_in_child, serial, Recorder, PAGE};
-
-struct Env {
-    rec: Arc<Recorder>,
-    _sub: Subscription,
-}
+use firehose::monitor::{self, MemoryListener, MonitorOptions, UffdWatcher};
+use monitor_util::{env_with, in_child, map, run_in_child, serial, Env, PAGE};
 
 fn env() -> &'static Env {
-    static E: OnceLock<Env> = OnceLock::new();
-    E.get_or_init(|| {
-        let st = monitor::install(MonitorOptions {
+    env_with(
+        MonitorOptions {
             patch_libc: false,
             userfaultfd: true,
-        });
-        assert_eq!(st.patched, 0);
-        assert!(st.uffd, "userfaultfd unavailable: {st:?}");
-        let rec = Recorder::new();
-        let sub = monitor::subscribe(rec.clone());
-        Env { rec, _sub: sub }
-    })
+        },
+        |st| {
+            assert_eq!(st.patched, 0);
+            assert!(st.uffd, "userfaultfd unavailable: {st:?}");
+        },
+    )
 }
 
 const MIB: usize = 1 << 20;
