@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use firehose::ffi::*;
 use firehose::status::fh_status;
-use fork_util::{cache_with, first_cpu, fork_run, wait_child};
+use fork_util::{cache_with, first_cpu, fork_run, register, wait_child};
 
 const LEN: usize = 64 << 10;
 const FORKS: usize = 120;
@@ -61,24 +61,6 @@ fn map() -> usize {
     // SAFETY: just mapped, writable.
     unsafe { ptr::write_bytes(p as *mut u8, 1, LEN) };
     p as usize
-}
-
-fn register(c: *mut fh_cache, p: usize) -> Result<u64, fh_status> {
-    let mut mr = std::mem::MaybeUninit::<fh_mr>::uninit();
-    // SAFETY: live cache, valid out pointer.
-    match unsafe {
-        fh_register(
-            c,
-            p as *const c_void,
-            LEN,
-            FH_ACCESS_LOCAL_WRITE,
-            mr.as_mut_ptr(),
-        )
-    } {
-        // SAFETY: written on FH_OK.
-        fh_status::FH_OK => Ok(unsafe { mr.assume_init() }.handle),
-        e => Err(e),
-    }
 }
 
 fn helper_stats(c: *const fh_cache, out: &mut fh_helper_stats) -> fh_status {
@@ -163,7 +145,7 @@ fn child(inherited: *mut fh_cache) -> i32 {
         }
     };
     let p = map();
-    match register(c, p) {
+    match register(c, p, LEN) {
         // SAFETY: live cache, handle just issued.
         Ok(h) if unsafe { fh_deregister(c, h) } == fh_status::FH_OK => {}
         other => {
@@ -200,7 +182,7 @@ fn worker(shared: Arc<Shared>, stop: Arc<AtomicBool>, k: usize, rounds: Arc<Atom
     let mut s = fh_helper_stats::default();
     while !stop.load(SeqCst) {
         if k % 2 == 0 {
-            let h = register(shared.0, p).expect("register");
+            let h = register(shared.0, p, LEN).expect("register");
             // SAFETY: live cache, handle just issued.
             assert_eq!(unsafe { fh_deregister(shared.0, h) }, fh_status::FH_OK);
         } else if k % 4 == 1 {

@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use firehose::ffi::*;
 use firehose::status::fh_status;
-use fork_util::{cache_with, fork_run, wait_child};
+use fork_util::{cache_with, fork_run, register, wait_child};
 
 const LEN: usize = 64 << 10;
 const FORKS: usize = 50;
@@ -77,24 +77,6 @@ fn unmap(p: usize) {
     unsafe { libc::munmap(p as *mut c_void, LEN) };
 }
 
-fn register(c: *mut fh_cache, p: usize) -> Result<u64, fh_status> {
-    let mut mr = std::mem::MaybeUninit::<fh_mr>::uninit();
-    // SAFETY: live cache, valid out pointer.
-    match unsafe {
-        fh_register(
-            c,
-            p as *const c_void,
-            LEN,
-            FH_ACCESS_LOCAL_WRITE,
-            mr.as_mut_ptr(),
-        )
-    } {
-        // SAFETY: written on FH_OK.
-        fh_status::FH_OK => Ok(unsafe { mr.assume_init() }.handle),
-        e => Err(e),
-    }
-}
-
 fn misses(c: *mut fh_cache) -> u64 {
     let mut s = std::mem::MaybeUninit::<fh_stats>::uninit();
     // SAFETY: live cache, valid out pointer.
@@ -111,7 +93,7 @@ fn register_free_register(c: *mut fh_cache) -> i32 {
         return 3;
     }
     let m0 = misses(c);
-    let Ok(h) = register(c, p) else { return 4 };
+    let Ok(h) = register(c, p, LEN) else { return 4 };
     // SAFETY: live cache, handle just issued.
     if unsafe { fh_deregister(c, h) } != fh_status::FH_OK {
         return 5;
@@ -120,7 +102,7 @@ fn register_free_register(c: *mut fh_cache) -> i32 {
     if map(p) != p {
         return 0; // someone else took the address: nothing to check
     }
-    let Ok(h) = register(c, p) else { return 6 };
+    let Ok(h) = register(c, p, LEN) else { return 6 };
     // SAFETY: as above.
     unsafe { fh_deregister(c, h) };
     let m = misses(c) - m0;
@@ -211,7 +193,7 @@ fn worker(shared: Arc<Shared>, stop: Arc<AtomicBool>, seed: usize, rounds: Arc<A
                 if let Ok(c) = new_cache() {
                     let p = map(0);
                     if p != 0 {
-                        if let Ok(h) = register(c, p) {
+                        if let Ok(h) = register(c, p, LEN) {
                             // SAFETY: live cache, handle just issued.
                             unsafe { fh_deregister(c, h) };
                         }
@@ -228,7 +210,7 @@ fn worker(shared: Arc<Shared>, stop: Arc<AtomicBool>, seed: usize, rounds: Arc<A
                         let c = c as *mut fh_cache;
                         let p = map(0);
                         if p != 0 {
-                            if let Ok(h) = register(c, p) {
+                            if let Ok(h) = register(c, p, LEN) {
                                 // SAFETY: live cache, handle just issued.
                                 unsafe { fh_deregister(c, h) };
                             }
@@ -243,7 +225,7 @@ fn worker(shared: Arc<Shared>, stop: Arc<AtomicBool>, seed: usize, rounds: Arc<A
             _ => {
                 let p = map(0);
                 if p != 0 {
-                    if let Ok(h) = register(shared.0, p) {
+                    if let Ok(h) = register(shared.0, p, LEN) {
                         // SAFETY: live cache, handle just issued.
                         unsafe { fh_deregister(shared.0, h) };
                     }

@@ -172,7 +172,7 @@ fn helper_pinned_regions_are_never_handed_out_stale_16_threads() {
             std::thread::spawn(move || {
                 let addr = 0x20_0000_0000usize + t * 64 * MIB;
                 let mut after: Option<u64> = None;
-                let mut rng = 0x9E37_79B9u64.wrapping_mul(t as u64 + 1);
+                let mut rng = fastrand::Rng::with_seed(0x9E37_79B9u64.wrapping_mul(t as u64 + 1));
                 for i in 0..120u64 {
                     let r = h.register(&c, 0x5000 + t, addr, MIB, RW).unwrap();
                     if let Some(s) = after {
@@ -182,15 +182,13 @@ fn helper_pinned_regions_are_never_handed_out_stale_16_threads() {
                         }
                     }
                     h.deregister(&c, r.handle).unwrap();
-                    rng ^= rng << 13;
-                    rng ^= rng >> 7;
-                    rng ^= rng << 17;
+                    let jitter = rng.u64(..);
                     // Period ~6 ms; every third use is preceded by an unmap at a random point of
                     // the last 3 ms, where the helper's pin ahead of the use falls.
-                    let before = 1500 + rng % 1500;
+                    let before = 1500 + jitter % 1500;
                     std::thread::sleep(Duration::from_micros(6000 - before));
                     if i % 3 == 2 {
-                        std::thread::sleep(Duration::from_micros(rng % 1000));
+                        std::thread::sleep(Duration::from_micros(jitter % 1000));
                         let seq = unmap_log::begin(addr, addr + MIB);
                         c.invalidate(addr, MIB);
                         // The system call: the old pages go some time after the invalidation.

@@ -4,30 +4,22 @@
 mod monitor_util;
 
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
-use firehose::monitor::{self, MemoryListener, MonitorOptions, Subscription};
-use monitor_util::{in_child, map, run_in_child, serial, Recorder, PAGE};
-
-struct Env {
-    rec: Arc<Recorder>,
-    _sub: Subscription,
-}
+use firehose::monitor::{self, MemoryListener, MonitorOptions};
+use monitor_util::{env_with, in_child, map, run_in_child, serial, Env, PAGE};
 
 fn env() -> &'static Env {
-    static E: OnceLock<Env> = OnceLock::new();
-    E.get_or_init(|| {
-        let st = monitor::install(MonitorOptions {
+    env_with(
+        MonitorOptions {
             patch_libc: true,
             userfaultfd: false,
-        });
-        assert_eq!(st.patched, 0b11_1111, "all six functions patched: {st:?}");
-        assert!(!st.uffd);
-        let rec = Recorder::new();
-        let sub = monitor::subscribe(rec.clone());
-        assert!(sub.is_active());
-        Env { rec, _sub: sub }
-    })
+        },
+        |st| {
+            assert_eq!(st.patched, 0b11_1111, "all six functions patched: {st:?}");
+            assert!(!st.uffd);
+        },
+    )
 }
 
 const MIB: usize = 1 << 20;

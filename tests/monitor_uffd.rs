@@ -7,31 +7,24 @@ mod monitor_util;
 
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::mpsc;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use firehose::cache::RangeWatcher;
-use firehose::monitor::{self, MemoryListener, MonitorOptions, Subscription, UffdWatcher};
-use monitor_util::{in_child, map, run_in_child, serial, Recorder, PAGE};
-
-struct Env {
-    rec: Arc<Recorder>,
-    _sub: Subscription,
-}
+use firehose::monitor::{self, MemoryListener, MonitorOptions, UffdWatcher};
+use monitor_util::{env_with, in_child, map, run_in_child, serial, Env, PAGE};
 
 fn env() -> &'static Env {
-    static E: OnceLock<Env> = OnceLock::new();
-    E.get_or_init(|| {
-        let st = monitor::install(MonitorOptions {
+    env_with(
+        MonitorOptions {
             patch_libc: false,
             userfaultfd: true,
-        });
-        assert_eq!(st.patched, 0);
-        assert!(st.uffd, "userfaultfd unavailable: {st:?}");
-        let rec = Recorder::new();
-        let sub = monitor::subscribe(rec.clone());
-        Env { rec, _sub: sub }
-    })
+        },
+        |st| {
+            assert_eq!(st.patched, 0);
+            assert!(st.uffd, "userfaultfd unavailable: {st:?}");
+        },
+    )
 }
 
 const MIB: usize = 1 << 20;
@@ -142,21 +135,9 @@ impl MemoryListener for Log {
     }
 }
 
-/// xorshift64, seeded per thread.
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: usize) -> usize {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        (self.0 % n as u64) as usize
-    }
-}
-
 /// 64..=112 KiB.
-fn random_len(rng: &mut Rng) -> usize {
-    (16 + rng.below(13)) * PAGE
+fn random_len(rng: &mut fastrand::Rng) -> usize {
+    (16 + rng.usize(..13)) * PAGE
 }
 
 #[test]
@@ -266,7 +247,9 @@ fn threads_reusing_addresses_never_miss_their_unmap() {
         for t in 0..THREADS {
             let (log, misses) = (&log, &misses);
             sc.spawn(move || {
-                let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ ((t as u64 + 1) * 0x1000_0001));
+                let mut rng = fastrand::Rng::with_seed(
+                    0x9e37_79b9_7f4a_7c15 ^ ((t as u64 + 1) * 0x1000_0001),
+                );
                 for _ in 0..ROUNDS {
                     let len = random_len(&mut rng);
                     let a = map_untouched(len);
@@ -320,7 +303,9 @@ fn threads_mremap_their_watched_or_unwatched_mappings() {
         for t in 0..THREADS {
             let (log, failed, unreported) = (&log, &failed, &unreported);
             sc.spawn(move || {
-                let mut rng = Rng(0x2545_f491_4f6c_dd1d ^ ((t as u64 + 1) * 0x1234_5679));
+                let mut rng = fastrand::Rng::with_seed(
+                    0x2545_f491_4f6c_dd1d ^ ((t as u64 + 1) * 0x1234_5679),
+                );
                 for round in 0..ROUNDS {
                     let len = random_len(&mut rng);
                     let a = map_untouched(len);

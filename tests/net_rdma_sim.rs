@@ -21,7 +21,7 @@ mod sim_mem;
 use sim_mem::{Buf, Rng};
 
 fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut r = Rng(seed);
+    let mut r = Rng::new(seed);
     (0..len).map(|_| r.next() as u8).collect()
 }
 
@@ -124,7 +124,7 @@ impl Initiator {
             me,
             local: Buf::new(local_len, 0xEE),
             shadow: vec![vec![0; stripe]; size as usize],
-            rng: Rng(seed),
+            rng: Rng::new(seed),
             next_token: (u64::from(me) << 48) | 1,
         }
     }

@@ -56,7 +56,7 @@ fn no_rejects(am: &Am) {
 fn request_reply_storm_many_seeds() {
     let mut stalls = 0;
     for seed in 0..24u64 {
-        let mut rng = Rng(seed);
+        let mut rng = Rng::new(seed);
         let size = [8, 16, 32][seed as usize % 3];
         let cfg = SimConfig {
             slots: 4 + rng.below(6) as u32,
@@ -136,7 +136,7 @@ fn sixteen_threads_on_one_endpoint() {
         .map(|t| {
             let a = a.clone();
             std::thread::spawn(move || {
-                let mut rng = Rng(t as u64);
+                let mut rng = Rng::new(t as u64);
                 for i in 0..150u32 {
                     let peer = rng.below(4) as Rank;
                     let mut p = t.to_le_bytes().to_vec();
@@ -175,7 +175,7 @@ fn one_way_floods_both_ways_use_credit_only_messages() {
             });
         }
         let n = 2000;
-        let mut rng = Rng(seed);
+        let mut rng = Rng::new(seed);
         let mut sent = [0u64; 2];
         let mut rounds = 0;
         while got.iter().any(|g| g.load(Ordering::Relaxed) < n) {
@@ -415,7 +415,7 @@ fn all_to_all_with_threads_on_every_rank() {
             let am = ams[(t % 8) as usize].clone();
             let finished = finished.clone();
             std::thread::spawn(move || {
-                let mut rng = Rng(t);
+                let mut rng = Rng::new(t);
                 for i in 0..100u64 {
                     let peer = rng.below(8) as Rank;
                     let p = (t << 32 | i).to_le_bytes();

@@ -119,7 +119,7 @@ struct Job {
 }
 
 fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut r = Rng(seed);
+    let mut r = Rng::new(seed);
     (0..len).map(|_| r.next() as u8).collect()
 }
 
@@ -729,7 +729,7 @@ fn random_worker(
 ) -> (Vec<Vec<Option<u8>>>, u64) {
     let rma = &j.rmas[r];
     let size = j.rmas.len();
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let mut st = Worker {
         j,
         r,

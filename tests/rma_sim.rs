@@ -186,7 +186,7 @@ fn worker(
     ops: usize,
 ) -> Vec<Vec<u8>> {
     let size = bases.len();
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let mut model = vec![vec![0u8; hi - lo]; size];
     let mut pending: Vec<Pending> = Vec::new();
     let stripe = hi - lo;

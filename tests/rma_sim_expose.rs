@@ -6,77 +6,39 @@
 //! what peers already hold there. In both modes the library's own buffers (the link's rings:
 //! `Link::own_buffers`, a stand-in ring on the simulator) are never a target.
 
-use firehose::cache::{Cache, Limits};
-use firehose::net::settings::NetSettings;
-use firehose::net::sim::{Delivery, SimConfig, SimNet};
-use firehose::net::{Link, Peers, RdmaKind};
+use firehose::net::RdmaKind;
 use firehose::pin::null::NullPinner;
 use firehose::rma::expose::ExposeMode;
 use firehose::rma::sim_pins::SimPins;
 use firehose::rma::Rma;
 use firehose::rma::RmaError::{self, RemoteDenied};
-use firehose_proto::{FirehoseConfig, Rights};
-use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use firehose_proto::Rights;
 use std::sync::Arc;
 
-const BUCKET: usize = 4096;
+#[path = "common/rma_job.rs"]
+#[allow(dead_code)]
+mod rma_job;
+use rma_job::{fh_config, peers, sim_net, unbounded_cache, Servers, BUCKET};
 
 struct Job {
+    _servers: Servers,
     rmas: Vec<Arc<Rma>>,
-    stop: Arc<AtomicBool>,
-    servers: Vec<std::thread::JoinHandle<()>>,
-}
-
-impl Drop for Job {
-    fn drop(&mut self) {
-        self.stop.store(true, SeqCst);
-        for t in self.servers.drain(..) {
-            let _ = t.join();
-        }
-    }
 }
 
 fn job(mode: ExposeMode) -> Job {
     let size = 2;
-    let mut sc = SimConfig::new(size, 5, Delivery::Auto);
-    sc.slots = NetSettings::default().recv_depth;
-    let net = SimNet::new(sc);
-    net.set_max_inline_write(256);
+    let net = sim_net(size, 5, 256);
     let rmas: Vec<Arc<Rma>> = (0..size)
         .map(|r| {
-            let link: Arc<dyn Link> = net.link(r);
-            let peers = Arc::new(Peers::from_link(link, NetSettings::default()).unwrap());
-            let unbounded = Limits {
-                max_pinned: usize::MAX,
-                max_regions: usize::MAX,
-            };
-            let cache = Cache::new(Arc::new(NullPinner), unbounded, None);
-            let mut c = FirehoseConfig::new(r, size);
-            c.bucket_size = BUCKET;
-            c.m_bytes = 64 * BUCKET;
-            c.max_victim_bytes = 16 * BUCKET;
-            c.max_region_buckets = 8;
+            let cache = unbounded_cache(Arc::new(NullPinner));
+            let c = fh_config(r, size, 64, 16, 8);
             let pins = Box::new(SimPins::new(net.clone(), r));
-            Rma::with_pins_exposed(peers, Some(cache), c, pins, mode).unwrap()
-        })
-        .collect();
-    let stop = Arc::new(AtomicBool::new(false));
-    let servers = rmas
-        .iter()
-        .map(|r| {
-            let (s, r) = (stop.clone(), r.clone());
-            std::thread::spawn(move || {
-                while !s.load(SeqCst) {
-                    r.progress().unwrap();
-                    std::thread::yield_now();
-                }
-            })
+            Rma::with_pins_exposed(peers(&net, r), Some(cache), c, pins, mode).unwrap()
         })
         .collect();
     Job {
+        _servers: Servers::start(rmas.clone()),
         rmas,
-        stop,
-        servers,
     }
 }
 

@@ -5,18 +5,17 @@
 //! write, as `ibv_reg_mr` does (EFAULT), and the local registrations go through a pinner that
 //! does the same (`VerbsLike`), so an op that asks for more rights than it needs fails here.
 
-use firehose::cache::{Cache, Limits};
-use firehose::net::settings::NetSettings;
-use firehose::net::sim::{Delivery, SimConfig, SimNet};
-use firehose::net::{Link, Peers, RdmaKind};
+use firehose::net::RdmaKind;
 use firehose::pin::{Access, PinError, Pinned, Pinner};
 use firehose::rma::sim_pins::{writable, SimPins};
 use firehose::rma::Rma;
-use firehose_proto::{FirehoseConfig, PinFailure, RegionPins, Rights};
-use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use firehose_proto::{PinFailure, RegionPins, Rights};
 use std::sync::{Arc, Mutex};
 
-const BUCKET: usize = 4096;
+#[path = "common/rma_job.rs"]
+#[allow(dead_code)]
+mod rma_job;
+use rma_job::{fh_config, peers, sim_net, unbounded_cache, Servers};
 
 /// A local pinner with verbs' rule: a write right (local or remote) needs writable memory.
 struct VerbsLike;
@@ -62,66 +61,34 @@ impl RegionPins for Logged {
 }
 
 struct Job {
+    _server: Servers,
     rmas: Vec<Arc<Rma>>,
     logs: Vec<PinLog>,
-    stop: Arc<AtomicBool>,
-    server: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Drop for Job {
-    fn drop(&mut self) {
-        self.stop.store(true, SeqCst);
-        if let Some(t) = self.server.take() {
-            let _ = t.join();
-        }
-    }
 }
 
 /// Two ranks; puts up to 256 bytes inline, up to `small_put_max` in a move.
 fn job() -> Job {
     let size = 2;
-    let mut sc = SimConfig::new(size, 7, Delivery::Auto);
-    sc.slots = NetSettings::default().recv_depth;
-    let net = SimNet::new(sc);
-    net.set_max_inline_write(256);
+    let net = sim_net(size, 7, 256);
     let mut logs = Vec::new();
     let rmas = (0..size)
         .map(|r| {
-            let link: Arc<dyn Link> = net.link(r);
-            let peers = Arc::new(Peers::from_link(link, NetSettings::default()).unwrap());
-            let unbounded = Limits {
-                max_pinned: usize::MAX,
-                max_regions: usize::MAX,
-            };
-            let cache = Cache::new(Arc::new(VerbsLike), unbounded, None);
-            let mut c = FirehoseConfig::new(r, size);
-            c.bucket_size = BUCKET;
-            c.m_bytes = 64 * BUCKET;
-            c.max_victim_bytes = 16 * BUCKET;
-            c.max_region_buckets = 8;
+            let cache = unbounded_cache(Arc::new(VerbsLike));
+            let c = fh_config(r, size, 64, 16, 8);
             let log = PinLog::default();
             logs.push(log.clone());
             let pins = Logged {
                 inner: SimPins::new(net.clone(), r),
                 log,
             };
-            Rma::with_pins(peers, Some(cache), c, Box::new(pins)).unwrap()
+            Rma::with_pins(peers(&net, r), Some(cache), c, Box::new(pins)).unwrap()
         })
         .collect::<Vec<_>>();
     // Rank 1 only serves (rank 0 progresses in its waits).
-    let stop = Arc::new(AtomicBool::new(false));
-    let (s, target) = (stop.clone(), rmas[1].clone());
-    let server = std::thread::spawn(move || {
-        while !s.load(SeqCst) {
-            target.progress().unwrap();
-            std::thread::yield_now();
-        }
-    });
     Job {
+        _server: Servers::start([rmas[1].clone()]),
         rmas,
         logs,
-        stop,
-        server: Some(server),
     }
 }
 

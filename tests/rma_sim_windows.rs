@@ -7,19 +7,19 @@
 //! Three ranks: 0 is the target (its progress runs on a thread), 1 puts and gets through
 //! `Rma`, 2 is a bare link that replays rank 1's keys.
 
-use firehose::cache::{Cache, Limits};
-use firehose::net::settings::NetSettings;
-use firehose::net::sim::{Delivery, SimConfig, SimLink, SimNet};
-use firehose::net::{Link, LinkError, LinkEvent, Peers, Rank, RdmaKind, RdmaOp};
+use firehose::net::sim::{SimLink, SimNet};
+use firehose::net::{Link, LinkError, LinkEvent, Rank, RdmaKind, RdmaOp};
 use firehose::pin::null::NullPinner;
 use firehose::rma::sim_pins::SimPins;
 use firehose::rma::Rma;
-use firehose_proto::{FirehoseConfig, PinFailure, RegionPins, Rights};
-use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use firehose_proto::{PinFailure, RegionPins, Rights};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-const BUCKET: usize = 4096;
+#[path = "common/rma_job.rs"]
+#[allow(dead_code)]
+mod rma_job;
+use rma_job::{fh_config, peers, sim_net, unbounded_cache, Servers, BUCKET};
 
 /// What the target's pins did: (peer, key) granted and dropped, regions pinned (their own key).
 #[derive(Default)]
@@ -78,44 +78,21 @@ impl RegionPins for Logged {
 }
 
 struct Job {
+    _server: Servers,
     net: SimNet,
     initiator: Arc<Rma>,
     replayer: Arc<SimLink>,
     log: Arc<Mutex<Log>>,
-    stop: Arc<AtomicBool>,
-    server: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Drop for Job {
-    fn drop(&mut self) {
-        self.stop.store(true, SeqCst);
-        if let Some(t) = self.server.take() {
-            let _ = t.join();
-        }
-    }
 }
 
 /// `m_buckets`: the target's M (small: the initiator must release firehoses as it moves on).
 fn job(windows: bool, m_buckets: usize) -> Job {
     let size = 3;
-    let mut sc = SimConfig::new(size, 11, Delivery::Auto);
-    sc.slots = NetSettings::default().recv_depth;
-    let net = SimNet::new(sc);
-    net.set_max_inline_write(64);
+    let net = sim_net(size, 11, 64);
     let log = Arc::new(Mutex::new(Log::default()));
     let rma = |r: Rank| {
-        let link: Arc<dyn Link> = net.link(r);
-        let peers = Arc::new(Peers::from_link(link, NetSettings::default()).unwrap());
-        let unbounded = Limits {
-            max_pinned: usize::MAX,
-            max_regions: usize::MAX,
-        };
-        let cache = Cache::new(Arc::new(NullPinner), unbounded, None);
-        let mut c = FirehoseConfig::new(r, size);
-        c.bucket_size = BUCKET;
-        c.m_bytes = m_buckets * BUCKET;
-        c.max_victim_bytes = 4 * BUCKET;
-        c.max_region_buckets = 1;
+        let cache = unbounded_cache(Arc::new(NullPinner));
+        let c = fh_config(r, size, m_buckets, 4, 1);
         let inner = match windows {
             true => SimPins::with_windows(net.clone(), r),
             false => SimPins::new(net.clone(), r),
@@ -124,25 +101,16 @@ fn job(windows: bool, m_buckets: usize) -> Job {
             inner,
             log: if r == 0 { log.clone() } else { Arc::default() },
         };
-        Rma::with_pins(peers, Some(cache), c, Box::new(pins)).unwrap()
+        Rma::with_pins(peers(&net, r), Some(cache), c, Box::new(pins)).unwrap()
     };
     let target = rma(0);
     let initiator = rma(1);
-    let stop = Arc::new(AtomicBool::new(false));
-    let s = stop.clone();
-    let server = std::thread::spawn(move || {
-        while !s.load(SeqCst) {
-            target.progress().unwrap();
-            std::thread::yield_now();
-        }
-    });
     Job {
+        _server: Servers::start([target]),
         replayer: net.link(2),
         net,
         initiator,
         log,
-        stop,
-        server: Some(server),
     }
 }
 

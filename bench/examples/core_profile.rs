@@ -70,15 +70,9 @@ fn main() {
         }
         a.release(id).expect("release");
     }
-    let mut s = 42u64;
+    let mut rng = fastrand::Rng::with_seed(42);
     let seq: Vec<u64> = (0..1 << 16)
-        .map(|_| {
-            s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            let mut z = s;
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            base + ((z ^ (z >> 31)) % ws) * 4096 + 64
-        })
+        .map(|_| base + rng.u64(..ws) * 4096 + 64)
         .collect();
     let t = Instant::now();
     for i in 0..n {

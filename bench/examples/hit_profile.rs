@@ -43,12 +43,10 @@ fn main() {
             .expect("first registration");
         cache.deregister(first.handle).expect("release");
     }
-    let mut x = 0x9E37_79B9u64;
+    let mut rng = fastrand::Rng::with_seed(0x9E37_79B9);
     let seq: Vec<usize> = (0..1 << 16)
         .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
+            let x = rng.u64(..);
             base + (x % regions as u64) as usize * 4096
         })
         .collect();

@@ -30,20 +30,12 @@ usage: firehose-bench [--json] [--quick] [--backend mlock|verbs|null] [--regions
 ";
 
 /// Parse the arguments (without the program name); `Err("")` means help was asked for.
-pub fn parse<I>(args: I) -> Result<Args, String>
-where
-    I: IntoIterator,
-    I::Item: Into<OsString>,
-{
-    crate::cli::finish(parse_lexopt(args))
+pub fn parse<I: IntoIterator<Item: Into<OsString>>>(args: I) -> Result<Args, String> {
+    crate::cli::parse(args, from_parser)
 }
 
 /// `Ok(None)`: help.
-fn parse_lexopt<I>(args: I) -> Result<Option<Args>, lexopt::Error>
-where
-    I: IntoIterator,
-    I::Item: Into<OsString>,
-{
+fn from_parser(mut p: lexopt::Parser) -> Result<Option<Args>, lexopt::Error> {
     let mut a = Args {
         json: false,
         quick: false,
@@ -51,7 +43,6 @@ where
         internal_metadata: None,
         regions: vec![1, 1_000, 100_000],
     };
-    let mut p = lexopt::Parser::from_args(args);
     while let Some(arg) = p.next()? {
         match arg {
             Long("json") => a.json = true,

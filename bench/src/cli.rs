@@ -14,6 +14,19 @@ where
     v.parse().map_err(|e| format!("{flag} {v:?}: {e}").into())
 }
 
+/// Runs a binary's parser (`from_parser`) over `args` (without the program name), with
+/// `finish`'s convention.
+#[allow(dead_code)] // not every binary that includes this file parses its arguments here
+pub fn parse<I, A>(
+    args: I,
+    from_parser: fn(lexopt::Parser) -> Result<Option<A>, lexopt::Error>,
+) -> Result<A, String>
+where
+    I: IntoIterator<Item: Into<std::ffi::OsString>>,
+{
+    finish(from_parser(lexopt::Parser::from_args(args)))
+}
+
 /// Turns a parser's result into the binaries' convention: `Err("")` means help was asked for
 /// (`Ok(None)` from the parser), any other `Err` is the message to print.
 pub fn finish<A>(parsed: Result<Option<A>, lexopt::Error>) -> Result<A, String> {

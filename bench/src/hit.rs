@@ -7,7 +7,7 @@ use std::time::Instant;
 use firehose::internals::helper::placement::{allowed_cpus, bind_current_thread};
 
 use crate::impls::RegCache;
-use crate::summary::{summarize, Summary, XorShift};
+use crate::summary::{summarize, Summary};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Pattern {
@@ -106,10 +106,9 @@ pub fn run<C: RegCache>(
                     let seq: Vec<usize> = match pattern {
                         Pattern::Same => vec![regions[0]],
                         Pattern::Random => {
-                            let mut rng = XorShift::new(0x9e37_79b9 + t as u64);
-                            let n = regions.len() as u32;
+                            let mut rng = fastrand::Rng::with_seed(0x9e37_79b9 + t as u64);
                             (0..SEQ_LEN)
-                                .map(|_| regions[rng.below(n) as usize])
+                                .map(|_| regions[rng.usize(..regions.len())])
                                 .collect()
                         }
                     };

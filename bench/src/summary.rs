@@ -33,25 +33,6 @@ fn percentile(sorted: &[f64], q: f64) -> f64 {
     sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
-/// Tiny xorshift64*: deterministic, so every implementation sees the same index sequence.
-pub struct XorShift(u64);
-
-impl XorShift {
-    pub fn new(seed: u64) -> XorShift {
-        XorShift(seed | 1)
-    }
-    pub fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    /// Uniform in `0..n` (multiply-shift; bias is negligible for n ≤ 2^32).
-    pub fn below(&mut self, n: u32) -> u32 {
-        (((self.next() >> 32) * n as u64) >> 32) as u32
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -66,18 +47,5 @@ mod tests {
         let one = summarize(&[7.0]);
         assert_eq!((one.mean, one.p50, one.p99), (7.0, 7.0, 7.0));
         assert!(summarize(&[]).mean.is_nan());
-    }
-
-    #[test]
-    fn xorshift_is_uniform_enough_and_in_range() {
-        let mut r = XorShift::new(42);
-        let mut counts = [0u32; 10];
-        for _ in 0..100_000 {
-            let x = r.below(10);
-            counts[x as usize] += 1;
-        }
-        for c in counts {
-            assert!((9_000..11_000).contains(&c), "{counts:?}");
-        }
     }
 }

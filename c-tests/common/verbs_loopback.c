@@ -134,12 +134,49 @@ static struct ibv_device *vl_pick(struct ibv_device **devs, int n, const char *n
     return NULL;
 }
 
+/* The CQ and the two QPs, connected to each other, in vl's context and PD. */
+static int vl_qps(struct vl_loop *vl)
+{
+    struct ibv_qp_init_attr init;
+    int i;
+
+    vl->cq = ibv_create_cq(vl->ctx, 64, NULL, NULL, 0);
+    if (!vl->cq)
+        return vl_fail(vl, "ibv_create_cq: %s", strerror(errno));
+    for (i = 0; i < 2; i++) {
+        memset(&init, 0, sizeof init);
+        init.send_cq = vl->cq;
+        init.recv_cq = vl->cq;
+        init.cap.max_send_wr = 32;
+        init.cap.max_recv_wr = 32;
+        init.cap.max_send_sge = 1;
+        init.cap.max_recv_sge = 1;
+        init.qp_type = IBV_QPT_RC;
+        init.sq_sig_all = 1;
+        vl->qp[i] = ibv_create_qp(vl->pd, &init);
+        if (!vl->qp[i])
+            return vl_fail(vl, "ibv_create_qp: %s", strerror(errno));
+    }
+    for (i = 0; i < 2; i++)
+        if (vl_connect_one(vl, i))
+            return -1;
+    return 0;
+}
+
+/* vl_close after a failed open, keeping the reason. */
+static void vl_close_keep_err(struct vl_loop *vl)
+{
+    char saved[sizeof vl->err];
+    memcpy(saved, vl->err, sizeof saved);
+    vl_close(vl);
+    memcpy(vl->err, saved, sizeof saved);
+}
+
 int vl_open(struct vl_loop *vl, const char *dev_name)
 {
     struct ibv_device **devs;
     struct ibv_device *dev;
-    struct ibv_qp_init_attr init;
-    int n = 0, i;
+    int n = 0;
 
     memset(vl, 0, sizeof *vl);
     if (!dev_name)
@@ -175,39 +212,38 @@ int vl_open(struct vl_loop *vl, const char *dev_name)
         vl_fail(vl, "ibv_alloc_pd: %s", strerror(errno));
         goto fail;
     }
-    vl->cq = ibv_create_cq(vl->ctx, 64, NULL, NULL, 0);
-    if (!vl->cq) {
-        vl_fail(vl, "ibv_create_cq: %s", strerror(errno));
+    if (vl_qps(vl))
         goto fail;
-    }
-    for (i = 0; i < 2; i++) {
-        memset(&init, 0, sizeof init);
-        init.send_cq = vl->cq;
-        init.recv_cq = vl->cq;
-        init.cap.max_send_wr = 32;
-        init.cap.max_recv_wr = 32;
-        init.cap.max_send_sge = 1;
-        init.cap.max_recv_sge = 1;
-        init.qp_type = IBV_QPT_RC;
-        init.sq_sig_all = 1;
-        vl->qp[i] = ibv_create_qp(vl->pd, &init);
-        if (!vl->qp[i]) {
-            vl_fail(vl, "ibv_create_qp: %s", strerror(errno));
-            goto fail;
-        }
-    }
-    for (i = 0; i < 2; i++)
-        if (vl_connect_one(vl, i))
-            goto fail;
     return 0;
 fail:
-    {
-        char saved[sizeof vl->err];
-        memcpy(saved, vl->err, sizeof saved);
-        vl_close(vl);
-        memcpy(vl->err, saved, sizeof saved);
-    }
+    vl_close_keep_err(vl);
     return -1;
+}
+
+int vl_open_in(struct vl_loop *vl, const struct vl_loop *parent)
+{
+    memset(vl, 0, sizeof *vl);
+    vl->ctx = parent->ctx;
+    vl->pd = parent->pd;
+    vl->port = parent->port;
+    vl->gid_index = parent->gid_index;
+    vl->gid = parent->gid;
+    vl->mtu = parent->mtu;
+    vl->lid = parent->lid;
+    vl->borrowed = 1;
+    if (vl_qps(vl)) {
+        vl_close_keep_err(vl);
+        return -1;
+    }
+    return 0;
+}
+
+int vl_open_main(struct vl_loop *vl)
+{
+    int rc = vl_open(vl, NULL);
+    if (rc)
+        fprintf(stderr, "%s\n", vl->err);
+    return rc == 0 ? 0 : rc == VL_SKIP ? VL_SKIP : 1;
 }
 
 static int vl_post(struct vl_loop *vl, int from, enum ibv_wr_opcode op, void *local, uint32_t len,
@@ -307,6 +343,18 @@ int vl_wait(struct vl_loop *vl, int n, double timeout_s)
     return 0;
 }
 
+int vl_rdma(struct vl_loop *vl, enum ibv_wr_opcode op, void *local, uint32_t lkey,
+            uint64_t remote_addr, uint32_t rkey, uint32_t len)
+{
+    struct ibv_wc wc;
+
+    if (vl_post(vl, 0, op, local, len, lkey, remote_addr, rkey, 1) || vl_poll(vl, &wc, 1, 60.0)) {
+        fprintf(stderr, "%s\n", vl->err);
+        return -1;
+    }
+    return (int)wc.status;
+}
+
 void vl_close(struct vl_loop *vl)
 {
     int i;
@@ -315,6 +363,10 @@ void vl_close(struct vl_loop *vl)
             ibv_destroy_qp(vl->qp[i]);
     if (vl->cq)
         ibv_destroy_cq(vl->cq);
+    if (vl->borrowed) {
+        memset(vl, 0, sizeof *vl);
+        return;
+    }
     if (vl->pd)
         ibv_dealloc_pd(vl->pd);
     if (vl->ctx)

@@ -9,13 +9,14 @@
  *  - a new context on the same device registers and caches again, and closes cleanly.
  * With argv[1] == "plain" (no shim) it only runs the same sequence. */
 #define _GNU_SOURCE
+#include <dlfcn.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/mman.h>
 
 #include "../../ld-preload/include/firehose_preload.h"
 #include "../common/fh_check.h"
-#include "rdma_loop.h"
+#include "../common/verbs_loopback.h"
 
 #define LEN (64 << 10)
 
@@ -32,13 +33,15 @@ static struct fh_preload_stats snap(void)
 
 /* A context and a pd on the suite's device, with the loop's QP and CQ gone (only the pd is left
  * on the context, as in an application that forgets to deallocate it). */
-static int open_pd(struct loop *l)
+static int open_pd(struct vl_loop *l)
 {
-    int rc = loop_open(l);
+    int rc = vl_open_main(l);
     if (rc)
         return rc;
-    ibv_destroy_qp(l->qp);
-    l->qp = NULL;
+    for (int i = 0; i < 2; i++) {
+        ibv_destroy_qp(l->qp[i]);
+        l->qp[i] = NULL;
+    }
     ibv_destroy_cq(l->cq);
     l->cq = NULL;
     return 0;
@@ -56,12 +59,12 @@ static void reg_dereg(struct ibv_pd *pd, void *buf)
 int main(int argc, char **argv)
 {
     int plain = argc > 1 && strcmp(argv[1], "plain") == 0;
-    stats_fn = loop_stats_fn();
+    stats_fn = (int (*)(struct fh_preload_stats *, size_t))dlsym(RTLD_DEFAULT, "fh_preload_stats");
     if (!plain && !stats_fn) {
         fprintf(stderr, "preload_close_device: the shim is not loaded\n");
         return 1;
     }
-    struct loop l;
+    struct vl_loop l;
     int rc = open_pd(&l);
     if (rc)
         return rc;
@@ -112,7 +115,7 @@ int main(int argc, char **argv)
             EXPECT(s4.hits > s3.hits && s4.caches == 1, "no hit on the new context (hits %llu -> "
                   "%llu, caches %llu)", (unsigned long long)s3.hits,
                   (unsigned long long)s4.hits, (unsigned long long)s4.caches);
-        loop_close(&l);
+        vl_close(&l);
     }
     munmap(buf, LEN);
     if (check_failures) {

@@ -28,7 +28,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "rdma_loop.h"
+#include "../common/verbs_loopback.h"
 
 #ifndef MAP_FIXED_NOREPLACE
 #define MAP_FIXED_NOREPLACE 0x100000
@@ -37,7 +37,7 @@
 #define LEN (64 * 1024)
 #define RW (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ)
 
-static struct loop lp;
+static struct vl_loop lp;
 static char *volatile shared_p;
 static atomic_int registered, returned;
 
@@ -109,7 +109,7 @@ static int round_(char *scratch, struct ibv_mr *scratch_mr, int *in_window)
         return 2;
     }
     memset(scratch, 0, LEN);
-    int st = loop_rdma(&lp, IBV_WR_RDMA_READ, scratch, scratch_mr->lkey, (uintptr_t)q, m->rkey, LEN);
+    int st = vl_rdma(&lp, IBV_WR_RDMA_READ, scratch, scratch_mr->lkey, (uintptr_t)q, m->rkey, LEN);
     *in_window = !atomic_load(&returned);
     int bad = st != 0;
     for (size_t i = 0; !bad && i < LEN; i++)
@@ -129,7 +129,7 @@ int main(void)
     const char *r = getenv("PFH_ROUNDS");
     int rounds = r && atoi(r) > 0 ? atoi(r) : 5;
     int expect_window = getenv("PFH_EXPECT_WINDOW") && atoi(getenv("PFH_EXPECT_WINDOW")) == 1;
-    int rc = loop_open(&lp);
+    int rc = vl_open_main(&lp);
     if (rc)
         return rc;
     char *scratch = aligned_alloc(4096, LEN);
@@ -161,7 +161,7 @@ int main(void)
             break;
     }
     ibv_dereg_mr(scratch_mr);
-    loop_close(&lp);
+    vl_close(&lp);
     printf("preload_fresh_hole: %d rounds, %d in the window, %d stale, %d failed\n", done, window,
            stale, failed);
     if (stale || failed)

@@ -16,6 +16,7 @@
  * one-sided hits (Firehose kept its pins), nothing was rejected from a peer.
  * Exit 0 pass, 1 fail, 77 no device. */
 #define _GNU_SOURCE
+#include <dlfcn.h>
 #include <inttypes.h>
 #include <malloc.h>
 #include <stdint.h>
@@ -27,7 +28,7 @@
 #include <firehose_preload.h>
 
 #include "../common/fh_check.h"
-#include "rdma_loop.h"
+#include "../common/verbs_loopback.h"
 
 #define WIN (64 * 1024)
 #define VBUF (256 * 1024)
@@ -104,7 +105,7 @@ static void firehose_round(fh_ctx *ctx, uint32_t me, uint32_t n, uint32_t round,
 
 /* One plain-verbs round on a fresh malloc'd buffer. Returns the buffer's address (for reuse
  * counting); exits on a setup failure. */
-static void *verbs_round(struct loop *l, uint32_t round, uint8_t *src, struct ibv_mr *src_mr)
+static void *verbs_round(struct vl_loop *l, uint32_t round, uint8_t *src, struct ibv_mr *src_mr)
 {
     uint8_t *buf = malloc(VBUF);
     EXPECT(buf != NULL, "malloc");
@@ -120,7 +121,7 @@ static void *verbs_round(struct loop *l, uint32_t round, uint8_t *src, struct ib
     EXPECT(mr2 != NULL, "second ibv_reg_mr (round %u)", round);
     for (size_t i = 0; i < VBUF; i++)
         src[i] = (uint8_t)(round * 37 + i * 13 + (i >> 9));
-    int st = loop_rdma(l, IBV_WR_RDMA_WRITE, src, src_mr->lkey, (uint64_t)(uintptr_t)buf, mr2->rkey, VBUF);
+    int st = vl_rdma(l, IBV_WR_RDMA_WRITE, src, src_mr->lkey, (uint64_t)(uintptr_t)buf, mr2->rkey, VBUF);
     EXPECT(st == 0, "RDMA WRITE status %d (round %u)", st, round);
     if (memcmp(buf, src, VBUF) != 0) {
         EXPECT(0, "RDMA WRITE did not land in the buffer's pages (round %u)", round);
@@ -130,7 +131,7 @@ static void *verbs_round(struct loop *l, uint32_t round, uint8_t *src, struct ib
     for (size_t i = 0; i < VBUF; i++)
         buf[i] = (uint8_t)(round * 91 + i * 3);
     memset(src, 0, VBUF);
-    st = loop_rdma(l, IBV_WR_RDMA_READ, src, src_mr->lkey, (uint64_t)(uintptr_t)buf, mr->rkey, VBUF);
+    st = vl_rdma(l, IBV_WR_RDMA_READ, src, src_mr->lkey, (uint64_t)(uintptr_t)buf, mr->rkey, VBUF);
     EXPECT(st == 0, "RDMA READ status %d (round %u)", st, round);
     if (memcmp(buf, src, VBUF) != 0) {
         EXPECT(0, "RDMA READ returned other pages than the buffer's (round %u)", round);
@@ -150,7 +151,7 @@ int main(int argc, char **argv)
     /* A fresh mmap per malloc of VBUF, so free really gives the pages back (and the next malloc
      * of the same size usually gets the same address with new pages). */
     mallopt(M_MMAP_THRESHOLD, 64 * 1024);
-    int (*shim_stats)(struct fh_preload_stats *, size_t) = loop_stats_fn();
+    int (*shim_stats)(struct fh_preload_stats *, size_t) = (int (*)(struct fh_preload_stats *, size_t))dlsym(RTLD_DEFAULT, "fh_preload_stats");
     int want_shim = getenv("FH_TEST_EXPECT_SHIM") && atoi(getenv("FH_TEST_EXPECT_SHIM")) == 1;
     EXPECT(!want_shim || shim_stats != NULL, "the shim is not loaded");
 
@@ -158,8 +159,8 @@ int main(int argc, char **argv)
     FH_OK_OR_DIE(fh_init(NULL, &ctx));
     uint32_t me = fh_rank(ctx), n = fh_size(ctx);
 
-    struct loop l;
-    int rc = loop_open(&l);
+    struct vl_loop l;
+    int rc = vl_open_main(&l);
     if (rc != 0) {
         fh_finalize(ctx);
         return rc;
@@ -209,7 +210,7 @@ int main(int argc, char **argv)
         EXPECT(reused == 0 || ps.invalidations > 0, "buffers came back at the same address but nothing was invalidated");
     }
     EXPECT(ibv_dereg_mr(src_mr) == 0, "ibv_dereg_mr of the source");
-    loop_close(&l);
+    vl_close(&l);
     free(src);
     free(scratch);
     FH_OK_OR_DIE(fh_finalize(ctx));

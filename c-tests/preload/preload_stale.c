@@ -17,7 +17,7 @@
 #include <sys/mman.h>
 
 #include "../common/fh_check.h"
-#include "rdma_loop.h"
+#include "../common/verbs_loopback.h"
 
 #define LEN (256 * 1024)
 #define RW (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ)
@@ -98,8 +98,8 @@ int main(int argc, char **argv)
      * and its free is a munmap inside glibc (not visible to an LD_PRELOAD munmap). */
     mallopt(M_MMAP_THRESHOLD, 64 * 1024);
 
-    struct loop l;
-    int rc = loop_open(&l);
+    struct vl_loop l;
+    int rc = vl_open_main(&l);
     if (rc)
         return rc;
     /* the local side of every transfer: a separate buffer, registered once */
@@ -127,7 +127,7 @@ int main(int argc, char **argv)
         if (!m1)
             return 1;
         /* sanity: the first registration works at all */
-        int st0 = loop_rdma(&l, IBV_WR_RDMA_READ, local, lmr->lkey, (uintptr_t)buf, m1->rkey, LEN);
+        int st0 = vl_rdma(&l, IBV_WR_RDMA_READ, local, lmr->lkey, (uintptr_t)buf, m1->rkey, LEN);
         EXPECT(st0 == 0 && first_diff(local, 'A', LEN) < 0, "baseline READ (status %d)", st0);
         ibv_dereg_mr(m1);
         same = change_memory(how, buf);
@@ -147,14 +147,14 @@ int main(int argc, char **argv)
         return 1;
 
     memset(local, 0, LEN);
-    st = loop_rdma(&l, IBV_WR_RDMA_READ, local, lmr->lkey, (uintptr_t)buf, m2->rkey, LEN);
+    st = vl_rdma(&l, IBV_WR_RDMA_READ, local, lmr->lkey, (uintptr_t)buf, m2->rkey, LEN);
     long bad = first_diff(local, 'B', LEN);
     EXPECT(st == 0, "RDMA READ status %d", st);
     EXPECT(bad < 0, "%s: RDMA READ saw stale data at offset %ld ('%c' instead of 'B')", how, bad,
           bad >= 0 ? local[bad] : '?');
 
     memset(local, 'C', LEN);
-    st = loop_rdma(&l, IBV_WR_RDMA_WRITE, local, lmr->lkey, (uintptr_t)buf, m2->rkey, LEN);
+    st = vl_rdma(&l, IBV_WR_RDMA_WRITE, local, lmr->lkey, (uintptr_t)buf, m2->rkey, LEN);
     bad = first_diff(buf, 'C', LEN);
     EXPECT(st == 0, "RDMA WRITE status %d", st);
     EXPECT(bad < 0, "%s: RDMA WRITE went to stale pages: CPU sees '%c' at offset %ld", how,

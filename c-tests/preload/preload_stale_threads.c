@@ -28,7 +28,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include "rdma_loop.h"
+#include "../common/verbs_loopback.h"
 
 #ifndef MAP_FIXED_NOREPLACE
 #define MAP_FIXED_NOREPLACE 0x100000
@@ -42,14 +42,14 @@ enum { P_MUNMAP, P_RAW_MUNMAP, P_MADVISE, P_MREMAP, P_MMAP_FIXED, P_FREE, NPATHS
 static const char *const path_name[NPATHS] = {"munmap",      "raw_munmap", "madvise_dontneed",
                                               "mremap_move", "mmap_fixed", "free"};
 
-static struct loop base;
+static struct vl_loop base;
 static int nthreads = 16, rounds = 40;
 static atomic_ulong checked[NPATHS], stale[NPATHS], skipped[NPATHS], failed;
 
 struct thr {
     int id;
     pthread_t t;
-    struct loop l;
+    struct vl_loop l;
     char *scratch;
     struct ibv_mr *scratch_mr;
     unsigned seed;
@@ -194,7 +194,7 @@ static void round_(struct thr *t, int path)
         goto out;
     }
     memset(t->scratch, 0, len);
-    int st = loop_rdma(&t->l, IBV_WR_RDMA_READ, t->scratch, t->scratch_mr->lkey, (uintptr_t)p,
+    int st = vl_rdma(&t->l, IBV_WR_RDMA_READ, t->scratch, t->scratch_mr->lkey, (uintptr_t)p,
                        m->rkey, (uint32_t)len);
     long bad = st == 0 ? mismatch(t->scratch, len, seed_b) : 0;
     atomic_fetch_add(&checked[path], 1);
@@ -242,7 +242,7 @@ int main(void)
      * rarely serves them (those rounds are skipped: their pages stay on free). */
     mallopt(M_MMAP_THRESHOLD, 32 * 1024);
     mallopt(M_TOP_PAD, 0);
-    int rc = loop_open(&base);
+    int rc = vl_open_main(&base);
     if (rc)
         return rc;
     static struct thr thr[MAX_THREADS];
@@ -250,8 +250,10 @@ int main(void)
         struct thr *t = &thr[i];
         t->id = i;
         t->seed = (unsigned)i * 2654435761u + 1;
-        if (loop_open_in(&t->l, &base))
+        if (vl_open_in(&t->l, &base)) {
+            fprintf(stderr, "%s\n", t->l.err);
             return 1;
+        }
         t->scratch = aligned_alloc(4096, MAX_LEN);
         t->scratch_mr = t->scratch ? ibv_reg_mr(base.pd, t->scratch, MAX_LEN, RW) : NULL;
         if (!t->scratch_mr) {
@@ -273,9 +275,9 @@ int main(void)
     }
     for (int i = 0; i < nthreads; i++) {
         ibv_dereg_mr(thr[i].scratch_mr);
-        loop_close(&thr[i].l);
+        vl_close(&thr[i].l);
     }
-    loop_close(&base);
+    vl_close(&base);
     printf("preload_stale_threads: %d threads in one PD, %lu reads checked, %lu stale, %lu call "
            "failures\n", nthreads, total, bad, (unsigned long)failed);
     if (bad || failed)

@@ -30,13 +30,13 @@
 
 #include "../../ld-preload/include/firehose_preload.h"
 #include "../common/fh_check.h"
-#include "rdma_loop.h"
+#include "../common/verbs_loopback.h"
 
 #define THREADS 4
 #define ITERS 150
 #define RW (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ)
 
-static struct loop l;
+static struct vl_loop l;
 static int (*stats_fn)(struct fh_preload_stats *, size_t);
 static volatile int errors;
 static char *shared_buf; /* registered by the main thread; children touch its neighbours */
@@ -124,7 +124,7 @@ int main(void)
         fprintf(stderr, "run under LD_PRELOAD=libfirehose_preload.so\n");
         return 2;
     }
-    int rc = loop_open(&l);
+    int rc = vl_open_main(&l);
     if (rc)
         return rc;
     char *heap = malloc((1 << 16) + 8192);
@@ -182,6 +182,6 @@ int main(void)
            (unsigned long)s.app_reg_calls, (unsigned long)s.hits, (unsigned long)s.misses,
            (unsigned long)s.invalidations);
     free(heap);
-    loop_close(&l);
+    vl_close(&l);
     return check_failures ? 1 : 0;
 }

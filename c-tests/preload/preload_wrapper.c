@@ -18,7 +18,7 @@
 
 #include "../../ld-preload/include/firehose_preload.h"
 #include "../common/fh_check.h"
-#include "rdma_loop.h"
+#include "../common/verbs_loopback.h"
 
 #define RW (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ)
 
@@ -34,7 +34,7 @@ static struct fh_preload_stats snap(void)
 
 typedef struct ibv_mr *(*iova2_fn)(struct ibv_pd *, void *, size_t, uint64_t, unsigned);
 
-static void disabled_case(struct loop *l, char *buf)
+static void disabled_case(struct vl_loop *l, char *buf)
 {
     struct fh_preload_stats s0 = snap();
     EXPECT(!(s0.flags & FH_PRELOAD_ACTIVE), "flags %u", s0.flags);
@@ -56,8 +56,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "fh_preload_stats not found: run under LD_PRELOAD=libfirehose_preload.so\n");
         return 2;
     }
-    struct loop l;
-    int rc = loop_open(&l);
+    struct vl_loop l;
+    int rc = vl_open_main(&l);
     if (rc)
         return rc;
     char *buf = aligned_alloc(4096, 1 << 20);
@@ -135,7 +135,7 @@ int main(int argc, char **argv)
     /* prove the rkey really allows remote write: RDMA WRITE into c through wr */
     if (wr) {
         memset(buf + 4096, 0x5a, 256);
-        int st = loop_rdma(&l, IBV_WR_RDMA_WRITE, buf + 4096, a->lkey, (uintptr_t)c, wr->rkey, 256);
+        int st = vl_rdma(&l, IBV_WR_RDMA_WRITE, buf + 4096, a->lkey, (uintptr_t)c, wr->rkey, 256);
         EXPECT(st == 0, "RDMA WRITE through the remote-write registration: status %d", st);
         EXPECT(st != 0 || (c[0] == 0x5a && c[255] == 0x5a), "bytes written");
     }
@@ -155,7 +155,7 @@ int main(int argc, char **argv)
         EXPECT(m->addr == buf + 262144 + 8 && m->length == 1000, "moved: %p %zu", m->addr,
               m->length);
         memset(buf + 4608, 0x33, 64);
-        int st = loop_rdma(&l, IBV_WR_RDMA_WRITE, buf + 4608, a->lkey, (uintptr_t)(buf + 262144 + 8),
+        int st = vl_rdma(&l, IBV_WR_RDMA_WRITE, buf + 4608, a->lkey, (uintptr_t)(buf + 262144 + 8),
                            m->rkey, 64);
         EXPECT(st == 0 && buf[262144 + 8] == 0x33, "RDMA WRITE through the re-registered MR");
         EXPECT(ibv_dereg_mr(m) == 0, "dereg after rereg");
@@ -169,7 +169,7 @@ int main(int argc, char **argv)
     struct ibv_mr *rrm = ibv_reg_mr(l.pd, rbuf, 8192, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ);
     EXPECT(rwm && rrm && rrm->rkey != rwm->rkey, "remote-read request got the remote-write rkey");
     if (rwm && rrm) {
-        int st = loop_rdma(&l, IBV_WR_RDMA_WRITE, buf + 4096, a->lkey, (uintptr_t)rbuf, rrm->rkey, 64);
+        int st = vl_rdma(&l, IBV_WR_RDMA_WRITE, buf + 4096, a->lkey, (uintptr_t)rbuf, rrm->rkey, 64);
         EXPECT(st == IBV_WC_REM_ACCESS_ERR, "RDMA WRITE through a remote-read rkey: status %d", st);
         EXPECT(ibv_dereg_mr(rwm) == 0 && ibv_dereg_mr(rrm) == 0, "dereg rights pair");
     }
@@ -183,15 +183,17 @@ int main(int argc, char **argv)
     EXPECT(s8.pinned_bytes > 0, "the cache keeps idle registrations (lazy release)");
 
 out:
-    /* loop_close deallocates the pd: it must succeed although the cache kept MRs on it. */
-    ibv_destroy_qp(l.qp);
-    l.qp = NULL;
+    /* The pd's deallocation must succeed although the cache kept MRs on it. */
+    for (int i = 0; i < 2; i++) {
+        ibv_destroy_qp(l.qp[i]);
+        l.qp[i] = NULL;
+    }
     ibv_destroy_cq(l.cq);
     l.cq = NULL;
     int d = ibv_dealloc_pd(l.pd);
     EXPECT(d == 0, "ibv_dealloc_pd: %d", d);
     l.pd = NULL;
-    loop_close(&l);
+    vl_close(&l);
     free(buf);
     if (check_failures) {
         fprintf(stderr, "preload_wrapper: %d check(s) failed\n", check_failures);

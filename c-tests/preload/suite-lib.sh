@@ -11,10 +11,11 @@ preload_setup() {
     CC_OUT=$FH_TEST_DIR
 }
 
-# preload_cc NAME: build c-tests/preload/NAME.c (+ rdma_loop.c) into $CC_OUT/NAME.
+# preload_cc NAME: build c-tests/preload/NAME.c (+ the C tests' loopback helper,
+# c-tests/common/verbs_loopback.c) into $CC_OUT/NAME.
 preload_cc() {
     local src=$FH_REPO/c-tests/preload
-    cc -O1 -g -Wall -o "$CC_OUT/$1" "$src/$1.c" "$src/rdma_loop.c" -libverbs -ldl ||
+    cc -O1 -g -Wall -o "$CC_OUT/$1" "$src/$1.c" "$src/../common/verbs_loopback.c" -libverbs -ldl ||
         { echo "cannot compile $1.c"; exit 1; }
 }
 

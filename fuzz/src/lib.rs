@@ -389,19 +389,13 @@ pub fn run(data: &[u8]) -> usize {
     run.calls
 }
 
-/// `n` pseudo-random inputs (xorshift64*, seeded) through [`run`]; returns the number of calls.
+/// `n` pseudo-random inputs (the seeded RNG) through [`run`]; returns the number of calls.
 pub fn smoke(n: u64, seed: u64) -> usize {
-    let mut x = seed | 1;
-    let mut next = || {
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        x.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    };
+    let mut rng = fastrand::Rng::with_seed(seed);
     let mut calls = 0;
     for _ in 0..n {
-        let len = (next() % 1024) as usize;
-        let data: Vec<u8> = (0..len).map(|_| next() as u8).collect();
+        let mut data = vec![0u8; rng.usize(..1024)];
+        rng.fill(&mut data);
         calls += run(&data);
     }
     calls

@@ -31,8 +31,10 @@ use crate::rt::counted::Counted;
 const DEFERRED_CAPACITY: usize = 1024;
 
 impl Cache {
-    /// Page-aligned bounds of a request, with `register`'s checks and statuses.
-    fn bounds(
+    /// Page-aligned bounds of a request, with `register`'s checks and errors (`register` and
+    /// `pin_ahead` both start here).
+    #[inline]
+    pub(super) fn bounds(
         &self,
         addr: usize,
         len: usize,

@@ -181,11 +181,9 @@ mod tests {
         let mut m: HashMap<usize, u32> = HashMap::new();
         // id k always has key k << 12 (the table reads keys back through `key_of`).
         let key_of = |id: u32| (id as usize) << 12;
-        let mut x: u64 = 12345;
+        let mut rng = fastrand::Rng::with_seed(12345);
         for _ in 0..20_000 {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
+            let x = rng.u64(..);
             let id = (x % 512) as u32;
             let key = key_of(id);
             if x & 1 == 0 {

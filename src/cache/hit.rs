@@ -30,18 +30,7 @@ impl Cache {
         len: usize,
         access: Access,
     ) -> Result<Registration, CacheError> {
-        if len == 0 {
-            return Err(CacheError::ZeroLength);
-        }
-        let end = addr.checked_add(len).ok_or(CacheError::Overflow)?;
-        if !access.is_valid() {
-            return Err(CacheError::BadAccess);
-        }
-        let start = addr & !(self.page - 1);
-        let end = end.checked_add(self.page - 1).ok_or(CacheError::Overflow)? & !(self.page - 1);
-        if end - start > self.max_request.load(Ordering::Relaxed) {
-            return Err(CacheError::TooLarge);
-        }
+        let (start, end) = self.bounds(addr, len, access)?;
         let sid = my_slot();
         let region = match self.try_hit(sid, start, end, access) {
             Fast::Hit(r) => {

@@ -216,11 +216,9 @@ mod tests {
     #[test]
     fn lookup_or_overlapping_matches_lookup_then_overlapping() {
         let slab = Slab::new();
-        let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+        let mut rng = fastrand::Rng::with_seed(0x2545_f491_4f6c_dd1d);
         let mut rnd = |n: u64| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
+            let x = rng.u64(..);
             x % n
         };
         let none = Pinned {

@@ -241,11 +241,9 @@ mod tests {
     fn matches_a_btreemap_under_churn() {
         let mut s = Sorted::new();
         let mut m: BTreeMap<usize, u32> = BTreeMap::new();
-        let mut x: u64 = 99;
+        let mut rng = fastrand::Rng::with_seed(99);
         for step in 0..60_000u32 {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
+            let x = rng.u64(..);
             // Phases: ascending appends, then random churn.
             let key = if step < 3000 {
                 step as usize * 8

@@ -153,13 +153,11 @@ mod tests {
         let mut r = Releases::new(50, 3200);
         let mut live = HashSet::new();
         let mut reported = HashSet::new();
-        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut rng = fastrand::Rng::with_seed(0x9e37_79b9_7f4a_7c15);
         let mut next = 1u64;
         let mut now = 0u64;
         for _ in 0..20_000 {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
+            let x = rng.u64(..);
             now += x % 40;
             match x % 3 {
                 0 => {

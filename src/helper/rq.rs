@@ -153,11 +153,9 @@ mod tests {
         assert!(q.can_add(500, 10, 90));
         assert!(!q.can_add(500, 10, 91));
         // The same answers as inserting and looking at the front.
-        let mut x: u64 = 99;
+        let mut rng = fastrand::Rng::with_seed(99);
         for _ in 0..2000 {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
+            let x = rng.u64(..);
             let (d, c, f) = (x % 400, 1 + (x >> 20) % 50, (x >> 40) % 400);
             let mut with = RegQueue {
                 items: q.items.clone(),

@@ -167,7 +167,7 @@ impl Region {
 }
 
 struct State {
-    rng: u64,
+    rng: fastrand::Rng,
     /// In flight, by pair `from * size + to`.
     flights: Vec<VecDeque<Flight>>,
     /// RDMA ops among a pair's flights, and among all flights from a rank.
@@ -195,7 +195,7 @@ struct State {
     delivered: u64,
     rdma_done: u64,
     post_fault: PostFault,
-    fault_rng: u64,
+    fault_rng: fastrand::Rng,
     /// Posts refused by `post_fault` so far.
     posts_refused: u64,
 }
@@ -225,14 +225,6 @@ pub struct SimLink {
     rank: Rank,
 }
 
-fn splitmix(s: &mut u64) -> u64 {
-    *s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    let mut z = *s;
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
 impl State {
     fn region(&self, rkey: u32) -> Option<&Region> {
         self.regions.get((rkey as usize).wrapping_sub(1))?.as_ref()
@@ -258,7 +250,7 @@ impl State {
                 self.post_fault = PostFault::Nth(n - 1);
                 false
             }
-            PostFault::OneIn(n) => splitmix(&mut self.fault_rng) % n.max(1) == 0,
+            PostFault::OneIn(n) => self.fault_rng.u64(..n.max(1)) == 0,
         };
         self.posts_refused += u64::from(refuse);
         refuse
@@ -404,7 +396,7 @@ impl SimNet {
         assert!(cfg.size > 0 && cfg.slots > 0);
         let n = cfg.size as usize;
         let st = State {
-            rng: cfg.seed,
+            rng: fastrand::Rng::with_seed(cfg.seed),
             flights: (0..n * n).map(|_| VecDeque::new()).collect(),
             rdma_in_pair: vec![0; n * n],
             rdma_from: vec![0; n],
@@ -422,7 +414,7 @@ impl SimNet {
             delivered: 0,
             rdma_done: 0,
             post_fault: PostFault::Off,
-            fault_rng: cfg.seed ^ 0x5EED_FA17,
+            fault_rng: fastrand::Rng::with_seed(cfg.seed ^ 0x5EED_FA17),
             posts_refused: 0,
         };
         SimNet {
@@ -466,7 +458,8 @@ impl SimNet {
         if st.active.is_empty() {
             return false;
         }
-        let pick = (splitmix(&mut st.rng) % st.active.len() as u64) as usize;
+        let len = st.active.len();
+        let pick = st.rng.usize(..len);
         let pair = st.active[pick];
         self.sh.arrive(&mut st, pair);
         true
@@ -683,7 +676,7 @@ impl Link for SimLink {
                 let senders = (0..n)
                     .filter(|&f| !st.flights[f * n + me].is_empty())
                     .count();
-                let mut k = (splitmix(&mut st.rng) % senders as u64) as usize;
+                let mut k = st.rng.usize(..senders);
                 let from = (0..n)
                     .filter(|&f| !st.flights[f * n + me].is_empty())
                     .find(|_| {

@@ -283,11 +283,9 @@ mod tests {
         let mut r = RangeCounts::default();
         let mut model = [0u32; 64];
         let mut live: Vec<(usize, usize)> = Vec::new();
-        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut rng = fastrand::Rng::with_seed(0x2545_f491_4f6c_dd1d);
         let mut rnd = |n: u64| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
+            let x = rng.u64(..);
             (x % n) as usize
         };
         for _ in 0..5000 {

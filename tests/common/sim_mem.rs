@@ -1,20 +1,23 @@
 //! Test scaffolding shared by the simulator tests (`tests/net_sim.rs`, `tests/net_rdma_sim.rs`,
 //! `tests/rma_sim.rs`, `tests/rma_seg_fail.rs`, and `tests/firehose_sim.rs` of
-//! `crates/firehose-proto`): a seeded RNG (splitmix64: the same seed gives the same run) and a
+//! `crates/firehose-proto`): a seeded RNG (`fastrand`, the one the tests use: the same seed gives the same run) and a
 //! buffer the simulator writes through raw pointers. Included with `#[path]`; not every test uses every item.
 
-pub struct Rng(pub u64);
+pub struct Rng(fastrand::Rng);
 impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(fastrand::Rng::with_seed(seed))
+    }
     pub fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        self.0.u64(..)
     }
     /// Uniform in `0..n` (0 when `n` is 0).
     pub fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
+        if n == 0 {
+            0
+        } else {
+            self.0.u64(..n)
+        }
     }
     /// True with probability `pct` percent.
     pub fn chance(&mut self, pct: u64) -> bool {

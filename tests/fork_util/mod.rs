@@ -53,6 +53,25 @@ pub fn wait_child(pid: libc::pid_t) -> Result<(), String> {
     }
 }
 
+/// Register `[p, p + len)` for local writes; the handle, or the status.
+pub fn register(c: *mut fh_cache, p: usize, len: usize) -> Result<u64, fh_status> {
+    let mut mr = std::mem::MaybeUninit::<fh_mr>::uninit();
+    // SAFETY: live cache, valid out pointer.
+    match unsafe {
+        fh_register(
+            c,
+            p as *const c_void,
+            len,
+            FH_ACCESS_LOCAL_WRITE,
+            mr.as_mut_ptr(),
+        )
+    } {
+        // SAFETY: written on FH_OK.
+        fh_status::FH_OK => Ok(unsafe { mr.assume_init() }.handle),
+        e => Err(e),
+    }
+}
+
 /// The first core this process may run on (the tests bind a forced helper to it: the machines
 /// they run on seldom have an idle core).
 pub fn first_cpu() -> u32 {

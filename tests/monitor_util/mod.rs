@@ -5,12 +5,31 @@
 #![allow(dead_code)]
 
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
-use firehose::monitor::MemoryListener;
+use firehose::monitor::{self, MemoryListener, MonitorOptions, MonitorStatus, Subscription};
 
 const N: usize = 1 << 16;
+
+/// A test binary's monitor and the recorder subscribed to it.
+pub struct Env {
+    pub rec: Arc<Recorder>,
+    _sub: Subscription,
+}
+
+/// The monitor installed once per test binary with `opts` (`check` judges what it installed) and
+/// a recorder subscribed to it.
+pub fn env_with(opts: MonitorOptions, check: fn(&MonitorStatus)) -> &'static Env {
+    static E: OnceLock<Env> = OnceLock::new();
+    E.get_or_init(|| {
+        check(&monitor::install(opts));
+        let rec = Recorder::new();
+        let sub = monitor::subscribe(rec.clone());
+        assert!(sub.is_active());
+        Env { rec, _sub: sub }
+    })
+}
 
 pub struct Recorder {
     start: Box<[AtomicUsize]>,

@@ -17,7 +17,7 @@ lib=$FH_BIN_DIR/libfirehose.so
 [ -r "$lib" ] || fh_skip_or_fail "$lib not built (cargo build --release)"
 src=$FH_REPO/c-tests/preload
 cc -O1 -g -Wall -I"$FH_REPO/include" -I"$FH_REPO/ld-preload/include" -o "$CC_OUT/preload_rma" \
-    "$src/preload_rma.c" "$src/rdma_loop.c" -L"$FH_BIN_DIR" -lfirehose -Wl,-rpath,"$FH_BIN_DIR" \
+    "$src/preload_rma.c" "$src/../common/verbs_loopback.c" -L"$FH_BIN_DIR" -lfirehose -Wl,-rpath,"$FH_BIN_DIR" \
     -libverbs -ldl || { echo "cannot compile preload_rma.c"; exit 1; }
 
 ROUNDS=${FH_TEST_ROUNDS:-6}

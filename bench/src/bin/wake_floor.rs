@@ -239,12 +239,10 @@ fn main() {
     for (i, (code, name)) in PHASES.into_iter().enumerate() {
         ask(req[1], ans[0], code);
         std::thread::sleep(block); // the child is in its phase before the first request
-        let mut seed = pace::seed(i);
+        let mut rng = pace::rng(i);
         let (mut reply, mut wake) = (Vec::new(), Vec::new());
         for _ in 0..a.samples {
-            std::thread::sleep(Duration::from_micros(
-                pace::next(&mut seed) % (a.block_ms * 1000),
-            ));
+            std::thread::sleep(Duration::from_micros(rng.u64(..a.block_ms * 1000)));
             let (r, w) = ask(req[1], ans[0], REQUEST);
             reply.push(r);
             wake.push(w);

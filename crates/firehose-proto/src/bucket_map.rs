@@ -156,14 +156,8 @@ mod tests {
     /// wrap around the end of the table), checked against `HashMap` after every step.
     #[test]
     fn agrees_with_hashmap() {
-        let mut s = 0x1234_5678_u64;
-        let mut next = || {
-            s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            let mut z = s;
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            z ^ (z >> 31)
-        };
+        let mut rng = fastrand::Rng::with_seed(0x1234_5678);
+        let mut next = || rng.u64(..);
         for space in [8u64, 64, 1000, 1 << 40] {
             let (mut m, mut h) = (BucketMap::default(), HashMap::new());
             for step in 0..20_000u32 {

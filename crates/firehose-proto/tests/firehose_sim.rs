@@ -16,7 +16,7 @@ use firehose_proto::{Acquire, FhError, Firehose, FirehoseConfig, WireError};
 use world::{Params, Rng, World, BASE};
 
 fn params(seed: u64) -> (Params, u64) {
-    let mut g = Rng(seed ^ 0x5EED);
+    let mut g = Rng::new(seed ^ 0x5EED);
     let n = 2 + (seed % 7) as u32;
     let region_buckets = [1u32, 2, 4, 8][g.below(4) as usize];
     let f = (2 * region_buckets as u64).max([4u64, 8, 16, 32][g.below(4) as usize]);
@@ -204,7 +204,7 @@ fn garbage(w: &World, g: &mut Rng) -> Vec<u8> {
 
 #[test]
 fn malformed_messages_change_nothing() {
-    let mut g = Rng(99);
+    let mut g = Rng::new(99);
     let mut rejected = 0;
     let mut accepted = 0;
     let mut w = busy_world(3);
@@ -556,7 +556,7 @@ fn small_puts(auto: bool, phases: &[(u64, u64)], seed: u64) -> (f64, u64, u64) {
     };
     let (mut a, mut b) = (mk(0), mk(1));
     let (mut pa, mut pb) = (CountPins::default(), CountPins::default());
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let mut before = (a.stats(), 0);
     let total: u64 = phases.iter().map(|p| p.1).sum();
     let wss = phases

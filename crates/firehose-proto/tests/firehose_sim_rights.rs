@@ -217,7 +217,7 @@ fn simulation_with_mixed_rights() {
     let mut upgrades = 0u64;
     let mut hits = 0u64;
     for seed in 0..60u64 {
-        let mut g = world::Rng(seed ^ 0x5151);
+        let mut g = world::Rng::new(seed ^ 0x5151);
         let n = 2 + (seed % 5) as u32;
         let region_buckets = [1u32, 2, 4, 8][g.below(4) as usize];
         let f = (2 * region_buckets as u64).max([4u64, 8, 16][g.below(3) as usize]);

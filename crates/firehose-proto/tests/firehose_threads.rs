@@ -74,11 +74,9 @@ fn sixteen_threads_through_a_mutex() {
         .map(|t| {
             let job = job.clone();
             std::thread::spawn(move || {
-                let mut s = t + 1;
+                let mut rng = fastrand::Rng::with_seed(t + 1);
                 for i in 0..2000u64 {
-                    s ^= s << 13;
-                    s ^= s >> 7;
-                    s ^= s << 17;
+                    let s = rng.u64(..);
                     let from = (s % 2) as usize;
                     let addr = 0x10_0000 + (s >> 8) % (256 * 4096);
                     let len = 1 + (s >> 40) as usize % 5000;

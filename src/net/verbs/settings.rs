@@ -1,8 +1,10 @@
 //! The link's two environment settings, read once at construction: receive slots per peer
-//! (`FH_AM_RECV_DEPTH`) and the slot size, i.e. the longest message (`FH_AM_MAX_SIZE`). Local and
-//! simple on purpose: the AM layer's settings module may take them over later. A value that does
-//! not parse is an error naming the variable, never a silent default.
+//! (`FH_AM_RECV_DEPTH`) and the slot size, i.e. the longest message (`FH_AM_MAX_SIZE`). The
+//! defaults are the peer layer's (`net::settings`, the one the library runs with and
+//! docs/settings.md lists); this parser is for programs that build a link without `Peers`. A value
+//! that does not parse is an error naming the variable, never a silent default.
 
+use crate::net::settings::{DEFAULT_MAX_SIZE, DEFAULT_RECV_DEPTH};
 use std::fmt;
 
 /// Environment variable: receive slots each rank posts per peer (the sender's initial credits).
@@ -10,8 +12,6 @@ pub const RECV_DEPTH_ENV: &str = "FH_AM_RECV_DEPTH";
 /// Environment variable: bytes per receive slot, the longest message a link carries.
 pub const MAX_SIZE_ENV: &str = "FH_AM_MAX_SIZE";
 
-const DEFAULT_RECV_DEPTH: u32 = 64;
-const DEFAULT_MAX_SIZE: usize = 4096;
 /// Bounds keep one peer's slots well inside what an HCA's receive queue and a sane MR allow.
 const RECV_DEPTH_RANGE: (u32, u32) = (2, 16384);
 /// At least 8 bytes (one AM header); at most 1 MiB (a slot is copied, never zero-copy).
@@ -146,7 +146,7 @@ mod tests {
             with(&[(RECV_DEPTH_ENV, " ")]).unwrap(),
             LinkSettings::default()
         );
-        assert_eq!(LinkSettings::default().recv_depth, 64);
+        assert_eq!(LinkSettings::default().recv_depth, 32);
         assert_eq!(LinkSettings::default().max_size, 4096);
     }
 

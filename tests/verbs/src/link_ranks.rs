@@ -2,6 +2,7 @@
 //! and running N ranks as threads of one process over one device (`LocalGroup` bootstrap), where
 //! the first rank to fail ends the run.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
@@ -47,6 +48,47 @@ impl LinkEnv {
             },
             break_requested: env("FH_TEST_BREAK").is_some_and(|v| v != "0"),
         })
+    }
+}
+
+/// A link test's options: the link's settings and its one count (messages or rounds).
+pub struct Options {
+    pub link: LinkEnv,
+    pub count: u32,
+}
+
+/// The whole run of a link test: reads `LinkEnv` and the count (`count_var`, `count_default`
+/// when unset), arms `break_once` from `FH_TEST_BREAK`, and runs `rank_main` on `ranks` ranks
+/// (`run_ranks`). Returns the exit code; a bad setting is `FAIL`.
+pub fn run_link_test(
+    name: &str,
+    ranks: u32,
+    within: Duration,
+    (count_var, count_default): (&str, u64),
+    break_once: &AtomicBool,
+    rank_main: fn(&Arc<Context>, LocalBootstrap, &Options) -> Result<String, String>,
+) -> i32 {
+    let options = || -> Result<Options, String> {
+        let link = LinkEnv::from_env()?;
+        break_once.store(link.break_requested, Ordering::SeqCst);
+        Ok(Options {
+            count: env_num(count_var, count_default)? as u32,
+            link,
+        })
+    };
+    match options() {
+        Ok(o) => run_ranks(
+            name,
+            ranks,
+            o.link.device.clone().as_deref(),
+            within,
+            o,
+            rank_main,
+        ),
+        Err(e) => {
+            println!("FAIL: {e}");
+            EXIT_FAIL
+        }
     }
 }
 

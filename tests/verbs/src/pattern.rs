@@ -1,18 +1,12 @@
 //! Distinct byte patterns per transfer and a byte-exact comparison that reports the first
 //! mismatch, so a failure says where and what, not just "differs".
 
-/// `len` bytes of a pseudo-random sequence seeded by `seed` (xorshift64*), so every transfer of a
-/// run carries different data and a stale buffer from an earlier step cannot pass a check.
+/// `len` bytes of a pseudo-random sequence seeded by `seed`, so every transfer of a run carries
+/// different data and a stale buffer from an earlier step cannot pass a check.
 pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x >> 12;
-            x ^= x << 25;
-            x ^= x >> 27;
-            (x.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 56) as u8
-        })
-        .collect()
+    let mut v = vec![0u8; len];
+    fastrand::Rng::with_seed(seed).fill(&mut v);
+    v
 }
 
 /// The first byte that differs, and how many differ in total.

@@ -71,19 +71,11 @@ fn tests(list: &str) -> Result<Vec<Test>, lexopt::Error> {
 }
 
 /// Parse the arguments (without the program name); `Err("")` means help was asked for.
-pub fn parse<I>(args: I) -> Result<Args, String>
-where
-    I: IntoIterator,
-    I::Item: Into<OsString>,
-{
-    crate::cli::finish(parse_lexopt(args))
+pub fn parse<I: IntoIterator<Item: Into<OsString>>>(args: I) -> Result<Args, String> {
+    crate::cli::parse(args, from_parser)
 }
 
-fn parse_lexopt<I>(args: I) -> Result<Option<Args>, lexopt::Error>
-where
-    I: IntoIterator,
-    I::Item: Into<OsString>,
-{
+fn from_parser(mut p: lexopt::Parser) -> Result<Option<Args>, lexopt::Error> {
     let mut a = Args {
         tests: vec![Test::Lat, Test::Rate, Test::Attn],
         size: 8,
@@ -95,7 +87,6 @@ where
         spin_gaps: false,
         json: false,
     };
-    let mut p = lexopt::Parser::from_args(args);
     while let Some(arg) = p.next()? {
         match arg {
             Long("test") => a.tests = tests(&p.value()?.string()?)?,

@@ -94,11 +94,11 @@ fn work(ctx: &Ctx, a: &Args, b: Busy) {
 fn ask(ctx: &Ctx, a: &Args, b: Busy) -> Phase {
     let am = ctx.peers.am();
     let msg = vec![0x3Cu8; a.size];
-    let mut seed = pace::seed(b as usize);
+    let mut rng = pace::rng(b as usize);
     let block_us = a.block_ms * 1000;
     let mut us = Vec::with_capacity(a.attn_samples);
     for _ in 0..a.attn_samples {
-        let gap = Duration::from_micros(pace::next(&mut seed) % block_us);
+        let gap = Duration::from_micros(rng.u64(..block_us));
         if a.spin_gaps {
             // Busy, as rank 0 is through the lat test: the reply time then holds no wake-up
             // of the requester itself.

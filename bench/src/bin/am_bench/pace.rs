@@ -4,15 +4,6 @@
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-/// splitmix64 step: the request times, reproducible from run to run.
-pub fn next(s: &mut u64) -> u64 {
-    *s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    let mut z = *s;
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
 /// Busy arithmetic for `block` that the optimiser cannot drop; the clock is read every 4096
 /// steps (a read costs microseconds under TCG). Returns the new state.
 pub fn compute(block: Duration, mut x: u64) -> u64 {
@@ -25,7 +16,7 @@ pub fn compute(block: Duration, mut x: u64) -> u64 {
     x
 }
 
-/// The seed of phase `i`'s request times.
-pub fn seed(i: usize) -> u64 {
-    42 + i as u64
+/// Phase `i`'s request times: a seeded RNG, so they are the same from run to run.
+pub fn rng(i: usize) -> fastrand::Rng {
+    fastrand::Rng::with_seed(42 + i as u64)
 }

@@ -142,9 +142,9 @@ pub fn run(ctx: &mut Ctx, a: &Args, rep: &mut Report) {
             // put from it is in flight here (every step ends with quiet) and nothing else
             // refers to it.
             let own = unsafe { std::slice::from_raw_parts_mut(own_ptr, n) };
-            let mut rng = Rng::new(0xB170_0000 ^ ((me as u64) << 20) ^ r as u64);
+            let mut rng = Rng::with_seed(0xB170_0000 ^ ((me as u64) << 20) ^ r as u64);
             for k in own.iter_mut() {
-                *k = rng.next();
+                *k = rng.u64(..);
             }
             // The record checks the last repetition: its keys before and after.
             pre = sum_xor(own);
@@ -232,10 +232,10 @@ mod tests {
     #[test]
     fn bitonic_blocks_sort() {
         let (p, n) = (8u32, 16usize);
-        let mut rng = Rng::new(7);
+        let mut rng = Rng::with_seed(7);
         let mut blocks: Vec<Vec<u64>> = (0..p)
             .map(|_| {
-                let mut v: Vec<u64> = (0..n).map(|_| rng.next() % 1000).collect();
+                let mut v: Vec<u64> = (0..n).map(|_| rng.u64(..1000)).collect();
                 v.sort_unstable();
                 v
             })

@@ -111,19 +111,11 @@ fn size(p: &mut lexopt::Parser, flag: &str) -> Result<usize, lexopt::Error> {
 }
 
 /// Parse the arguments (without the program name); `Err("")` means help was asked for.
-pub fn parse<I>(args: I) -> Result<Args, String>
-where
-    I: IntoIterator,
-    I::Item: Into<OsString>,
-{
-    crate::cli::finish(parse_lexopt(args))
+pub fn parse<I: IntoIterator<Item: Into<OsString>>>(args: I) -> Result<Args, String> {
+    crate::cli::parse(args, from_parser)
 }
 
-fn parse_lexopt<I>(args: I) -> Result<Option<Args>, lexopt::Error>
-where
-    I: IntoIterator,
-    I::Item: Into<OsString>,
-{
+fn from_parser(mut p: lexopt::Parser) -> Result<Option<Args>, lexopt::Error> {
     let mut a = Args {
         tests: vec![Test::Lat, Test::Bw, Test::Peak],
         sweep: Vec::new(),
@@ -143,7 +135,6 @@ where
         json: false,
         json_out: None,
     };
-    let mut p = lexopt::Parser::from_args(args);
     while let Some(arg) = p.next()? {
         match arg {
             Long("test") => a.tests = tests(&p.value()?.string()?)?,

@@ -51,19 +51,8 @@ pub fn target_len(a: &Args, fh: &FirehoseConfig) -> usize {
     w.max(s).max(a.bw_size).next_multiple_of(2 << 20)
 }
 
-/// xorshift64*: the random slots (no allocation, no RNG crate).
-pub struct Rng(u64);
-impl Rng {
-    pub fn new(seed: u64) -> Self {
-        Rng(seed | 1)
-    }
-    pub fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-}
+/// The random slots: a seeded RNG (no allocation per draw).
+pub use fastrand::Rng;
 
 fn transports(ctx: &Ctx, a: &Args, target: Exposed) -> Vec<Box<dyn Transport>> {
     let mut remote = vec![Vec::new(); ctx.peers.size() as usize];
@@ -95,7 +84,7 @@ pub fn run(ctx: &Ctx, a: &Args, test: Test, rep: &mut Report) {
         .first()
         .unwrap_or_else(|| fail("rank 1 exposes no buffer"));
     let mut ts = transports(ctx, a, target);
-    let mut rng = Rng::new(0x5EED_0000 + test as u64);
+    let mut rng = Rng::with_seed(0x5EED_0000 + test as u64);
     let points: Vec<Point> = match test {
         Test::Lat => sweep(a, &ctx.fh)
             .into_iter()
@@ -151,7 +140,7 @@ fn slot(p: &Point, rng: &mut Rng) -> u64 {
     if !p.random {
         return 0;
     }
-    (rng.next() % (p.ws / p.size) as u64) * p.size as u64
+    rng.u64(..(p.ws / p.size) as u64) * p.size as u64
 }
 
 /// What one transport collected over the batches of a point.

@@ -129,17 +129,11 @@ impl Pair {
     }
 }
 
-/// splitmix64 sequence of bucket addresses in a working set.
+/// A seeded sequence of bucket addresses in a working set.
 fn addrs(ws: u64, n: usize, seed: u64) -> Vec<u64> {
-    let mut s = seed;
+    let mut rng = fastrand::Rng::with_seed(seed);
     (0..n)
-        .map(|_| {
-            s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            let mut z = s;
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            0x7000_0000_0000 + ((z ^ (z >> 31)) % ws) * 4096 + 64
-        })
+        .map(|_| 0x7000_0000_0000 + rng.u64(..ws) * 4096 + 64)
         .collect()
 }
 

@@ -51,20 +51,12 @@ usage: reg_write_bw [--size 65536] [--iters 1000] [--warmup B] [--buffers 4]
 ";
 
 /// Parse the arguments (without the program name); `Err("")` means help was asked for.
-pub fn parse<I>(args: I) -> Result<Args, String>
-where
-    I: IntoIterator,
-    I::Item: Into<OsString>,
-{
-    crate::cli::finish(parse_lexopt(args))
+pub fn parse<I: IntoIterator<Item: Into<OsString>>>(args: I) -> Result<Args, String> {
+    crate::cli::parse(args, from_parser)
 }
 
 /// `Ok(None)`: help.
-fn parse_lexopt<I>(args: I) -> Result<Option<Args>, lexopt::Error>
-where
-    I: IntoIterator,
-    I::Item: Into<OsString>,
-{
+fn from_parser(mut p: lexopt::Parser) -> Result<Option<Args>, lexopt::Error> {
     let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
     let mut a = Args {
         size: 65536,
@@ -77,7 +69,6 @@ where
         port: 1,
         clock: crate::clock::Kind::default_for_target(),
     };
-    let mut p = lexopt::Parser::from_args(args);
     while let Some(arg) = p.next()? {
         match arg {
             Long("size") => a.size = num(&mut p, "--size")?,

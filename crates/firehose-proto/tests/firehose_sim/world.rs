@@ -193,7 +193,7 @@ impl World {
             invals: Vec::new(),
             lost: vec![false; n as usize],
             next_op: 1,
-            rng: Rng(seed),
+            rng: Rng::new(seed),
             completed: 0,
             failed_unmapped: 0,
             steps: 0,

@@ -49,18 +49,11 @@ fn env_u64(k: &str, d: u64) -> u64 {
         .unwrap_or(d)
 }
 
-/// splitmix64: payload bytes and sizes from a seed, reproducible on both sides.
-fn mix(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    x ^ (x >> 31)
-}
-
+/// Payload bytes from a seed (the seeded RNG), reproducible on both sides.
 fn payload(seed: u64, len: usize) -> Vec<u8> {
-    (0..len)
-        .map(|i| mix(seed ^ (i as u64) << 20) as u8)
-        .collect()
+    let mut v = vec![0u8; len];
+    fastrand::Rng::with_seed(seed).fill(&mut v);
+    v
 }
 
 /// The reply the XFORM handler of `responder` gives: its rank, then each byte xor'ed with it.
@@ -169,8 +162,9 @@ fn storm(peers: &Peers, targets: &[Rank], threads: u64, reqs: u64) {
         for t in 0..threads {
             s.spawn(move || {
                 let mut inflight = std::collections::VecDeque::new();
+                let mut rng = fastrand::Rng::with_seed(((peers.rank() as u64) << 40) ^ (t << 32));
                 for i in 0..reqs {
-                    let seed = mix(((peers.rank() as u64) << 40) ^ (t << 32) ^ i);
+                    let seed = rng.u64(..);
                     let peer = targets[(seed % targets.len() as u64) as usize];
                     let len = match seed % 4 {
                         0 => 0,
@@ -208,9 +202,10 @@ fn storm(peers: &Peers, targets: &[Rank], threads: u64, reqs: u64) {
 fn flood(peers: &Peers, n: u64) -> u64 {
     let max = peers.am().max_payload() - 8;
     let me = peers.rank();
-    for i in 0..n {
+    let mut rng = fastrand::Rng::with_seed(me as u64);
+    for _ in 0..n {
         for peer in (0..peers.size()).filter(|&r| r != me) {
-            let seed = ((me as u64) << 32) | (mix(i ^ ((peer as u64) << 20)) & 0xFFFF_FFFF);
+            let seed = ((me as u64) << 32) | rng.u64(..1 << 32);
             let mut m = seed.to_le_bytes().to_vec();
             m.extend(payload(seed, (seed as usize >> 3) % (max + 1)));
             peers

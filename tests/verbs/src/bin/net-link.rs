@@ -23,9 +23,8 @@ use firehose::net::bootstrap::local::LocalBootstrap;
 use firehose::net::verbs::VerbsLink;
 use firehose::net::{Bootstrap, Link, LinkError, LinkEvent, Rank};
 use firehose::pin::verbs::Context;
-use firehose_verbs_tests::link_ranks::{env_num, run_ranks, LinkEnv};
+use firehose_verbs_tests::link_ranks::{run_link_test, Options};
 use firehose_verbs_tests::pattern::{compare, pattern};
-use firehose_verbs_tests::EXIT_FAIL;
 
 const RANKS: u32 = 4;
 const DEAD: Rank = 3;
@@ -41,39 +40,15 @@ const LOST_WITHIN: Duration = Duration::from_secs(8);
 
 static BREAK_ONCE: AtomicBool = AtomicBool::new(false);
 
-struct Options {
-    link: LinkEnv,
-    msgs: u32,
-}
-
-fn options() -> Result<Options, String> {
-    let link = LinkEnv::from_env()?;
-    BREAK_ONCE.store(link.break_requested, Ordering::SeqCst);
-    Ok(Options {
-        msgs: env_num("FH_TEST_MSGS", 150)? as u32,
-        link,
-    })
-}
-
 fn main() {
-    std::process::exit(run());
-}
-
-fn run() -> i32 {
-    match options() {
-        Ok(o) => run_ranks(
-            "net-link",
-            RANKS,
-            o.link.device.clone().as_deref(),
-            Duration::from_secs(600),
-            o,
-            rank_main,
-        ),
-        Err(e) => {
-            println!("FAIL: {e}");
-            EXIT_FAIL
-        }
-    }
+    std::process::exit(run_link_test(
+        "net-link",
+        RANKS,
+        Duration::from_secs(600),
+        ("FH_TEST_MSGS", 150),
+        &BREAK_ONCE,
+        rank_main,
+    ));
 }
 
 fn barrier(b: &mut LocalBootstrap) -> Result<(), String> {
@@ -112,7 +87,7 @@ fn rank_main(ctx: &Arc<Context>, mut b: LocalBootstrap, opts: &Options) -> Resul
     // 2. The storm among all pairs.
     let all: Vec<Rank> = (0..RANKS).filter(|&r| r != rank).collect();
     let t = Instant::now();
-    let n = storm(&link, &all, opts.msgs, 0)?;
+    let n = storm(&link, &all, opts.count, 0)?;
     notes += &format!("; storm {n} msgs received in {:.2?}", t.elapsed());
     barrier(&mut b)?;
 
@@ -154,7 +129,7 @@ fn rank_main(ctx: &Arc<Context>, mut b: LocalBootstrap, opts: &Options) -> Resul
     // slow one's "reported once" polling: the intermittent "order: got seq 1, expected 0").
     barrier(&mut b)?;
     let alive: Vec<Rank> = all.iter().copied().filter(|&r| r != DEAD).collect();
-    let n = storm(&link, &alive, opts.msgs.min(20), 1)?;
+    let n = storm(&link, &alive, opts.count.min(20), 1)?;
     notes += &format!("; {n} msgs among survivors");
     if link.len_errors() != 0 {
         return Err(format!("{} receive length errors", link.len_errors()));

@@ -34,9 +34,8 @@ use firehose::net::{Bootstrap, Link, LinkError, LinkEvent, Rank, RdmaKind, RdmaO
 use firehose::pin::verbs::{Context, Mr};
 use firehose::pin::Access;
 use firehose_verbs_tests::buffer::PageBuf;
-use firehose_verbs_tests::link_ranks::{env_num, run_ranks, LinkEnv};
+use firehose_verbs_tests::link_ranks::{run_link_test, Options};
 use firehose_verbs_tests::pattern::{compare, pattern};
-use firehose_verbs_tests::EXIT_FAIL;
 
 const RANKS: u32 = 5;
 /// Ranks 0..WORKERS do phases 1-4; rank WORKERS is the target of phase 5.
@@ -55,39 +54,15 @@ const ERROR_WITHIN: Duration = Duration::from_secs(10);
 
 static BREAK_ONCE: AtomicBool = AtomicBool::new(false);
 
-struct Options {
-    link: LinkEnv,
-    rounds: u32,
-}
-
-fn options() -> Result<Options, String> {
-    let link = LinkEnv::from_env()?;
-    BREAK_ONCE.store(link.break_requested, Ordering::SeqCst);
-    Ok(Options {
-        rounds: env_num("FH_TEST_ROUNDS", 12)? as u32,
-        link,
-    })
-}
-
 fn main() {
-    std::process::exit(run());
-}
-
-fn run() -> i32 {
-    match options() {
-        Ok(o) => run_ranks(
-            "rdma-link",
-            RANKS,
-            o.link.device.clone().as_deref(),
-            Duration::from_secs(900),
-            o,
-            rank_main,
-        ),
-        Err(e) => {
-            println!("FAIL: {e}");
-            EXIT_FAIL
-        }
-    }
+    std::process::exit(run_link_test(
+        "rdma-link",
+        RANKS,
+        Duration::from_secs(900),
+        ("FH_TEST_ROUNDS", 12),
+        &BREAK_ONCE,
+        rank_main,
+    ));
 }
 
 /// Where a rank's region is, as the others need it.
@@ -95,20 +70,6 @@ fn run() -> i32 {
 struct Remote {
     addr: u64,
     rkey: u32,
-}
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
 }
 
 /// Volatile reads and writes of a buffer the device also writes.
@@ -158,7 +119,7 @@ struct RankState {
     local_mr: Mr,
     region: PageBuf,
     remotes: Vec<Remote>,
-    rng: Rng,
+    rng: fastrand::Rng,
     /// What this rank last wrote into its stripe at each peer (phases 2-3).
     shadow: Vec<Vec<u8>>,
 }
@@ -195,7 +156,7 @@ fn rank_main(ctx: &Arc<Context>, mut b: LocalBootstrap, opts: &Options) -> Resul
         local_mr,
         region,
         remotes,
-        rng: Rng(0xF1E5 + u64::from(rank)),
+        rng: fastrand::Rng::with_seed(0xF1E5 + u64::from(rank)),
         shadow: vec![vec![0; STRIPE]; RANKS as usize],
     };
     let mut notes = format!(
@@ -209,7 +170,7 @@ fn rank_main(ctx: &Arc<Context>, mut b: LocalBootstrap, opts: &Options) -> Resul
         notes += &arguments(&r)?;
         let t = Instant::now();
         let mut ops = 0;
-        for round in 0..opts.rounds {
+        for round in 0..opts.count {
             ops += random_batch(&mut r, round)?;
         }
         notes += &format!("; {ops} random ops in {:.2?}", t.elapsed());
@@ -376,24 +337,24 @@ fn random_batch(r: &mut RankState, round: u32) -> Result<usize, String> {
     let mut local_off = 0;
     for i in 0..BATCH {
         let peer = loop {
-            let p = r.rng.below(u64::from(WORKERS)) as Rank;
+            let p = r.rng.u64(..u64::from(WORKERS)) as Rank;
             if p != r.rank {
                 break p;
             }
         };
-        let cap = [16, 256, 4096, MAX_OP][r.rng.below(4) as usize];
-        let len = 1 + r.rng.below(cap) as usize;
+        let cap = [16, 256, 4096, MAX_OP][r.rng.u64(..4) as usize];
+        let len = 1 + r.rng.u64(..cap) as usize;
         if local_off + len > LOCAL {
             break;
         }
-        let off = r.rng.below((STRIPE - len + 1) as u64) as usize;
-        let kind = if r.rng.below(2) == 0 {
+        let off = r.rng.u64(..(STRIPE - len + 1) as u64) as usize;
+        let kind = if r.rng.u64(..2) == 0 {
             RdmaKind::Write
         } else {
             RdmaKind::Read
         };
         // Tokens use all 64 bits: the link must hand them back unchanged.
-        let token = r.rng.next() | (1 << 63);
+        let token = r.rng.u64(..) | (1 << 63);
         let shadow = &mut r.shadow[peer as usize][off..off + len];
         let expect = match kind {
             RdmaKind::Write => {
