@@ -195,7 +195,7 @@ impl Initiator {
     /// One more ref on firehose `id`. A firehose that was unused stays where it is in its
     /// peer's FIFO (lazy removal: the eviction scan drops entries in use, `pop_unused`), so
     /// a hit touches the firehose and its peer, not its FIFO neighbours.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn take_ref(&mut self, id: u32) {
         let fh = &mut self.fhs[id as usize];
         fh.refs += 1;
@@ -205,7 +205,7 @@ impl Initiator {
     }
 
     /// A ref for an op that found firehose `id` already there: counted as a use (`thrash`).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn take_use(&mut self, id: u32) {
         self.take_ref(id);
         let fh = &mut self.fhs[id as usize];
