@@ -723,19 +723,29 @@ impl Rma {
     pub fn wait(&self, req: u64) -> Result<(), RmaError> {
         const RECHECK: u32 = 64;
         let _inside = crate::rt::inside::enter();
-        let mut b = Bounded::new(self);
+        // The first poll usually completes a blocking put or get: it runs before the bound is
+        // set up, which happens only if a second poll is needed (the bound's clock reads the
+        // time only every `CHECK_EVERY` polls anyway: it starts one poll later, nothing else
+        // changes).
+        if self.done.is_done(req) == Some(false) && self.progress()? == 0 {
+            std::thread::yield_now();
+        }
+        let mut b: Option<Bounded> = None;
         loop {
             let mut polls = 0;
             while polls < RECHECK && self.done.is_done(req) == Some(false) {
-                b.poll(self, Some(req))?;
+                b.get_or_insert_with(|| Bounded::new(self))
+                    .poll(self, Some(req))?;
                 polls += 1;
             }
             if let Some(r) = lock(&self.engine).ops.take_if_done(req)? {
-                return b.result(r);
+                // Not set up: never gave up on anyone, the result stands.
+                return b.as_ref().map_or(r, |b| b.result(r));
             }
             if polls == 0 {
                 // No word for this slot (or it said done and the table disagrees): poll here.
-                b.poll(self, Some(req))?;
+                b.get_or_insert_with(|| Bounded::new(self))
+                    .poll(self, Some(req))?;
             }
         }
     }

@@ -64,6 +64,7 @@ pub(super) struct Finished {
 
 impl Ops {
     /// Record one completed segment of `chunk`; `Some` when it was the chunk's last.
+    #[inline]
     pub(super) fn seg_done(&mut self, chunk: Key, err: Option<RmaError>) -> Option<Finished> {
         let c = self.chunks.get_mut(chunk)?;
         if c.error.is_none() {
@@ -77,6 +78,7 @@ impl Ops {
     }
 
     /// Chunk `chunk` is over (all its segments done, or failed before any was posted).
+    #[inline]
     pub(super) fn finish_chunk(&mut self, chunk: Key, err: Option<RmaError>) -> Option<Finished> {
         let c = self.chunks.remove(chunk)?;
         let err = c.error.or(err);
@@ -107,6 +109,7 @@ impl Ops {
     }
 
     /// The result of a done request, removing it; `None` while it runs; unknown: an error.
+    #[inline]
     pub(super) fn take_if_done(
         &mut self,
         req: Key,
@@ -123,6 +126,7 @@ impl Ops {
     }
 
     /// Records a request; its key is the caller's handle.
+    #[inline]
     pub(super) fn add_request(&mut self, r: Request) -> Key {
         let done = r.done;
         if !done {

@@ -37,6 +37,7 @@ fn split(key: Key) -> (u32, usize) {
 
 impl<T> Slab<T> {
     /// Stores `val`; its key.
+    #[inline]
     pub(super) fn insert(&mut self, val: T) -> Key {
         self.len += 1;
         let idx = match self.free.pop() {
@@ -53,15 +54,18 @@ impl<T> Slab<T> {
         (u64::from(s.gen) << 32) | u64::from(idx)
     }
 
+    #[inline]
     fn slot(&self, key: Key) -> Option<&Slot<T>> {
         let (gen, idx) = split(key);
         self.slots.get(idx).filter(|s| s.gen == gen)
     }
 
+    #[inline]
     pub(super) fn get(&self, key: Key) -> Option<&T> {
         self.slot(key)?.val.as_ref()
     }
 
+    #[inline]
     pub(super) fn get_mut(&mut self, key: Key) -> Option<&mut T> {
         let (gen, idx) = split(key);
         self.slots
@@ -72,6 +76,7 @@ impl<T> Slab<T> {
     }
 
     /// Takes the value out; the key (and every earlier key of the slot) is spent.
+    #[inline]
     pub(super) fn remove(&mut self, key: Key) -> Option<T> {
         let (gen, idx) = split(key);
         let s = self.slots.get_mut(idx).filter(|s| s.gen == gen)?;

@@ -61,7 +61,7 @@ impl BucketMap {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     pub fn get(&self, key: u64) -> Option<u32> {
         self.find(key).map(|i| self.slots[i].val)
     }

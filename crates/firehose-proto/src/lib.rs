@@ -127,6 +127,7 @@ impl Firehose {
     }
 
     /// See the module docs (API).
+    #[inline]
     pub fn acquire_for(
         &mut self,
         op: OpId,
@@ -150,6 +151,7 @@ impl Firehose {
         r
     }
 
+    #[inline]
     pub fn release(&mut self, op: OpId) -> Result<(), FhError> {
         let r = self.init.release(op, &mut self.out, &mut self.stats);
         self.stats.failures += self.init.take_failures();

@@ -10,6 +10,15 @@ pub struct Inline2<T: Copy + Default> {
 }
 
 impl<T: Copy + Default> Inline2<T> {
+    /// One item.
+    #[inline]
+    pub fn one(x: T) -> Self {
+        Inline2 {
+            n: 1,
+            inline: [x, T::default()],
+            spill: Vec::new(),
+        }
+    }
     pub fn push(&mut self, x: T) {
         if self.n < 2 {
             self.inline[self.n as usize] = x;
@@ -80,5 +89,10 @@ mod tests {
         v.push(5);
         assert_eq!(v.as_slice(), &[5]);
         assert_eq!(v.len(), 1);
+        let mut w = Inline2::one(6u32);
+        assert_eq!(w.as_slice(), &[6]);
+        w.push(7);
+        w.push(8);
+        assert_eq!(&*w, &[6, 7, 8]);
     }
 }

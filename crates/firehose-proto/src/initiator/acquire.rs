@@ -68,11 +68,34 @@ impl Initiator {
         // Hit path: one map lookup per region spanned. The duplicate-op check follows it
         // (nothing has changed yet); on a hit it skips the table while the table is empty.
         let (mut b, last) = self.bucket_span(raddr, len);
+        let mut next = p.map.get(b);
+        // The common hit: one region covers the whole op. One segment, one reference, no lists
+        // built (the loop below would find the same with more bookkeeping).
+        if let Some(id) = next {
+            let fh = &self.fhs[id as usize];
+            if fh.start + fh.nb as u64 > last && fh.rights.covers(rights) {
+                let rkey = fh.rkey;
+                if self.front.op == Some(op) || (!self.ops.is_empty() && self.ops.contains_key(&op))
+                {
+                    return Err(FhError::DuplicateOp);
+                }
+                self.take_use(id);
+                if self.front.op.is_none() {
+                    self.front = Front::new(op, peer, [id, id], 1);
+                } else {
+                    let fhs = Inline2::one(id);
+                    let o = Op::new(peer, raddr, len, rights, fhs, OpState::Active);
+                    self.ops.insert(op, o);
+                }
+                st.hits += 1;
+                return Ok(Acquire::Hit(Segs::one(Seg { raddr, len, rkey })));
+            }
+        }
         let mut cur = raddr;
         let mut segs = Segs::default();
         let mut fhs = Inline2::<u32>::default();
         let hit = loop {
-            let Some(id) = p.map.get(b) else {
+            let Some(id) = next else {
                 break false;
             };
             let fh = &self.fhs[id as usize];
@@ -94,6 +117,7 @@ impl Initiator {
             }
             b = fh_end;
             cur = seg_end;
+            next = p.map.get(b);
         };
         if hit {
             if self.front.op == Some(op) || (!self.ops.is_empty() && self.ops.contains_key(&op)) {
@@ -145,8 +169,9 @@ impl Initiator {
     ) -> Result<(), FhError> {
         let peer = if self.front.op == Some(op) {
             let f = std::mem::take(&mut self.front);
-            for &id in &f.ids[..f.n as usize] {
-                self.drop_ref(id);
+            self.drop_ref(f.ids[0]);
+            if f.n == 2 {
+                self.drop_ref(f.ids[1]);
             }
             f.peer
         } else {
@@ -170,7 +195,7 @@ impl Initiator {
     /// One more ref on firehose `id`. A firehose that was unused stays where it is in its
     /// peer's FIFO (lazy removal: the eviction scan drops entries in use, `pop_unused`), so
     /// a hit touches the firehose and its peer, not its FIFO neighbours.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn take_ref(&mut self, id: u32) {
         let fh = &mut self.fhs[id as usize];
         fh.refs += 1;
@@ -180,7 +205,7 @@ impl Initiator {
     }
 
     /// A ref for an op that found firehose `id` already there: counted as a use (`thrash`).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn take_use(&mut self, id: u32) {
         self.take_ref(id);
         let fh = &mut self.fhs[id as usize];
