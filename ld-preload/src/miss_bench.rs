@@ -138,19 +138,7 @@ fn through_shim(pd_id: usize, uffd: bool, bypass_on: bool) -> (f64, miss_cost::B
         }
     }
     let us = (cpu_s() - t0) * 1e6 / ITERS as f64;
-    let w1 = monitor::watch_costs();
-    let m = &miss_cost::MISS;
-    let k = miss_cost::ns_per_tick();
-    let b = miss_cost::breakdown(
-        m.misses.load(Relaxed),
-        m.total_ticks.load(Relaxed) as f64 * k,
-        m.quiesce_ticks.load(Relaxed) as f64 * k,
-        m.reg_ns.load(Relaxed),
-        m.dereg_ns.load(Relaxed),
-        m.deregs.load(Relaxed),
-        w1.watch_ns - w0.watch_ns,
-        (w1.unwatches - w0.unwatches, w1.unwatch_ns - w0.unwatch_ns),
-    );
+    let b = miss_cost::since(w0);
     crate::pd_cache::drop_pd(pdp);
     free_arena(a);
     bypass::set_enabled(true);

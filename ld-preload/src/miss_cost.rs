@@ -14,6 +14,8 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::OnceLock;
 use std::time::Instant;
 
+use firehose::internals::monitor::WatchCosts;
+
 /// The cycle counter (x86-64), else nanoseconds since the first call.
 #[inline]
 pub(crate) fn ticks() -> u64 {
@@ -222,6 +224,12 @@ pub(crate) fn breakdown(
 
 /// The current breakdown.
 pub(crate) fn current() -> Breakdown {
+    since(WatchCosts::default())
+}
+
+/// The breakdown with the userfaultfd watch costs counted from `base` (the library's counters are
+/// process-wide and never reset: a measurement takes them before it starts).
+pub(crate) fn since(base: WatchCosts) -> Breakdown {
     let m = &MISS;
     let k = ns_per_tick();
     let w = firehose::internals::monitor::watch_costs();
@@ -232,8 +240,8 @@ pub(crate) fn current() -> Breakdown {
         m.reg_ns.load(Relaxed),
         m.dereg_ns.load(Relaxed),
         m.deregs.load(Relaxed),
-        w.watch_ns,
-        (w.unwatches, w.unwatch_ns),
+        w.watch_ns - base.watch_ns,
+        (w.unwatches - base.unwatches, w.unwatch_ns - base.unwatch_ns),
     )
 }
 
