@@ -127,7 +127,7 @@ pub fn exchange(peers: &Peers, mine: &[Agreed]) -> Result<(), String> {
                 .filter(|&p| p != me && g[p as usize].is_none())
                 .count()
         };
-        if missing == 0 {
+        if missing == 0 && !linger_for_tests(me) {
             break;
         }
         if deadline.is_some_and(|d| Instant::now() >= d) {
@@ -153,6 +153,51 @@ pub fn exchange(peers: &Peers, mine: &[Agreed]) -> Result<(), String> {
         })
         .collect::<Result<Vec<_>, _>>()?;
     compare(me, mine, &theirs).map_or(Ok(()), Err)
+}
+
+/// Test switch: rank `rank` keeps polling in `exchange` for `d` after it has every peer's
+/// settings (as when a third rank's message is slow to come), delivering whatever else arrives
+/// meanwhile. One rank at a time; `Duration::ZERO` turns it off.
+#[cfg(any(test, feature = "test-support"))]
+pub fn set_exchange_linger_for_tests(rank: Rank, d: std::time::Duration) {
+    let ms = d.as_millis().min(u128::from(u32::MAX)) as u64;
+    LINGER.store(
+        (u64::from(rank) << 32) | ms,
+        std::sync::atomic::Ordering::SeqCst,
+    );
+}
+
+/// (rank << 32) | milliseconds of `set_exchange_linger_for_tests`; 0: off.
+#[cfg(any(test, feature = "test-support"))]
+static LINGER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Whether `me` should keep polling (the test switch above), measured from its first call.
+fn linger_for_tests(me: Rank) -> bool {
+    #[cfg(any(test, feature = "test-support"))]
+    {
+        thread_local! {
+            static SINCE: std::cell::Cell<Option<Instant>> = const { std::cell::Cell::new(None) };
+        }
+        let v = LINGER.load(std::sync::atomic::Ordering::SeqCst);
+        if v & 0xFFFF_FFFF == 0 || (v >> 32) as Rank != me {
+            return false;
+        }
+        let since = SINCE.with(|s| {
+            let t = s.get().unwrap_or_else(Instant::now);
+            s.set(Some(t));
+            t
+        });
+        if since.elapsed() < std::time::Duration::from_millis(v & 0xFFFF_FFFF) {
+            return true;
+        }
+        SINCE.with(|s| s.set(None));
+        false
+    }
+    #[cfg(not(any(test, feature = "test-support")))]
+    {
+        let _ = me;
+        false
+    }
 }
 
 /// `exchange`, reported as `fh_init` does: the message on stderr, `RmaError::BadConfig`.

@@ -238,7 +238,38 @@ impl Rma {
         if let Some(c) = counters {
             let _ = rma.windows.set(c);
         }
+        rma.barrier_after_handlers()?;
         Ok(rma)
+    }
+
+    /// The collective start over a simulated link, for tests: the settings exchange, `build`
+    /// and the barrier after it, as `new` does with a device.
+    #[cfg(any(test, feature = "test-support"))]
+    pub fn with_pins_collective(
+        peers: Arc<Peers>,
+        local: Option<Arc<Cache>>,
+        cfg: FirehoseConfig,
+        pins: Box<dyn RegionPins + Send>,
+    ) -> Result<Arc<Rma>, RmaError> {
+        let mut agreed = agree::net_settings(&peers);
+        agreed.extend(cfg.must_agree().iter().map(|&(v, x)| Agreed::new(v, x)));
+        agree::exchange_or_fail(&peers, &agreed)?;
+        let rma = Self::with_pins(peers, local, cfg, pins)?;
+        rma.barrier_after_handlers()?;
+        Ok(rma)
+    }
+
+    /// The last step of a collective start: returns on no rank before every rank has installed
+    /// its handlers. Why: a peer that has left `agree::exchange` may send its first Firehose
+    /// message at once, while this rank still polls in its own exchange (waiting for a third
+    /// rank's settings). Delivered before `install_handlers`, that message would find no handler,
+    /// be rejected and lost, and the peer's put would wait out `FH_AM_TIMEOUT_MS` (seen at 4
+    /// ranks without progress threads). Bounded like every barrier.
+    fn barrier_after_handlers(&self) -> Result<(), RmaError> {
+        if self.size > 1 {
+            self.peers.barrier()?;
+        }
+        Ok(())
     }
 
     /// For simulation and tests: puts and gets over `peers` with the algorithm's settings

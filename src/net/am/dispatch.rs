@@ -115,6 +115,17 @@ impl Inner {
                     // A well-formed message the sender paid a credit for: still settled, or a
                     // peer that raced its handler registration would lose credits for good.
                     self.stats.rejected(r);
+                    if r == Reject::UnknownHandler
+                        && !self.warned_no_handler.swap(true, Ordering::Relaxed)
+                    {
+                        // Once per endpoint: whoever waits for this message's effect will wait
+                        // until its bound, and this line says why.
+                        crate::fh_warn!(
+                            "firehose: rank {}: a message from rank {from} for handler {:#06x} arrived before any handler was registered for it; dropped (further ones only counted)",
+                            self.rank,
+                            h.handler
+                        );
+                    }
                     return Some(settle);
                 }
             }

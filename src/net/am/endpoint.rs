@@ -74,6 +74,8 @@ pub(super) struct Inner {
     /// Messages in `loopback` (bumped after a push): `progress` takes its lock only when non-zero.
     pub loopback_len: AtomicUsize,
     pub finalized: AtomicBool,
+    /// A message for an unregistered handler was logged (once per endpoint).
+    pub warned_no_handler: AtomicBool,
     /// `FH_AM_MAX_QUEUED`: bytes that may wait for credits toward one peer.
     pub max_queued: AtomicUsize,
     pub stats: Stats,
@@ -335,6 +337,7 @@ impl Am {
             loopback: Mutex::new(VecDeque::new()),
             loopback_len: AtomicUsize::new(0),
             finalized: AtomicBool::new(false),
+            warned_no_handler: AtomicBool::new(false),
             max_queued: AtomicUsize::new(settings.max_queued),
             stats: Stats::default(),
             me: me.clone(),
