@@ -21,7 +21,7 @@
 //! `FH_TEST_DISABLE_HOOKS=foreign` turns this off (tests that prove it matters).
 
 use std::ffi::{c_int, c_void, CStr};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 /// libucm's events were subscribed to.
 pub(crate) const SRC_UCM: u32 = 1;
@@ -46,6 +46,14 @@ type OpalRegister = unsafe extern "C" fn(OpalCallback, *mut c_void) -> c_int;
 type OpalLevel = unsafe extern "C" fn() -> c_int;
 
 static LIVE: AtomicU32 = AtomicU32::new(0);
+/// Events heard so far, for `FH_STATS`: libucm's unmapped and mapped, libopen-pal's releases.
+static HEARD: [AtomicU64; 3] = [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)];
+
+/// Events heard so far: (libucm VM_UNMAPPED, libucm VM_MAPPED, libopen-pal releases).
+pub(crate) fn heard() -> (u64, u64, u64) {
+    let n = |i: usize| HEARD[i].load(Ordering::Relaxed);
+    (n(0), n(1), n(2))
+}
 /// One subscriber at a time (a second thread just skips: the first one does the work).
 static BUSY: AtomicBool = AtomicBool::new(false);
 
@@ -133,10 +141,11 @@ fn subscribe_opal() -> bool {
 /// libucm's callback: `event` points at `ucm_event_t`, whose `vm_unmapped` and `vm_mapped`
 /// members are both `{ void *address; size_t size; }` at its start. Either way the range's
 /// registrations go: before an unmap, or after new memory was mapped there.
-unsafe extern "C" fn on_ucm(_event_type: c_int, event: *mut c_void, _arg: *mut c_void) {
+unsafe extern "C" fn on_ucm(event_type: c_int, event: *mut c_void, _arg: *mut c_void) {
     if event.is_null() {
         return;
     }
+    HEARD[usize::from(event_type == UCM_EVENT_VM_MAPPED)].fetch_add(1, Ordering::Relaxed);
     // SAFETY: libucm passes a valid event; for VM_UNMAPPED its first two words are the range.
     let (addr, len) = unsafe {
         let w = event as *const usize;
@@ -147,6 +156,7 @@ unsafe extern "C" fn on_ucm(_event_type: c_int, event: *mut c_void, _arg: *mut c
 
 /// libopen-pal's release callback: the range is about to be released.
 unsafe extern "C" fn on_opal(buf: *mut c_void, len: usize, _cbdata: *mut c_void, _alloc: bool) {
+    HEARD[2].fetch_add(1, Ordering::Relaxed);
     firehose::internals::monitor::notify_unmapped(buf as usize, len);
 }
 

@@ -388,15 +388,20 @@ pub(crate) fn monitor_line() -> String {
         "libc entries not patched"
     };
     let foreign = crate::foreign_events::describe(crate::foreign_events::live());
+    let (unmapped, mapped, released) = crate::foreign_events::heard();
     format!(
-        "  monitor:       {libc}; userfaultfd {}; {}{}\n",
+        "  monitor:       {libc}; userfaultfd {}; {}{}\n\
+         \x20 events:        userfaultfd: {} ranges registered, {} events read; \
+         libucm: {unmapped} unmapped, {mapped} mapped; Open MPI: {released} released\n",
         if st.uffd { "on" } else { "off" },
         if foreign.is_empty() {
             "no foreign events"
         } else {
             "subscribed to "
         },
-        foreign
+        foreign,
+        st.uffd_registered,
+        st.uffd_events,
     )
 }
 
