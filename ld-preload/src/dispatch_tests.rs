@@ -736,14 +736,15 @@ fn closing_a_device_drops_the_caches_of_its_domains_only() {
 }
 
 /// Registrations from a new address every time (every one a miss) go straight to libibverbs
-/// after one window (`bypass.rs`): the real MR, never a wrapper, nothing cached. A range
+/// after the first window (`bypass.rs`): the real MR, never a wrapper, nothing cached. A range
 /// registered again goes through the cache, and the bypassed MR is never what it hands out.
 #[test]
 fn fresh_addresses_are_bypassed_and_never_served_from_the_cache() {
     let _s = serial();
     crate::bypass::reset();
+    crate::bypass::set_enabled(true);
     let mut f = fake_pd(0xC7);
-    let n = crate::bypass::WINDOW as usize + 8;
+    let n = crate::bypass::FIRST_WINDOW as usize + 8;
     let len = 8192;
     let buf = anon(n * 2 * len);
     let real_mr = 0x4321usize as *mut IbvMr;
@@ -760,7 +761,7 @@ fn fresh_addresses_are_bypassed_and_never_served_from_the_cache() {
             }
             // The window's registrations, then the first probe (`bypass::PROBE`).
             assert!(
-                i <= crate::bypass::WINDOW as usize,
+                i <= crate::bypass::FIRST_WINDOW as usize,
                 "cached after the window"
             );
             wrappers += 1;
@@ -768,7 +769,7 @@ fn fresh_addresses_are_bypassed_and_never_served_from_the_cache() {
         }
         let s1 = snapshot();
         let bypassed = s1.bypassed_reg - s0.bypassed_reg;
-        assert_eq!(wrappers, crate::bypass::WINDOW as usize + 1);
+        assert_eq!(wrappers, crate::bypass::FIRST_WINDOW as usize + 1);
         assert_eq!(bypassed as usize, n - wrappers, "all but the probe");
         assert_eq!(
             s1.passthrough_reg - s0.passthrough_reg,

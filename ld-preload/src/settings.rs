@@ -88,7 +88,11 @@ pub(crate) fn load() {
     MONITOR_EXPLICIT.store(std::env::var_os("FH_MONITOR").is_some(), Ordering::Relaxed);
     DISABLED.store(env_flag("FH_DISABLE"), Ordering::Relaxed);
     NO_INVALIDATE.store(env_flag("FH_TEST_NO_INVALIDATE"), Ordering::Relaxed);
-    crate::bypass::set_enabled(bypass_setting(std::env::var("FH_BYPASS").ok().as_deref()));
+    // The host unit tests share one process and its bypass counters across tests on fake
+    // domains (a bypassed one would reach the real libibverbs): there it is off unless a test
+    // turns it on (`bypass::reset` then `set_enabled(true)`).
+    let bypass = bypass_setting(std::env::var("FH_BYPASS").ok().as_deref());
+    crate::bypass::set_enabled(bypass && !cfg!(test));
     if let Some(n) = sample_setting(std::env::var("FH_STATS_SAMPLE").ok().as_deref()) {
         crate::cost_model::set_sample_every(n);
     }
