@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use super::agree::{self, Agreed};
 use super::done_board::DoneBoard;
 use super::expose::{ExposeMode, Exposed, Exposure};
-use super::ops::{Chunk, Finished, Ops, Request};
+use super::ops::{Chunk, Finished, Ops, Request, OWN};
 use super::probe::{Due, WaitClock};
 use super::revoke::{self, Revocation, RevokeSettings, RevokeStats};
 use super::self_copy::{self, Dir};
@@ -124,6 +124,10 @@ pub struct Rma {
     engine: Mutex<Engine>,
     /// `engine.ops.board`: what `wait` spins on without the lock.
     done: Arc<DoneBoard>,
+    /// The key of a request whose result a wait collected from the board (0: none): its table
+    /// entry is removed by the next `start`, in the critical section it takes anyway, so a
+    /// blocking op takes the engine lock twice (start, completion), not a third time to collect.
+    reap: AtomicU64,
     /// Registers the caller's buffers (`None` in a job of one: every op is a local copy).
     local: Option<Arc<Cache>>,
     rank: Rank,
@@ -349,6 +353,7 @@ impl Rma {
             small_put_max: fh.config().small_put_max,
             windows: std::sync::OnceLock::new(),
             done: ops.board.clone(),
+            reap: AtomicU64::new(0),
             engine: Mutex::new(Engine { fh, ops, pins }),
             local,
             rank,
@@ -539,16 +544,44 @@ impl Rma {
             Some(done)
         });
         if let Some(Finished { dereg: Some(h), .. }) = done {
-            if let Some(c) = &self.local {
-                if c.deregister(h).is_err() {
-                    self.counters.bad_releases.fetch_add(1, Relaxed);
-                }
-            }
+            self.dereg(h);
         }
     }
 
+    /// One RDMA segment of chunk `chunk` completed (the endpoint's RDMA handler): `finish`
+    /// written out for the hit path's completion, the one critical section of a put or get
+    /// after its start.
     fn seg_done(&self, chunk: u64, err: Option<RmaError>) {
-        self.finish(chunk, |ops| ops.seg_done(chunk, err));
+        let _inside = crate::rt::inside::enter();
+        let mut g = lock(&self.engine);
+        let Engine { fh, ops, .. } = &mut *g;
+        let done = ops.seg_done(chunk, err);
+        if let Some(Finished { release: true, .. }) = done {
+            // Cannot fail for an op that holds references (see `finish`).
+            if fh.release(chunk).is_err() {
+                self.counters.bad_releases.fetch_add(1, Relaxed);
+            }
+        }
+        if fh.has_output() {
+            let events = self.drain(fh);
+            drop(g);
+            for ev in events {
+                self.on_event(ev);
+            }
+        } else {
+            drop(g);
+        }
+        if let Some(Finished { dereg: Some(h), .. }) = done {
+            self.dereg(h);
+        }
+    }
+
+    fn dereg(&self, h: u64) {
+        if let Some(c) = &self.local {
+            if c.deregister(h).is_err() {
+                self.counters.bad_releases.fetch_add(1, Relaxed);
+            }
+        }
     }
 
     /// Posts one RDMA per segment of chunk `op` (its firehoses are held until the last ends):
@@ -556,12 +589,12 @@ impl Rma {
     fn post_segs(&self, op: u64, segs: &[Seg]) {
         let c = {
             let mut g = lock(&self.engine);
-            let Some(c) = g.ops.chunks.get_mut(op) else {
+            let Some(c) = g.ops.chunk_mut(op) else {
                 return; // cannot happen: a chunk leaves the table only when it is over
             };
             c.holds_refs = true;
             c.segs_left = segs.len() as u32;
-            c.clone()
+            *c
         };
         self.post(op, &c, segs);
     }
@@ -661,6 +694,73 @@ impl Rma {
             RdmaKind::Write => Rights::WRITE,
             RdmaKind::Read => Rights::READ,
         };
+        let small_max = match kind {
+            RdmaKind::Write => self.small_put_max,
+            RdmaKind::Read => 0,
+        };
+        if len <= self.max_chunk {
+            // One chunk, kept in the request's own entry (`Request::own`, op id `req | OWN`):
+            // one table entry, and one critical section that records it, acquires its firehoses
+            // and reaps the entry a previous wait collected.
+            let chunk = Chunk {
+                req: 0,
+                peer,
+                kind,
+                local: local as u64,
+                lkey,
+                raddr,
+                segs_left: 0,
+                holds_refs: false,
+                error: None,
+            };
+            let small = (len <= small_max).then(|| {
+                // SAFETY: the caller's buffer, readable for a put (contract).
+                unsafe { std::slice::from_raw_parts(local, len) }
+            });
+            let mut g = lock(&self.engine);
+            let Engine { fh, ops, .. } = &mut *g;
+            let old = self.reap.swap(0, AcqRel);
+            if old != 0 {
+                ops.reap(old);
+            }
+            // The entry is written after the acquire, with what a hit holds (nothing reads the
+            // table in between: the lock is held); its key is known before.
+            let req = ops.reqs.next_key();
+            let r = fh.acquire_for(req | OWN, peer, raddr, len, rights, small);
+            let (segs_left, holds_refs) = match &r {
+                Ok(Acquire::Hit(segs)) => (segs.len() as u32, true),
+                _ => (0, false),
+            };
+            let key = ops.add_request(Request {
+                chunks_left: 1,
+                reg,
+                error: None,
+                implicit,
+                done: false,
+                own: Some(Chunk {
+                    segs_left,
+                    holds_refs,
+                    ..chunk
+                }),
+            });
+            debug_assert_eq!(key, req);
+            if fh.has_output() {
+                let events = self.drain(fh);
+                drop(g);
+                for ev in events {
+                    self.on_event(ev);
+                }
+            } else {
+                drop(g);
+            }
+            let op = req | OWN;
+            match r {
+                Ok(Acquire::Hit(segs)) => self.post(op, &chunk, &segs),
+                Ok(Acquire::Pending) | Ok(Acquire::DoneInMove) => {}
+                Err(e) => self.finish(op, |ops| ops.finish_chunk(op, Some(status_of(e)))),
+            }
+            return Ok(req);
+        }
         let n = len.div_ceil(self.max_chunk);
         let mut req = 0;
         for i in 0..n {
@@ -677,7 +777,7 @@ impl Rma {
                 holds_refs: false,
                 error: None,
             };
-            let small = (kind == RdmaKind::Write && clen <= self.small_put_max).then(|| {
+            let small = (clen <= small_max).then(|| {
                 // SAFETY: inside the caller's buffer, readable for a put (contract).
                 unsafe { std::slice::from_raw_parts(local.add(off), clen) }
             });
@@ -693,10 +793,11 @@ impl Rma {
                         error: None,
                         implicit,
                         done: false,
+                        own: None,
                     });
                 }
                 chunk.req = req;
-                let id = ops.chunks.insert(chunk.clone());
+                let id = ops.chunks.insert(chunk);
                 let r = fh.acquire_for(id, peer, chunk.raddr, clen, rights, small);
                 if let Ok(Acquire::Hit(segs)) = &r {
                     let c = ops.chunks.get_mut(id).expect("inserted above");
@@ -731,26 +832,46 @@ impl Rma {
             error: r.err(),
             implicit: false,
             done: true,
+            own: None,
         })
     }
 
     /// Progresses once; the request's result if it is done (its handle is then spent).
     pub fn test(&self, req: u64) -> Result<Option<Result<(), RmaError>>, RmaError> {
         let _inside = crate::rt::inside::enter();
+        if let Some(Some(r)) = self.done.collect(req) {
+            self.reap_later(req);
+            return Ok(Some(r));
+        }
         if let Some(r) = lock(&self.engine).ops.take_if_done(req)? {
             return Ok(Some(r));
         }
         self.progress()?;
+        if let Some(Some(r)) = self.done.collect(req) {
+            self.reap_later(req);
+            return Ok(Some(r));
+        }
         lock(&self.engine).ops.take_if_done(req)
+    }
+
+    /// After `DoneBoard::collect` handed this thread the result of `req`: its table entry goes
+    /// at the next `start` (or now, for the one this replaces in the reap cell).
+    #[inline]
+    fn reap_later(&self, req: u64) {
+        let old = self.reap.swap(req, AcqRel);
+        if old != 0 {
+            lock(&self.engine).ops.reap(old);
+        }
     }
 
     /// Progresses until the request is done; returns its result (the handle is then spent).
     /// Bounded (`FH_AM_TIMEOUT_MS`): see `Bounded`.
     ///
     /// While the request runs the wait spins on its own word of the done board (progressing),
-    /// not on the operation table, whose lock every completion takes; it takes that lock to
-    /// collect the result, and every `RECHECK` polls (a handle that is not a running request,
-    /// spent or made up, has a word that never says done: the table then says what it is).
+    /// not on the operation table, whose lock every completion takes; the word also carries
+    /// the result, which the wait collects without the lock (`reap_later`). Every `RECHECK`
+    /// polls it asks the table (a handle that is not a running request, spent or made up, has a
+    /// word that never says done: the table then says what it is).
     pub fn wait(&self, req: u64) -> Result<(), RmaError> {
         const RECHECK: u32 = 64;
         let _inside = crate::rt::inside::enter();
@@ -758,23 +879,36 @@ impl Rma {
         // set up, which happens only if a second poll is needed (the bound's clock reads the
         // time only every `CHECK_EVERY` polls anyway: it starts one poll later, nothing else
         // changes).
-        if self.done.is_done(req) == Some(false) && self.progress()? == 0 {
-            std::thread::yield_now();
+        match self.done.collect(req) {
+            Some(Some(r)) => {
+                self.reap_later(req);
+                return r;
+            }
+            Some(None) if self.progress()? == 0 => std::thread::yield_now(),
+            _ => {}
         }
         let mut b: Option<Bounded> = None;
         loop {
             let mut polls = 0;
-            while polls < RECHECK && self.done.is_done(req) == Some(false) {
+            while polls < RECHECK {
+                match self.done.collect(req) {
+                    Some(Some(r)) => {
+                        self.reap_later(req);
+                        // Not set up: never gave up on anyone, the result stands.
+                        return b.as_ref().map_or(r, |b| b.result(r));
+                    }
+                    Some(None) => {}
+                    None => break,
+                }
                 b.get_or_insert_with(|| Bounded::new(self))
                     .poll(self, Some(req))?;
                 polls += 1;
             }
             if let Some(r) = lock(&self.engine).ops.take_if_done(req)? {
-                // Not set up: never gave up on anyone, the result stands.
                 return b.as_ref().map_or(r, |b| b.result(r));
             }
             if polls == 0 {
-                // No word for this slot (or it said done and the table disagrees): poll here.
+                // No word for this slot: poll here.
                 b.get_or_insert_with(|| Bounded::new(self))
                     .poll(self, Some(req))?;
             }
@@ -819,7 +953,7 @@ impl Rma {
     fn waited_peers(&self) -> Vec<Rank> {
         let g = lock(&self.engine);
         let ops = &g.ops;
-        let mut v: Vec<Rank> = ops.chunks.values().map(|c| c.peer).collect();
+        let mut v: Vec<Rank> = ops.chunks().map(|c| c.peer).collect();
         v.sort_unstable();
         v.dedup();
         v
@@ -832,8 +966,7 @@ impl Rma {
         let g = lock(&self.engine);
         let ops = &g.ops;
         let mut v: Vec<Rank> = ops
-            .chunks
-            .values()
+            .chunks()
             .filter(|c| c.segs_left == 0 && req.map_or(true, |r| c.req == r))
             .map(|c| c.peer)
             .collect();
@@ -856,7 +989,7 @@ impl Rma {
     #[doc(hidden)]
     pub fn check_idle(&self) -> Result<(), String> {
         let g = lock(&self.engine);
-        let (chunks, running) = (g.ops.chunks.values().count(), g.ops.running());
+        let (chunks, running) = (g.ops.chunks().count(), g.ops.running());
         let (fh_ops, refs) = (g.fh.ops_in_flight(), g.fh.refs_held());
         let bad = self.counters.bad_releases.load(Relaxed);
         if chunks + running + fh_ops > 0 || refs > 0 || bad > 0 {

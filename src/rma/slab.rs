@@ -36,22 +36,43 @@ fn split(key: Key) -> (u32, usize) {
 }
 
 impl<T> Slab<T> {
+    /// The key the next `insert` returns.
+    #[inline]
+    pub(super) fn next_key(&self) -> Key {
+        let (gen, idx) = match self.free.last() {
+            Some(&i) => (self.slots[i as usize].gen, i),
+            None => (1, self.slots.len() as u32),
+        };
+        (u64::from(gen) << 32) | u64::from(idx)
+    }
+
     /// Stores `val`; its key.
     #[inline]
     pub(super) fn insert(&mut self, val: T) -> Key {
+        self.insert_with(|_| val)
+    }
+
+    /// Stores what `f` makes of the key it will have; that key.
+    #[inline]
+    pub(super) fn insert_with(&mut self, f: impl FnOnce(Key) -> T) -> Key {
         self.len += 1;
         let idx = match self.free.pop() {
             Some(i) => i,
             None => {
-                let i = u32::try_from(self.slots.len()).expect("2^32 live operations");
+                // Indices stay below bit 31 (`ops::OWN` marks op ids with it).
+                let i = u32::try_from(self.slots.len())
+                    .ok()
+                    .filter(|&i| i < 1 << 31)
+                    .expect("2^31 live operations");
                 self.slots.push(Slot { gen: 1, val: None });
                 i
             }
         };
         let s = &mut self.slots[idx as usize];
         debug_assert!(s.val.is_none());
-        s.val = Some(val);
-        (u64::from(s.gen) << 32) | u64::from(idx)
+        let key = (u64::from(s.gen) << 32) | u64::from(idx);
+        s.val = Some(f(key));
+        key
     }
 
     #[inline]
@@ -117,6 +138,12 @@ mod tests {
         assert_ne!(c, a);
         assert_eq!((s.get(a), s.get(c)), (None, Some(&"c")));
         *s.get_mut(c).unwrap() = "d";
+        let next = s.next_key();
+        assert_eq!(s.insert("e"), next);
+        assert_eq!(s.remove(next), Some("e"));
+        let next = s.next_key();
+        assert_eq!(s.insert("e"), next, "a reused slot");
+        assert_eq!(s.remove(next), Some("e"));
         assert_eq!(s.values().copied().collect::<Vec<_>>(), vec!["d", "b"]);
         // Made-up keys: 0, out of range, wrong generation.
         for k in [0, u64::MAX, 7 << 32, (99 << 32) | 1] {
