@@ -719,31 +719,39 @@ impl Rma {
             });
             let mut g = lock(&self.engine);
             let Engine { fh, ops, .. } = &mut *g;
-            let old = self.reap.swap(0, AcqRel);
-            if old != 0 {
-                ops.reap(old);
-            }
-            // The entry is written after the acquire, with what a hit holds (nothing reads the
-            // table in between: the lock is held); its key is known before.
-            let req = ops.reqs.next_key();
+            // The entry a previous wait collected is reused; the new one is written after the
+            // acquire, with what a hit holds (nothing reads the table in between: the lock is
+            // held), under a key known before.
+            let renewed = match self.reap.swap(0, AcqRel) {
+                0 => None,
+                old => ops.renew_collected(old),
+            };
+            let req = renewed.unwrap_or_else(|| ops.reqs.next_key());
             let r = fh.acquire_for(req | OWN, peer, raddr, len, rights, small);
             let (segs_left, holds_refs) = match &r {
                 Ok(Acquire::Hit(segs)) => (segs.len() as u32, true),
                 _ => (0, false),
             };
-            let key = ops.add_request(Request {
+            let entry = Request {
                 chunks_left: 1,
                 reg,
                 error: None,
                 implicit,
                 done: false,
                 own: Some(Chunk {
+                    req,
                     segs_left,
                     holds_refs,
                     ..chunk
                 }),
-            });
-            debug_assert_eq!(key, req);
+            };
+            match renewed {
+                Some(k) => ops.renewed(k, entry),
+                None => {
+                    let k = ops.add_request(entry);
+                    debug_assert_eq!(k, req);
+                }
+            }
             if fh.has_output() {
                 let events = self.drain(fh);
                 drop(g);

@@ -171,20 +171,34 @@ impl Ops {
         }
     }
 
+    /// The entry of a request whose result was collected from the board, under a new key for
+    /// the next request (`renewed`), if it is still there: `reap` and `add_request` without the
+    /// free list.
+    #[inline]
+    pub(super) fn renew_collected(&mut self, req: Key) -> Option<Key> {
+        if self.reqs.get(req).is_some_and(|r| r.done) {
+            return self.reqs.renew(req);
+        }
+        None
+    }
+
+    /// `add_request` for a running request, into the entry `renew_collected` gave `key`.
+    #[inline]
+    pub(super) fn renewed(&mut self, key: Key, r: Request) {
+        debug_assert!(!r.done);
+        self.running += 1;
+        *self.reqs.get_mut(key).expect("renewed") = r;
+    }
+
     /// Records a request; its key is the caller's handle.
     #[inline]
-    pub(super) fn add_request(&mut self, mut r: Request) -> Key {
+    pub(super) fn add_request(&mut self, r: Request) -> Key {
         let done = r.done;
         if !done {
             self.running += 1;
         }
         let res = r.error.map_or(Ok(()), Err);
-        let key = self.reqs.insert_with(|key| {
-            if let Some(c) = &mut r.own {
-                c.req = key;
-            }
-            r
-        });
+        let key = self.reqs.insert(r);
         self.board.ensure(key);
         if done {
             self.board.set_done(key, res);

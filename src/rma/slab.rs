@@ -49,12 +49,6 @@ impl<T> Slab<T> {
     /// Stores `val`; its key.
     #[inline]
     pub(super) fn insert(&mut self, val: T) -> Key {
-        self.insert_with(|_| val)
-    }
-
-    /// Stores what `f` makes of the key it will have; that key.
-    #[inline]
-    pub(super) fn insert_with(&mut self, f: impl FnOnce(Key) -> T) -> Key {
         self.len += 1;
         let idx = match self.free.pop() {
             Some(i) => i,
@@ -70,9 +64,8 @@ impl<T> Slab<T> {
         };
         let s = &mut self.slots[idx as usize];
         debug_assert!(s.val.is_none());
-        let key = (u64::from(s.gen) << 32) | u64::from(idx);
-        s.val = Some(f(key));
-        key
+        s.val = Some(val);
+        (u64::from(s.gen) << 32) | u64::from(idx)
     }
 
     #[inline]
@@ -94,6 +87,19 @@ impl<T> Slab<T> {
             .filter(|s| s.gen == gen)?
             .val
             .as_mut()
+    }
+
+    /// Gives the value of `key` a new key, of the same slot (`key` and every earlier key of the
+    /// slot are spent), as a `remove` and an `insert` would, without the free list; the new key.
+    #[inline]
+    pub(super) fn renew(&mut self, key: Key) -> Option<Key> {
+        let (gen, idx) = split(key);
+        let s = self
+            .slots
+            .get_mut(idx)
+            .filter(|s| s.gen == gen && s.val.is_some())?;
+        s.gen = s.gen.wrapping_add(1).max(1);
+        Some((u64::from(s.gen) << 32) | idx as u64)
     }
 
     /// Takes the value out; the key (and every earlier key of the slot) is spent.
@@ -140,7 +146,12 @@ mod tests {
         *s.get_mut(c).unwrap() = "d";
         let next = s.next_key();
         assert_eq!(s.insert("e"), next);
-        assert_eq!(s.remove(next), Some("e"));
+        let renewed = s.renew(next).unwrap();
+        assert_ne!(renewed, next);
+        assert_eq!((s.get(next), s.get(renewed)), (None, Some(&"e")));
+        assert_eq!(s.renew(next), None, "spent");
+        assert_eq!(s.remove(renewed), Some("e"));
+        assert_eq!(s.renew(renewed), None, "empty");
         let next = s.next_key();
         assert_eq!(s.insert("e"), next, "a reused slot");
         assert_eq!(s.remove(next), Some("e"));
