@@ -854,7 +854,7 @@ impl Rma {
         if let Some(r) = lock(&self.engine).ops.take_if_done(req)? {
             return Ok(Some(r));
         }
-        self.progress()?;
+        self.progress_inside()?;
         if let Some(Some(r)) = self.done.collect(req) {
             self.reap_later(req);
             return Ok(Some(r));
@@ -892,7 +892,7 @@ impl Rma {
                 self.reap_later(req);
                 return r;
             }
-            Some(None) if self.progress()? == 0 => std::thread::yield_now(),
+            Some(None) if self.progress_inside()? == 0 => std::thread::yield_now(),
             _ => {}
         }
         let mut b: Option<Bounded> = None;
@@ -944,6 +944,13 @@ impl Rma {
     /// lost meanwhile (their ops fail).
     pub fn progress(&self) -> Result<usize, RmaError> {
         let _inside = crate::rt::inside::enter();
+        self.progress_inside()
+    }
+
+    /// `progress` for a caller that marked the thread as inside the library already (`test`,
+    /// the waits).
+    #[inline(always)]
+    fn progress_inside(&self) -> Result<usize, RmaError> {
         let n = self.peers.am().progress()?;
         // A push whose flag this swap misses is taken by the `take` below (the lock orders it),
         // or its flag is seen by the next call.
@@ -1130,7 +1137,8 @@ impl Bounded {
 
     /// One round of a wait for request `req` (every request: `None`) that is not done yet.
     fn poll(&mut self, rma: &Rma, req: Option<u64>) -> Result<(), RmaError> {
-        let n = rma.progress()?;
+        // Its callers (`wait`, `quiet`) marked the thread as inside.
+        let n = rma.progress_inside()?;
         if !self.gave_up {
             match self.clock.tick(Instant::now) {
                 Due::Nothing => {}
