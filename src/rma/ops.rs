@@ -92,7 +92,22 @@ impl Ops {
     /// Record one completed segment of `chunk`; `Some` when it was the chunk's last.
     #[inline]
     pub(super) fn seg_done(&mut self, chunk: Key, err: Option<RmaError>) -> Option<Finished> {
-        let c = self.chunk_mut(chunk)?;
+        if chunk & OWN == 0 {
+            let c = self.chunks.get_mut(chunk)?;
+            if c.error.is_none() {
+                c.error = err;
+            }
+            c.segs_left = c.segs_left.saturating_sub(1);
+            if c.segs_left > 0 {
+                return None;
+            }
+            return self.finish_chunk(chunk, None);
+        }
+        // A request's own chunk: `finish_chunk` in place, with one lookup (its last chunk: the
+        // request is over).
+        let key = chunk & !OWN;
+        let req = self.reqs.get_mut(key)?;
+        let c = req.own.as_mut()?;
         if c.error.is_none() {
             c.error = err;
         }
@@ -100,7 +115,25 @@ impl Ops {
         if c.segs_left > 0 {
             return None;
         }
-        self.finish_chunk(chunk, None)
+        let (release, cerr) = (c.holds_refs, c.error);
+        req.own = None;
+        if req.error.is_none() {
+            req.error = cerr;
+        }
+        req.chunks_left -= 1;
+        debug_assert_eq!(req.chunks_left, 0);
+        req.done = true;
+        self.running -= 1;
+        let dereg = req.reg.take();
+        if req.implicit {
+            let r = self.reqs.remove(key).expect("present");
+            if self.implicit_error.is_none() {
+                self.implicit_error = r.error;
+            }
+        } else {
+            self.board.set_done(key, req.error.map_or(Ok(()), Err));
+        }
+        Some(Finished { release, dereg })
     }
 
     /// Chunk `chunk` is over (all its segments done, or failed before any was posted).
