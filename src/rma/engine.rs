@@ -486,15 +486,22 @@ impl Rma {
             None => f(fh, &mut NoPins, ops),
         };
         // A hit or a release usually leaves nothing to send or handle.
-        if !fh.has_output() {
-            return r;
+        if fh.has_output() {
+            self.drain_unlock(g);
         }
-        let events = self.drain(fh);
+        r
+    }
+
+    /// Sends the algorithm's messages and takes its events under the lock `g`, then releases
+    /// it and handles the events (out of line: a hit or a release usually has none).
+    #[cold]
+    #[inline(never)]
+    fn drain_unlock(&self, mut g: MutexGuard<'_, Engine>) {
+        let events = self.drain(&mut g.fh);
         drop(g);
         for ev in events {
             self.on_event(ev);
         }
-        r
     }
 
     /// Sends the algorithm's messages (under the engine lock, `fh` is its content: they must
@@ -563,11 +570,7 @@ impl Rma {
             }
         }
         if fh.has_output() {
-            let events = self.drain(fh);
-            drop(g);
-            for ev in events {
-                self.on_event(ev);
-            }
+            self.drain_unlock(g);
         } else {
             drop(g);
         }
@@ -665,15 +668,8 @@ impl Rma {
             RdmaKind::Read => self.counters.gets.fetch_add(1, Relaxed),
         };
         if peer == self.rank {
-            self.counters.self_ops.fetch_add(1, Relaxed);
-            let dir = if kind == RdmaKind::Write {
-                Dir::Put
-            } else {
-                Dir::Get
-            };
-            // SAFETY: forwarded contract on `local`; `raddr` is checked by the kernel.
-            let r = unsafe { self_copy::copy(dir, local, raddr, len) };
-            return Ok(self.done_request(r, implicit));
+            // SAFETY: forwarded contract on `local`.
+            return Ok(unsafe { self.start_self(kind, raddr, local, len, implicit) });
         }
         let cache = self.local.as_ref().ok_or(RmaError::NoDevice)?;
         // A short put goes inline (the link copies it at post time): nothing to register, the
@@ -753,11 +749,7 @@ impl Rma {
                 }
             }
             if fh.has_output() {
-                let events = self.drain(fh);
-                drop(g);
-                for ev in events {
-                    self.on_event(ev);
-                }
+                self.drain_unlock(g);
             } else {
                 drop(g);
             }
@@ -769,6 +761,35 @@ impl Rma {
             }
             return Ok(req);
         }
+        // SAFETY: forwarded contract on `local`.
+        unsafe { self.start_chunks(kind, peer, raddr, local, len, implicit, (reg, lkey)) }
+    }
+
+    /// `start` of a request longer than a chunk: one table entry per chunk, each acquired in
+    /// its own critical section (out of line: the one-chunk path stays short).
+    ///
+    /// # Safety
+    /// As `start`.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(never)]
+    unsafe fn start_chunks(
+        &self,
+        kind: RdmaKind,
+        peer: Rank,
+        raddr: u64,
+        local: *mut u8,
+        len: usize,
+        implicit: bool,
+        (reg, lkey): (Option<u64>, u32),
+    ) -> Result<u64, RmaError> {
+        let rights = match kind {
+            RdmaKind::Write => Rights::WRITE,
+            RdmaKind::Read => Rights::READ,
+        };
+        let small_max = match kind {
+            RdmaKind::Write => self.small_put_max,
+            RdmaKind::Read => 0,
+        };
         let n = len.div_ceil(self.max_chunk);
         let mut req = 0;
         for i in 0..n {
@@ -821,6 +842,31 @@ impl Rma {
             }
         }
         Ok(req)
+    }
+
+    /// `start` on this rank's own memory: a copy, done at once (out of line, cold).
+    ///
+    /// # Safety
+    /// As `start`.
+    #[cold]
+    #[inline(never)]
+    unsafe fn start_self(
+        &self,
+        kind: RdmaKind,
+        raddr: u64,
+        local: *mut u8,
+        len: usize,
+        implicit: bool,
+    ) -> u64 {
+        self.counters.self_ops.fetch_add(1, Relaxed);
+        let dir = if kind == RdmaKind::Write {
+            Dir::Put
+        } else {
+            Dir::Get
+        };
+        // SAFETY: forwarded contract on `local`; `raddr` is checked by the kernel.
+        let r = unsafe { self_copy::copy(dir, local, raddr, len) };
+        self.done_request(r, implicit)
     }
 
     /// A request that finished at once (a local copy).
@@ -881,7 +927,6 @@ impl Rma {
     /// polls it asks the table (a handle that is not a running request, spent or made up, has a
     /// word that never says done: the table then says what it is).
     pub fn wait(&self, req: u64) -> Result<(), RmaError> {
-        const RECHECK: u32 = 64;
         let _inside = crate::rt::inside::enter();
         // The first poll usually completes a blocking put or get: it runs before the bound is
         // set up, which happens only if a second poll is needed (the bound's clock reads the
@@ -892,9 +937,26 @@ impl Rma {
                 self.reap_later(req);
                 return r;
             }
-            Some(None) if self.progress_inside()? == 0 => std::thread::yield_now(),
-            _ => {}
+            Some(None) => {
+                let n = self.progress_inside()?;
+                if let Some(Some(r)) = self.done.collect(req) {
+                    self.reap_later(req);
+                    return r;
+                }
+                if n == 0 {
+                    std::thread::yield_now();
+                }
+            }
+            None => {}
         }
+        self.wait_rest(req)
+    }
+
+    /// `wait` past its first poll (out of line): bounded polls on the board's word, the table
+    /// every `RECHECK` polls.
+    #[inline(never)]
+    fn wait_rest(&self, req: u64) -> Result<(), RmaError> {
+        const RECHECK: u32 = 64;
         let mut b: Option<Bounded> = None;
         loop {
             let mut polls = 0;
