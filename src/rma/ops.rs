@@ -50,8 +50,8 @@ pub(super) struct Request {
 
 #[derive(Debug, Default)]
 pub(super) struct Ops {
-    // Slabs, not hash maps: these two tables are touched ~7 times per put on the hit path
-    // (start, post, completion, release, wait); a request's key is the caller's handle and a
+    // Slabs, not hash maps: a put or get of one chunk touches `reqs` at its start and at its
+    // completion (its chunk lives in its entry); a request's key is the caller's handle and a
     // chunk's the Firehose op id. A made-up or spent handle finds nothing.
     pub reqs: Slab<Request>,
     pub chunks: Slab<Chunk>,
