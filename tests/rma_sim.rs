@@ -194,13 +194,18 @@ fn worker(
         let h = p.handle();
         if h == 0 {
             rma.quiet().expect("quiet");
-        } else if wait {
-            rma.wait(h).expect("wait");
         } else {
-            match rma.test(h).expect("test") {
-                None => return Some(p),
-                Some(r) => r.expect("op"),
+            if wait {
+                rma.wait(h).expect("wait");
+            } else {
+                match rma.test(h).expect("test") {
+                    None => return Some(p),
+                    Some(r) => r.expect("op"),
+                }
             }
+            // Collected once (from the done board or the table): the handle is spent, also
+            // while its entry waits to be reused, and after another thread's request took it.
+            assert_eq!(rma.test(h), Err(RmaError::UnknownHandle), "spent handle");
         }
         p.check();
         None

@@ -1,25 +1,82 @@
-//! `DoneBoard`: one word per request slot saying "the request of this key is done", readable
-//! without the operation table's lock. A blocking wait spins on its own request's word (and
-//! progresses) instead of taking the table's lock on every round, a lock that every completion
-//! (of any thread, the progress thread's too) takes as well; it takes the lock once, to collect
-//! the result, when its word says done.
+//! `DoneBoard`: one word per request slot saying "the request of this key is done, with this
+//! result", readable without the operation table's lock. A blocking wait spins on its own
+//! request's word (and progresses) instead of taking the table's lock on every round, a lock
+//! that every completion (of any thread, the progress thread's too) takes as well; when the word
+//! says done, the wait collects the result from the word itself (`collect`, one compare-and-swap
+//! that marks it collected, so a result is handed out once) and leaves the table's entry for the
+//! next `start` to remove (`Rma`'s reap cell): a blocking op takes the engine lock twice, at
+//! its start and at its completion.
 //!
 //! The word of slot `i` holds the generation of the last request of that slot that finished
-//! (`Slab` keys: generation in the high 32 bits, index in the low 32). A reused slot's new key
-//! has a newer generation, so a stale word never says "done" for it; nothing is ever reset.
-//! Written under the table's lock when a request ends (Release), read by waiters (Acquire).
+//! (`Slab` keys: generation in the high 32 bits, index in the low 32), its result and whether
+//! it was collected. A reused slot's new key has a newer generation, so a stale word never says
+//! "done" for it; nothing is ever reset. A slot is reused only after its entry left the table,
+//! which is after its result was collected (or the request was implicit, with no word). Written
+//! under the table's lock when a request ends (Release), read by waiters (Acquire).
 //! Pages of `PAGE` words are allocated as the table grows (under its lock) and never move or go
 //! until the board is dropped: after warm-up a request costs no allocation. Slots beyond
 //! `PAGES * PAGE` have no word: a waiter on one falls back to the table (`is_done` says `None`).
 
-use std::sync::atomic::{AtomicPtr, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 
 use super::slab::Key;
+use crate::rma::RmaError;
+
+/// Word layout: generation in bits 0..32, result in 32..40 (0: `Ok`, else 1 + the error's
+/// discriminant), collected at bit 40.
+const RESULT_SHIFT: u32 = 32;
+const COLLECTED: u64 = 1 << 40;
+
+/// The errors in discriminant order (`RmaError` is `repr(u8)`, discriminants 0, 1, ...).
+const ERRORS: [RmaError; 22] = {
+    use RmaError::*;
+    [
+        Null,
+        ZeroLength,
+        Overflow,
+        BadAccess,
+        BadRank,
+        UnknownHandle,
+        NoMemory,
+        PinFailed,
+        TooLarge,
+        BadConfig,
+        NoDevice,
+        Unsupported,
+        PeerLost,
+        Timeout,
+        Finalized,
+        MsgTooLong,
+        RemoteFault,
+        RemoteDenied,
+        TooManyCaches,
+        Bootstrap,
+        Busy,
+        Forked,
+    ]
+};
+
+fn encode(r: Result<(), RmaError>) -> u64 {
+    match r {
+        Ok(()) => 0,
+        Err(e) => u64::from(e as u8) + 1,
+    }
+}
+
+fn decode(w: u64) -> Result<(), RmaError> {
+    match (w >> RESULT_SHIFT) as u8 {
+        0 => Ok(()),
+        c => Err(ERRORS
+            .get(usize::from(c) - 1)
+            .copied()
+            .unwrap_or(RmaError::Unsupported)),
+    }
+}
 
 const PAGE: usize = 256;
 const PAGES: usize = 4096;
 
-type Page = [AtomicU32; PAGE];
+type Page = [AtomicU64; PAGE];
 
 pub(super) struct DoneBoard {
     pages: Box<[AtomicPtr<Page>]>,
@@ -46,7 +103,8 @@ fn split(key: Key) -> (u32, usize) {
 }
 
 impl DoneBoard {
-    fn word(&self, idx: usize) -> Option<&AtomicU32> {
+    #[inline]
+    fn word(&self, idx: usize) -> Option<&AtomicU64> {
         let p = self.pages.get(idx / PAGE)?.load(Ordering::Acquire);
         // SAFETY: a non-null page was allocated by `ensure` and lives as long as `self`.
         (!p.is_null()).then(|| unsafe { &(*p)[idx % PAGE] })
@@ -60,25 +118,42 @@ impl DoneBoard {
             return;
         };
         if slot.load(Ordering::Acquire).is_null() {
-            let fresh: Box<Page> = Box::new(std::array::from_fn(|_| AtomicU32::new(0)));
+            let fresh: Box<Page> = Box::new(std::array::from_fn(|_| AtomicU64::new(0)));
             // Only the table's lock holder calls this: no race for the slot.
             slot.store(Box::into_raw(fresh), Ordering::Release);
         }
     }
 
-    /// The request of `key` is done (under the table's lock).
-    pub(super) fn set_done(&self, key: Key) {
+    /// The request of `key` is done with result `r` (under the table's lock, once per key).
+    #[inline]
+    pub(super) fn set_done(&self, key: Key, r: Result<(), RmaError>) {
         let (gen, idx) = split(key);
         if let Some(w) = self.word(idx) {
-            w.store(gen, Ordering::Release);
+            w.store(
+                u64::from(gen) | encode(r) << RESULT_SHIFT,
+                Ordering::Release,
+            );
         }
     }
 
-    /// Whether the request of `key` is done: `Some(true)` once `set_done` ran for it, `None`
-    /// when its slot has no word (ask the table).
-    pub(super) fn is_done(&self, key: Key) -> Option<bool> {
+    /// Takes the result of the request of `key` if it is done and nobody took it yet:
+    /// `Some(Some(result))` exactly once per done request (the word is then marked collected;
+    /// its table entry is the caller's to have removed); `Some(None)` while it runs, or when it
+    /// was collected already, or for a key that is not the slot's current one; `None` when its
+    /// slot has no word (ask the table).
+    #[inline]
+    pub(super) fn collect(&self, key: Key) -> Option<Option<Result<(), RmaError>>> {
         let (gen, idx) = split(key);
-        self.word(idx).map(|w| w.load(Ordering::Acquire) == gen)
+        let w = self.word(idx)?;
+        let v = w.load(Ordering::Acquire);
+        if v as u32 != gen || v & COLLECTED != 0 {
+            return Some(None);
+        }
+        // Only collectors change a done word (to collected): a failed exchange is another's.
+        match w.compare_exchange(v, v | COLLECTED, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => Some(Some(decode(v))),
+            Err(_) => Some(None),
+        }
     }
 }
 
@@ -102,16 +177,34 @@ mod tests {
     fn a_word_says_done_only_for_the_generation_that_finished() {
         let b = DoneBoard::default();
         let k = (1u64 << 32) | 300;
-        assert_eq!(b.is_done(k), None, "no page yet");
+        assert_eq!(b.collect(k), None, "no page yet");
         b.ensure(k);
-        assert_eq!(b.is_done(k), Some(false));
-        b.set_done(k);
-        assert_eq!(b.is_done(k), Some(true));
+        assert_eq!(b.collect(k), Some(None));
+        b.set_done(k, Err(RmaError::RemoteDenied));
         let reused = (2u64 << 32) | 300;
-        assert_eq!(b.is_done(reused), Some(false), "the slot's next request");
+        assert_eq!(b.collect(reused), Some(None), "the slot's next request");
+        assert_eq!(b.collect(k), Some(Some(Err(RmaError::RemoteDenied))));
+        assert_eq!(b.collect(k), Some(None), "collected once");
+        b.set_done(reused, Ok(()));
+        assert_eq!(b.collect(k), Some(None), "an older generation");
+        assert_eq!(b.collect(reused), Some(Some(Ok(()))));
         let far = (1u64 << 32) | (PAGE * PAGES) as u64;
         b.ensure(far);
-        b.set_done(far);
-        assert_eq!(b.is_done(far), None, "beyond the board");
+        b.set_done(far, Ok(()));
+        assert_eq!(b.collect(far), None, "beyond the board");
+    }
+
+    #[test]
+    fn every_error_round_trips_through_a_word() {
+        assert_eq!(
+            RmaError::Forked as usize + 1,
+            ERRORS.len(),
+            "ERRORS lists every error"
+        );
+        for (i, &e) in ERRORS.iter().enumerate() {
+            assert_eq!(e as usize, i);
+            assert_eq!(decode(encode(Err(e)) << RESULT_SHIFT), Err(e));
+        }
+        assert_eq!(decode(encode(Ok(())) << RESULT_SHIFT), Ok(()));
     }
 }

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use super::agree::{self, Agreed};
 use super::done_board::DoneBoard;
 use super::expose::{ExposeMode, Exposed, Exposure};
-use super::ops::{Chunk, Finished, Ops, Request};
+use super::ops::{Chunk, Finished, Ops, Request, OWN};
 use super::probe::{Due, WaitClock};
 use super::revoke::{self, Revocation, RevokeSettings, RevokeStats};
 use super::self_copy::{self, Dir};
@@ -124,6 +124,10 @@ pub struct Rma {
     engine: Mutex<Engine>,
     /// `engine.ops.board`: what `wait` spins on without the lock.
     done: Arc<DoneBoard>,
+    /// The key of a request whose result a wait collected from the board (0: none): its table
+    /// entry is removed by the next `start`, in the critical section it takes anyway, so a
+    /// blocking op takes the engine lock twice (start, completion), not a third time to collect.
+    reap: AtomicU64,
     /// Registers the caller's buffers (`None` in a job of one: every op is a local copy).
     local: Option<Arc<Cache>>,
     rank: Rank,
@@ -349,6 +353,7 @@ impl Rma {
             small_put_max: fh.config().small_put_max,
             windows: std::sync::OnceLock::new(),
             done: ops.board.clone(),
+            reap: AtomicU64::new(0),
             engine: Mutex::new(Engine { fh, ops, pins }),
             local,
             rank,
@@ -481,15 +486,22 @@ impl Rma {
             None => f(fh, &mut NoPins, ops),
         };
         // A hit or a release usually leaves nothing to send or handle.
-        if !fh.has_output() {
-            return r;
+        if fh.has_output() {
+            self.drain_unlock(g);
         }
-        let events = self.drain(fh);
+        r
+    }
+
+    /// Sends the algorithm's messages and takes its events under the lock `g`, then releases
+    /// it and handles the events (out of line: a hit or a release usually has none).
+    #[cold]
+    #[inline(never)]
+    fn drain_unlock(&self, mut g: MutexGuard<'_, Engine>) {
+        let events = self.drain(&mut g.fh);
         drop(g);
         for ev in events {
             self.on_event(ev);
         }
-        r
     }
 
     /// Sends the algorithm's messages (under the engine lock, `fh` is its content: they must
@@ -539,16 +551,40 @@ impl Rma {
             Some(done)
         });
         if let Some(Finished { dereg: Some(h), .. }) = done {
-            if let Some(c) = &self.local {
-                if c.deregister(h).is_err() {
-                    self.counters.bad_releases.fetch_add(1, Relaxed);
-                }
-            }
+            self.dereg(h);
         }
     }
 
+    /// One RDMA segment of chunk `chunk` completed (the endpoint's RDMA handler): `finish`
+    /// written out for the hit path's completion, the one critical section of a put or get
+    /// after its start.
     fn seg_done(&self, chunk: u64, err: Option<RmaError>) {
-        self.finish(chunk, |ops| ops.seg_done(chunk, err));
+        let _inside = crate::rt::inside::enter();
+        let mut g = lock(&self.engine);
+        let Engine { fh, ops, .. } = &mut *g;
+        let done = ops.seg_done(chunk, err);
+        if let Some(Finished { release: true, .. }) = done {
+            // Cannot fail for an op that holds references (see `finish`).
+            if fh.release(chunk).is_err() {
+                self.counters.bad_releases.fetch_add(1, Relaxed);
+            }
+        }
+        if fh.has_output() {
+            self.drain_unlock(g);
+        } else {
+            drop(g);
+        }
+        if let Some(Finished { dereg: Some(h), .. }) = done {
+            self.dereg(h);
+        }
+    }
+
+    fn dereg(&self, h: u64) {
+        if let Some(c) = &self.local {
+            if c.deregister(h).is_err() {
+                self.counters.bad_releases.fetch_add(1, Relaxed);
+            }
+        }
     }
 
     /// Posts one RDMA per segment of chunk `op` (its firehoses are held until the last ends):
@@ -556,12 +592,12 @@ impl Rma {
     fn post_segs(&self, op: u64, segs: &[Seg]) {
         let c = {
             let mut g = lock(&self.engine);
-            let Some(c) = g.ops.chunks.get_mut(op) else {
+            let Some(c) = g.ops.chunk_mut(op) else {
                 return; // cannot happen: a chunk leaves the table only when it is over
             };
             c.holds_refs = true;
             c.segs_left = segs.len() as u32;
-            c.clone()
+            *c
         };
         self.post(op, &c, segs);
     }
@@ -632,15 +668,8 @@ impl Rma {
             RdmaKind::Read => self.counters.gets.fetch_add(1, Relaxed),
         };
         if peer == self.rank {
-            self.counters.self_ops.fetch_add(1, Relaxed);
-            let dir = if kind == RdmaKind::Write {
-                Dir::Put
-            } else {
-                Dir::Get
-            };
-            // SAFETY: forwarded contract on `local`; `raddr` is checked by the kernel.
-            let r = unsafe { self_copy::copy(dir, local, raddr, len) };
-            return Ok(self.done_request(r, implicit));
+            // SAFETY: forwarded contract on `local`.
+            return Ok(unsafe { self.start_self(kind, raddr, local, len, implicit) });
         }
         let cache = self.local.as_ref().ok_or(RmaError::NoDevice)?;
         // A short put goes inline (the link copies it at post time): nothing to register, the
@@ -661,6 +690,106 @@ impl Rma {
             RdmaKind::Write => Rights::WRITE,
             RdmaKind::Read => Rights::READ,
         };
+        let small_max = match kind {
+            RdmaKind::Write => self.small_put_max,
+            RdmaKind::Read => 0,
+        };
+        if len <= self.max_chunk {
+            // One chunk, kept in the request's own entry (`Request::own`, op id `req | OWN`):
+            // one table entry, and one critical section that records it, acquires its firehoses
+            // and reaps the entry a previous wait collected.
+            let chunk = Chunk {
+                req: 0,
+                peer,
+                kind,
+                local: local as u64,
+                lkey,
+                raddr,
+                segs_left: 0,
+                holds_refs: false,
+                error: None,
+            };
+            let small = (len <= small_max).then(|| {
+                // SAFETY: the caller's buffer, readable for a put (contract).
+                unsafe { std::slice::from_raw_parts(local, len) }
+            });
+            let mut g = lock(&self.engine);
+            let Engine { fh, ops, .. } = &mut *g;
+            // The entry a previous wait collected is reused; the new one is written after the
+            // acquire, with what a hit holds (nothing reads the table in between: the lock is
+            // held), under a key known before.
+            let renewed = match self.reap.swap(0, AcqRel) {
+                0 => None,
+                old => ops.renew_collected(old),
+            };
+            let req = renewed.unwrap_or_else(|| ops.reqs.next_key());
+            let r = fh.acquire_for(req | OWN, peer, raddr, len, rights, small);
+            let (segs_left, holds_refs) = match &r {
+                Ok(Acquire::Hit(segs)) => (segs.len() as u32, true),
+                _ => (0, false),
+            };
+            let entry = Request {
+                chunks_left: 1,
+                reg,
+                error: None,
+                implicit,
+                done: false,
+                own: Some(Chunk {
+                    req,
+                    segs_left,
+                    holds_refs,
+                    ..chunk
+                }),
+            };
+            match renewed {
+                Some(k) => ops.renewed(k, entry),
+                None => {
+                    let k = ops.add_request(entry);
+                    debug_assert_eq!(k, req);
+                }
+            }
+            if fh.has_output() {
+                self.drain_unlock(g);
+            } else {
+                drop(g);
+            }
+            let op = req | OWN;
+            match r {
+                Ok(Acquire::Hit(segs)) => self.post(op, &chunk, &segs),
+                Ok(Acquire::Pending) | Ok(Acquire::DoneInMove) => {}
+                Err(e) => self.finish(op, |ops| ops.finish_chunk(op, Some(status_of(e)))),
+            }
+            return Ok(req);
+        }
+        // SAFETY: forwarded contract on `local`.
+        unsafe { self.start_chunks(kind, peer, raddr, local, len, implicit, (reg, lkey)) }
+    }
+
+    /// `start` of a request longer than a chunk: one table entry per chunk, each acquired in
+    /// its own critical section (out of line: the one-chunk path stays short).
+    ///
+    /// # Safety
+    /// As `start`.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(never)]
+    unsafe fn start_chunks(
+        &self,
+        kind: RdmaKind,
+        peer: Rank,
+        raddr: u64,
+        local: *mut u8,
+        len: usize,
+        implicit: bool,
+        (reg, lkey): (Option<u64>, u32),
+    ) -> Result<u64, RmaError> {
+        let rights = match kind {
+            RdmaKind::Write => Rights::WRITE,
+            RdmaKind::Read => Rights::READ,
+        };
+        let small_max = match kind {
+            RdmaKind::Write => self.small_put_max,
+            RdmaKind::Read => 0,
+        };
         let n = len.div_ceil(self.max_chunk);
         let mut req = 0;
         for i in 0..n {
@@ -677,7 +806,7 @@ impl Rma {
                 holds_refs: false,
                 error: None,
             };
-            let small = (kind == RdmaKind::Write && clen <= self.small_put_max).then(|| {
+            let small = (clen <= small_max).then(|| {
                 // SAFETY: inside the caller's buffer, readable for a put (contract).
                 unsafe { std::slice::from_raw_parts(local.add(off), clen) }
             });
@@ -693,10 +822,11 @@ impl Rma {
                         error: None,
                         implicit,
                         done: false,
+                        own: None,
                     });
                 }
                 chunk.req = req;
-                let id = ops.chunks.insert(chunk.clone());
+                let id = ops.chunks.insert(chunk);
                 let r = fh.acquire_for(id, peer, chunk.raddr, clen, rights, small);
                 if let Ok(Acquire::Hit(segs)) = &r {
                     let c = ops.chunks.get_mut(id).expect("inserted above");
@@ -712,6 +842,31 @@ impl Rma {
             }
         }
         Ok(req)
+    }
+
+    /// `start` on this rank's own memory: a copy, done at once (out of line, cold).
+    ///
+    /// # Safety
+    /// As `start`.
+    #[cold]
+    #[inline(never)]
+    unsafe fn start_self(
+        &self,
+        kind: RdmaKind,
+        raddr: u64,
+        local: *mut u8,
+        len: usize,
+        implicit: bool,
+    ) -> u64 {
+        self.counters.self_ops.fetch_add(1, Relaxed);
+        let dir = if kind == RdmaKind::Write {
+            Dir::Put
+        } else {
+            Dir::Get
+        };
+        // SAFETY: forwarded contract on `local`; `raddr` is checked by the kernel.
+        let r = unsafe { self_copy::copy(dir, local, raddr, len) };
+        self.done_request(r, implicit)
     }
 
     /// A request that finished at once (a local copy).
@@ -731,50 +886,99 @@ impl Rma {
             error: r.err(),
             implicit: false,
             done: true,
+            own: None,
         })
     }
 
     /// Progresses once; the request's result if it is done (its handle is then spent).
     pub fn test(&self, req: u64) -> Result<Option<Result<(), RmaError>>, RmaError> {
         let _inside = crate::rt::inside::enter();
+        if let Some(Some(r)) = self.done.collect(req) {
+            self.reap_later(req);
+            return Ok(Some(r));
+        }
         if let Some(r) = lock(&self.engine).ops.take_if_done(req)? {
             return Ok(Some(r));
         }
-        self.progress()?;
+        self.progress_inside()?;
+        if let Some(Some(r)) = self.done.collect(req) {
+            self.reap_later(req);
+            return Ok(Some(r));
+        }
         lock(&self.engine).ops.take_if_done(req)
+    }
+
+    /// After `DoneBoard::collect` handed this thread the result of `req`: its table entry goes
+    /// at the next `start` (or now, for the one this replaces in the reap cell).
+    #[inline]
+    fn reap_later(&self, req: u64) {
+        let old = self.reap.swap(req, AcqRel);
+        if old != 0 {
+            lock(&self.engine).ops.reap(old);
+        }
     }
 
     /// Progresses until the request is done; returns its result (the handle is then spent).
     /// Bounded (`FH_AM_TIMEOUT_MS`): see `Bounded`.
     ///
     /// While the request runs the wait spins on its own word of the done board (progressing),
-    /// not on the operation table, whose lock every completion takes; it takes that lock to
-    /// collect the result, and every `RECHECK` polls (a handle that is not a running request,
-    /// spent or made up, has a word that never says done: the table then says what it is).
+    /// not on the operation table, whose lock every completion takes; the word also carries
+    /// the result, which the wait collects without the lock (`reap_later`). Every `RECHECK`
+    /// polls it asks the table (a handle that is not a running request, spent or made up, has a
+    /// word that never says done: the table then says what it is).
     pub fn wait(&self, req: u64) -> Result<(), RmaError> {
-        const RECHECK: u32 = 64;
         let _inside = crate::rt::inside::enter();
         // The first poll usually completes a blocking put or get: it runs before the bound is
         // set up, which happens only if a second poll is needed (the bound's clock reads the
         // time only every `CHECK_EVERY` polls anyway: it starts one poll later, nothing else
         // changes).
-        if self.done.is_done(req) == Some(false) && self.progress()? == 0 {
-            std::thread::yield_now();
+        match self.done.collect(req) {
+            Some(Some(r)) => {
+                self.reap_later(req);
+                return r;
+            }
+            Some(None) => {
+                let n = self.progress_inside()?;
+                if let Some(Some(r)) = self.done.collect(req) {
+                    self.reap_later(req);
+                    return r;
+                }
+                if n == 0 {
+                    std::thread::yield_now();
+                }
+            }
+            None => {}
         }
+        self.wait_rest(req)
+    }
+
+    /// `wait` past its first poll (out of line): bounded polls on the board's word, the table
+    /// every `RECHECK` polls.
+    #[inline(never)]
+    fn wait_rest(&self, req: u64) -> Result<(), RmaError> {
+        const RECHECK: u32 = 64;
         let mut b: Option<Bounded> = None;
         loop {
             let mut polls = 0;
-            while polls < RECHECK && self.done.is_done(req) == Some(false) {
+            while polls < RECHECK {
+                match self.done.collect(req) {
+                    Some(Some(r)) => {
+                        self.reap_later(req);
+                        // Not set up: never gave up on anyone, the result stands.
+                        return b.as_ref().map_or(r, |b| b.result(r));
+                    }
+                    Some(None) => {}
+                    None => break,
+                }
                 b.get_or_insert_with(|| Bounded::new(self))
                     .poll(self, Some(req))?;
                 polls += 1;
             }
             if let Some(r) = lock(&self.engine).ops.take_if_done(req)? {
-                // Not set up: never gave up on anyone, the result stands.
                 return b.as_ref().map_or(r, |b| b.result(r));
             }
             if polls == 0 {
-                // No word for this slot (or it said done and the table disagrees): poll here.
+                // No word for this slot: poll here.
                 b.get_or_insert_with(|| Bounded::new(self))
                     .poll(self, Some(req))?;
             }
@@ -802,6 +1006,13 @@ impl Rma {
     /// lost meanwhile (their ops fail).
     pub fn progress(&self) -> Result<usize, RmaError> {
         let _inside = crate::rt::inside::enter();
+        self.progress_inside()
+    }
+
+    /// `progress` for a caller that marked the thread as inside the library already (`test`,
+    /// the waits).
+    #[inline(always)]
+    fn progress_inside(&self) -> Result<usize, RmaError> {
         let n = self.peers.am().progress()?;
         // A push whose flag this swap misses is taken by the `take` below (the lock orders it),
         // or its flag is seen by the next call.
@@ -819,7 +1030,7 @@ impl Rma {
     fn waited_peers(&self) -> Vec<Rank> {
         let g = lock(&self.engine);
         let ops = &g.ops;
-        let mut v: Vec<Rank> = ops.chunks.values().map(|c| c.peer).collect();
+        let mut v: Vec<Rank> = ops.chunks().map(|c| c.peer).collect();
         v.sort_unstable();
         v.dedup();
         v
@@ -832,8 +1043,7 @@ impl Rma {
         let g = lock(&self.engine);
         let ops = &g.ops;
         let mut v: Vec<Rank> = ops
-            .chunks
-            .values()
+            .chunks()
             .filter(|c| c.segs_left == 0 && req.map_or(true, |r| c.req == r))
             .map(|c| c.peer)
             .collect();
@@ -856,7 +1066,7 @@ impl Rma {
     #[doc(hidden)]
     pub fn check_idle(&self) -> Result<(), String> {
         let g = lock(&self.engine);
-        let (chunks, running) = (g.ops.chunks.values().count(), g.ops.running());
+        let (chunks, running) = (g.ops.chunks().count(), g.ops.running());
         let (fh_ops, refs) = (g.fh.ops_in_flight(), g.fh.refs_held());
         let bad = self.counters.bad_releases.load(Relaxed);
         if chunks + running + fh_ops > 0 || refs > 0 || bad > 0 {
@@ -989,7 +1199,8 @@ impl Bounded {
 
     /// One round of a wait for request `req` (every request: `None`) that is not done yet.
     fn poll(&mut self, rma: &Rma, req: Option<u64>) -> Result<(), RmaError> {
-        let n = rma.progress()?;
+        // Its callers (`wait`, `quiet`) marked the thread as inside.
+        let n = rma.progress_inside()?;
         if !self.gave_up {
             match self.clock.tick(Instant::now) {
                 Due::Nothing => {}

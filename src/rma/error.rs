@@ -9,7 +9,10 @@ use crate::config::BadConfig;
 use crate::net::NetError;
 
 /// Why a put, a get or an exposure failed.
+/// `repr(u8)`: a request's result is kept in one word of `done_board` (whose `ERRORS` lists the
+/// variants in this order: a new one goes last, there too).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
 pub enum RmaError {
     /// A required buffer pointer was NULL.
     Null,

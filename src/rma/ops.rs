@@ -2,6 +2,10 @@
 //! handle to; it is cut into *chunks* of at most Firehose's `max_op_len`, each one Firehose op
 //! (its `OpId` is the chunk id) that becomes one or more RDMA segments. A request is done when
 //! its last chunk is; its first error is its result.
+//!
+//! A request of one chunk (every put and get up to `max_op_len`) keeps that chunk in its own
+//! entry (`Request::own`): one table entry per op, whose Firehose op id is the request's key
+//! with `OWN` set. Longer requests keep theirs in `chunks`, keyed by their op ids.
 
 use super::done_board::DoneBoard;
 use super::slab::{Key, Slab};
@@ -9,8 +13,12 @@ use crate::net::{Rank, RdmaKind};
 use crate::rma::RmaError;
 use std::sync::Arc;
 
+/// The bit that marks an op id as a request's own chunk (`Request::own`); `Slab` indices stay
+/// below it.
+pub(super) const OWN: u64 = 1 << 31;
+
 /// One Firehose op: a piece of a request.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Copy)]
 pub(super) struct Chunk {
     pub req: u64,
     pub peer: Rank,
@@ -36,12 +44,14 @@ pub(super) struct Request {
     /// No handle was given out: `fh_quiet` collects it.
     pub implicit: bool,
     pub done: bool,
+    /// The request's only chunk, while it runs (op id: the request's key | `OWN`).
+    pub own: Option<Chunk>,
 }
 
 #[derive(Debug, Default)]
 pub(super) struct Ops {
-    // Slabs, not hash maps: these two tables are touched ~7 times per put on the hit path
-    // (start, post, completion, release, wait); a request's key is the caller's handle and a
+    // Slabs, not hash maps: a put or get of one chunk touches `reqs` at its start and at its
+    // completion (its chunk lives in its entry); a request's key is the caller's handle and a
     // chunk's the Firehose op id. A made-up or spent handle finds nothing.
     pub reqs: Slab<Request>,
     pub chunks: Slab<Chunk>,
@@ -63,10 +73,41 @@ pub(super) struct Finished {
 }
 
 impl Ops {
+    /// The running chunk of op id `op`.
+    #[inline]
+    pub(super) fn chunk_mut(&mut self, op: Key) -> Option<&mut Chunk> {
+        if op & OWN != 0 {
+            self.reqs.get_mut(op & !OWN)?.own.as_mut()
+        } else {
+            self.chunks.get_mut(op)
+        }
+    }
+
+    /// Every running chunk.
+    pub(super) fn chunks(&self) -> impl Iterator<Item = &Chunk> {
+        let own = self.reqs.values().filter_map(|r| r.own.as_ref());
+        self.chunks.values().chain(own)
+    }
+
     /// Record one completed segment of `chunk`; `Some` when it was the chunk's last.
     #[inline]
     pub(super) fn seg_done(&mut self, chunk: Key, err: Option<RmaError>) -> Option<Finished> {
-        let c = self.chunks.get_mut(chunk)?;
+        if chunk & OWN == 0 {
+            let c = self.chunks.get_mut(chunk)?;
+            if c.error.is_none() {
+                c.error = err;
+            }
+            c.segs_left = c.segs_left.saturating_sub(1);
+            if c.segs_left > 0 {
+                return None;
+            }
+            return self.finish_chunk(chunk, None);
+        }
+        // A request's own chunk: `finish_chunk` in place, with one lookup (its last chunk: the
+        // request is over).
+        let key = chunk & !OWN;
+        let req = self.reqs.get_mut(key)?;
+        let c = req.own.as_mut()?;
         if c.error.is_none() {
             c.error = err;
         }
@@ -74,15 +115,39 @@ impl Ops {
         if c.segs_left > 0 {
             return None;
         }
-        self.finish_chunk(chunk, None)
+        let (release, cerr) = (c.holds_refs, c.error);
+        req.own = None;
+        if req.error.is_none() {
+            req.error = cerr;
+        }
+        req.chunks_left -= 1;
+        debug_assert_eq!(req.chunks_left, 0);
+        req.done = true;
+        self.running -= 1;
+        let dereg = req.reg.take();
+        if req.implicit {
+            let r = self.reqs.remove(key).expect("present");
+            if self.implicit_error.is_none() {
+                self.implicit_error = r.error;
+            }
+        } else {
+            self.board.set_done(key, req.error.map_or(Ok(()), Err));
+        }
+        Some(Finished { release, dereg })
     }
 
     /// Chunk `chunk` is over (all its segments done, or failed before any was posted).
     #[inline]
     pub(super) fn finish_chunk(&mut self, chunk: Key, err: Option<RmaError>) -> Option<Finished> {
-        let c = self.chunks.remove(chunk)?;
+        let (c, req) = if chunk & OWN != 0 {
+            let req = self.reqs.get_mut(chunk & !OWN)?;
+            (req.own.take()?, req)
+        } else {
+            let c = self.chunks.remove(chunk)?;
+            let req = self.reqs.get_mut(c.req)?;
+            (c, req)
+        };
         let err = c.error.or(err);
-        let req = self.reqs.get_mut(c.req)?;
         if req.error.is_none() {
             req.error = err;
         }
@@ -93,7 +158,7 @@ impl Ops {
             self.running -= 1;
             dereg = req.reg.take();
             if !req.implicit {
-                self.board.set_done(c.req);
+                self.board.set_done(c.req, req.error.map_or(Ok(()), Err));
             }
             if req.implicit {
                 let r = self.reqs.remove(c.req).expect("present");
@@ -109,6 +174,8 @@ impl Ops {
     }
 
     /// The result of a done request, removing it; `None` while it runs; unknown: an error.
+    /// A request whose result a wait already collected from the board is spent (its entry
+    /// only waits for the reap).
     #[inline]
     pub(super) fn take_if_done(
         &mut self,
@@ -120,9 +187,40 @@ impl Ops {
             Some(r) if !r.done => Ok(None),
             Some(_) => {
                 let r = self.reqs.remove(req).expect("present");
-                Ok(Some(r.error.map_or(Ok(()), Err)))
+                match self.board.collect(req) {
+                    Some(Some(res)) => Ok(Some(res)),
+                    Some(None) => Err(RmaError::UnknownHandle),
+                    None => Ok(Some(r.error.map_or(Ok(()), Err))),
+                }
             }
         }
+    }
+
+    /// Removes the entry of a request whose result was collected from the board.
+    #[inline]
+    pub(super) fn reap(&mut self, req: Key) {
+        if self.reqs.get(req).is_some_and(|r| r.done) {
+            self.reqs.remove(req);
+        }
+    }
+
+    /// The entry of a request whose result was collected from the board, under a new key for
+    /// the next request (`renewed`), if it is still there: `reap` and `add_request` without the
+    /// free list.
+    #[inline]
+    pub(super) fn renew_collected(&mut self, req: Key) -> Option<Key> {
+        if self.reqs.get(req).is_some_and(|r| r.done) {
+            return self.reqs.renew(req);
+        }
+        None
+    }
+
+    /// `add_request` for a running request, into the entry `renew_collected` gave `key`.
+    #[inline]
+    pub(super) fn renewed(&mut self, key: Key, r: Request) {
+        debug_assert!(!r.done);
+        self.running += 1;
+        *self.reqs.get_mut(key).expect("renewed") = r;
     }
 
     /// Records a request; its key is the caller's handle.
@@ -132,10 +230,11 @@ impl Ops {
         if !done {
             self.running += 1;
         }
+        let res = r.error.map_or(Ok(()), Err);
         let key = self.reqs.insert(r);
         self.board.ensure(key);
         if done {
-            self.board.set_done(key);
+            self.board.set_done(key, res);
         }
         key
     }

@@ -36,6 +36,16 @@ fn split(key: Key) -> (u32, usize) {
 }
 
 impl<T> Slab<T> {
+    /// The key the next `insert` returns.
+    #[inline]
+    pub(super) fn next_key(&self) -> Key {
+        let (gen, idx) = match self.free.last() {
+            Some(&i) => (self.slots[i as usize].gen, i),
+            None => (1, self.slots.len() as u32),
+        };
+        (u64::from(gen) << 32) | u64::from(idx)
+    }
+
     /// Stores `val`; its key.
     #[inline]
     pub(super) fn insert(&mut self, val: T) -> Key {
@@ -43,7 +53,11 @@ impl<T> Slab<T> {
         let idx = match self.free.pop() {
             Some(i) => i,
             None => {
-                let i = u32::try_from(self.slots.len()).expect("2^32 live operations");
+                // Indices stay below bit 31 (`ops::OWN` marks op ids with it).
+                let i = u32::try_from(self.slots.len())
+                    .ok()
+                    .filter(|&i| i < 1 << 31)
+                    .expect("2^31 live operations");
                 self.slots.push(Slot { gen: 1, val: None });
                 i
             }
@@ -73,6 +87,19 @@ impl<T> Slab<T> {
             .filter(|s| s.gen == gen)?
             .val
             .as_mut()
+    }
+
+    /// Gives the value of `key` a new key, of the same slot (`key` and every earlier key of the
+    /// slot are spent), as a `remove` and an `insert` would, without the free list; the new key.
+    #[inline]
+    pub(super) fn renew(&mut self, key: Key) -> Option<Key> {
+        let (gen, idx) = split(key);
+        let s = self
+            .slots
+            .get_mut(idx)
+            .filter(|s| s.gen == gen && s.val.is_some())?;
+        s.gen = s.gen.wrapping_add(1).max(1);
+        Some((u64::from(s.gen) << 32) | idx as u64)
     }
 
     /// Takes the value out; the key (and every earlier key of the slot) is spent.
@@ -117,6 +144,17 @@ mod tests {
         assert_ne!(c, a);
         assert_eq!((s.get(a), s.get(c)), (None, Some(&"c")));
         *s.get_mut(c).unwrap() = "d";
+        let next = s.next_key();
+        assert_eq!(s.insert("e"), next);
+        let renewed = s.renew(next).unwrap();
+        assert_ne!(renewed, next);
+        assert_eq!((s.get(next), s.get(renewed)), (None, Some(&"e")));
+        assert_eq!(s.renew(next), None, "spent");
+        assert_eq!(s.remove(renewed), Some("e"));
+        assert_eq!(s.renew(renewed), None, "empty");
+        let next = s.next_key();
+        assert_eq!(s.insert("e"), next, "a reused slot");
+        assert_eq!(s.remove(next), Some("e"));
         assert_eq!(s.values().copied().collect::<Vec<_>>(), vec!["d", "b"]);
         // Made-up keys: 0, out of range, wrong generation.
         for k in [0, u64::MAX, 7 << 32, (99 << 32) | 1] {

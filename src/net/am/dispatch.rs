@@ -55,10 +55,17 @@ impl Inner {
 
     /// Delivers the messages to the own rank that were queued when this call began (not those
     /// its handlers queue: a handler that requests itself cannot make progress loop forever).
+    #[inline]
     fn run_loopback(&self) -> usize {
         if self.loopback_len.load(Ordering::Acquire) == 0 {
             return 0;
         }
+        self.run_loopback_queued()
+    }
+
+    /// `run_loopback` with something queued (out of line: the poll loop stays short).
+    #[inline(never)]
+    fn run_loopback_queued(&self) -> usize {
         let lock = || self.loopback.lock().unwrap_or_else(|e| e.into_inner());
         let queued = lock().len();
         for _ in 0..queued {
@@ -76,7 +83,9 @@ impl Inner {
         queued
     }
 
-    /// Checks and handles one message from the link; returns its credit effects, if any.
+    /// Checks and handles one message from the link; returns its credit effects, if any. (Out of
+    /// line: the poll closure that calls it also carries every RDMA completion.)
+    #[inline(never)]
     fn on_message(&self, from: Rank, data: &[u8]) -> Option<Settle> {
         let (h, payload) = match Header::decode(data) {
             Ok(x) => x,
@@ -167,6 +176,7 @@ impl Inner {
         }
     }
 
+    #[inline(never)]
     fn settle(&self, s: Settle) {
         let mut p = self.peer(s.peer);
         if p.lost {

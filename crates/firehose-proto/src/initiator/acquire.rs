@@ -25,7 +25,10 @@ pub(crate) fn push_seg(segs: &mut Segs, cur: u64, seg_end: u64, rkey: u32) {
 }
 
 impl Initiator {
+    /// Checks the op, takes the common hit (one region covers it) here, inlined into the
+    /// caller, and leaves everything else to `acquire_rest`.
     #[allow(clippy::too_many_arguments)]
+    #[inline]
     pub fn acquire(
         &mut self,
         op: OpId,
@@ -67,8 +70,8 @@ impl Initiator {
         }
         // Hit path: one map lookup per region spanned. The duplicate-op check follows it
         // (nothing has changed yet); on a hit it skips the table while the table is empty.
-        let (mut b, last) = self.bucket_span(raddr, len);
-        let mut next = p.map.get(b);
+        let (b, last) = self.bucket_span(raddr, len);
+        let next = p.map.get(b);
         // The common hit: one region covers the whole op. One segment, one reference, no lists
         // built (the loop below would find the same with more bookkeeping).
         if let Some(id) = next {
@@ -91,6 +94,27 @@ impl Initiator {
                 return Ok(Acquire::Hit(Segs::one(Seg { raddr, len, rkey })));
             }
         }
+        let found = (last, next, end);
+        self.acquire_rest(op, peer, raddr, len, rights, small_put, found, out, st)
+    }
+
+    /// `acquire` past the checks and the one-region hit: a hit over several regions, or a miss.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(never)]
+    fn acquire_rest(
+        &mut self,
+        op: OpId,
+        peer: Rank,
+        raddr: u64,
+        len: usize,
+        rights: Rights,
+        small_put: Option<&[u8]>,
+        // From `acquire`: the op's last bucket, its first bucket's firehose, its end.
+        (last, mut next, end): (u64, Option<u32>, u64),
+        out: &mut Outbox,
+        st: &mut FirehoseStats,
+    ) -> Result<Acquire, FhError> {
+        let p = &self.peers[peer as usize];
         let mut cur = raddr;
         let mut segs = Segs::default();
         let mut fhs = Inline2::<u32>::default();
@@ -115,9 +139,8 @@ impl Initiator {
             if fh_end > last {
                 break true;
             }
-            b = fh_end;
             cur = seg_end;
-            next = p.map.get(b);
+            next = p.map.get(fh_end);
         };
         if hit {
             if self.front.op == Some(op) || (!self.ops.is_empty() && self.ops.contains_key(&op)) {
@@ -161,35 +184,52 @@ impl Initiator {
         Ok(Acquire::Pending)
     }
 
+    /// The front slot's release here, inlined into the caller; the table's in `release_rest`.
+    #[inline]
     pub fn release(
         &mut self,
         op: OpId,
         out: &mut Outbox,
         st: &mut FirehoseStats,
     ) -> Result<(), FhError> {
-        let peer = if self.front.op == Some(op) {
-            let f = std::mem::take(&mut self.front);
-            self.drop_ref(f.ids[0]);
-            if f.n == 2 {
-                self.drop_ref(f.ids[1]);
-            }
-            f.peer
-        } else {
-            match self.ops.get(&op) {
-                Some(o) if o.state == OpState::Active => {}
-                _ => return Err(FhError::UnknownOp),
-            }
-            let o = self.ops.remove(&op).expect("checked");
-            for &id in o.fhs.iter() {
-                self.drop_ref(id);
-            }
-            o.peer
-        };
+        if self.front.op != Some(op) {
+            return self.release_rest(op, out, st);
+        }
+        let f = std::mem::take(&mut self.front);
+        self.drop_ref(f.ids[0]);
+        if f.n == 2 {
+            self.drop_ref(f.ids[1]);
+        }
+        self.after_release(f.peer, out, st);
+        Ok(())
+    }
+
+    #[inline(never)]
+    fn release_rest(
+        &mut self,
+        op: OpId,
+        out: &mut Outbox,
+        st: &mut FirehoseStats,
+    ) -> Result<(), FhError> {
+        match self.ops.get(&op) {
+            Some(o) if o.state == OpState::Active => {}
+            _ => return Err(FhError::UnknownOp),
+        }
+        let o = self.ops.remove(&op).expect("checked");
+        for &id in o.fhs.iter() {
+            self.drop_ref(id);
+        }
+        self.after_release(o.peer, out, st);
+        Ok(())
+    }
+
+    /// What a release may unblock: queued ops, a cut, acks waiting for refs to drop.
+    #[inline]
+    fn after_release(&mut self, peer: Rank, out: &mut Outbox, st: &mut FirehoseStats) {
         let p = &self.peers[peer as usize];
         if !p.blocked.is_empty() || p.cut.is_some() || !p.acks.is_empty() {
             self.after_budget_change(peer, out, st);
         }
-        Ok(())
     }
 
     /// One more ref on firehose `id`. A firehose that was unused stays where it is in its
