@@ -25,8 +25,25 @@ pub mod helper {
     pub use crate::helper::planner::PlannerConfig;
     /// The helper's simulator (the benchmarks' model).
     #[cfg(any(test, feature = "test-support"))]
-    pub use crate::helper::sim;
-    pub use crate::helper::{clock, cost, pin_flag, placement};
+    pub mod sim {
+        pub use crate::helper::sim::{simulate, Costs, Mode, Outcome, Step};
+    }
+    /// The helper's time source.
+    pub mod clock {
+        pub use crate::helper::clock::{selected, ClockChoice};
+    }
+    /// The cost model's calibration.
+    pub mod cost {
+        pub use crate::helper::cost::{calibrate, Fit};
+    }
+    /// The flag a wrapped backend raises when it pinned (a miss).
+    pub mod pin_flag {
+        pub use crate::helper::pin_flag::{clear, take};
+    }
+    /// Where the helper thread runs.
+    pub mod placement {
+        pub use crate::helper::placement::{allowed_cpus, bind_current_thread, decide};
+    }
     pub use crate::helper::{
         install_unmap_windows, wrap_backend, Helper, HelperConfig, HelperState, HelperStats,
         Placement,
@@ -51,9 +68,12 @@ pub mod net {
     pub use crate::net::stats::StatsSnapshot;
     pub use crate::net::wire::Kind as WireKind;
     pub use crate::net::{
-        bootstrap, Am, Link, LinkError, NetSettings, Peers, PeersConfig, Rank, RdmaKind, RdmaOp,
-        Ticket,
+        Am, Link, LinkError, NetSettings, Peers, PeersConfig, Rank, RdmaKind, RdmaOp, Ticket,
     };
+    /// How the ranks of a job find each other.
+    pub mod bootstrap {
+        pub use crate::net::bootstrap::from_env;
+    }
     /// The verbs objects a raw RDMA benchmark drives itself.
     pub mod verbs {
         pub use crate::net::verbs::{gid_index_from_env, Completion, Cq, Path, Qp, QpCaps, Sge};
@@ -63,7 +83,10 @@ pub mod net {
 /// Pinning backends (`crate::pin`).
 pub mod pin {
     pub use crate::pin::counting::CountingPinner;
-    pub use crate::pin::fork_mode;
+    /// What a forked child may touch of the pinned memory.
+    pub mod fork_mode {
+        pub use crate::pin::fork_mode::{resolve, ForkMode};
+    }
     pub use crate::pin::mlock::MlockPinner;
     pub use crate::pin::null::NullPinner;
     pub use crate::pin::{Access, PinError, Pinned, Pinner};
