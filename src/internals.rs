@@ -76,7 +76,9 @@ pub mod net {
     }
     /// The verbs objects a raw RDMA benchmark drives itself.
     pub mod verbs {
-        pub use crate::net::verbs::{gid_index_from_env, Completion, Cq, Path, Qp, QpCaps, Sge};
+        pub use crate::net::verbs::{
+            gid_index_from_env, Completion, Cq, Path, Qp, QpCaps, SendFlags, Sge,
+        };
     }
 }
 

@@ -463,7 +463,7 @@ impl Link for VerbsLink {
                 };
                 // SAFETY: inline: the provider copies `msg` (<= max_inline bytes, readable for
                 // the call) into the work request before returning.
-                return unsafe { p.qp.post_send_with(id, sge, flags) };
+                return unsafe { p.qp.post_send(id, sge, flags) };
             }
             let off = self.ring_offset(peer, seq);
             // SAFETY: the ring slot lies inside `send_buf`; it is free: the work request that
@@ -480,7 +480,7 @@ impl Link for VerbsLink {
             };
             // SAFETY: registered ring memory that stays untouched until this work request
             // completes (the slot is reused only after `completed` passes `seq`).
-            unsafe { p.qp.post_send_with(id, sge, flags) }
+            unsafe { p.qp.post_send(id, sge, flags) }
         })
     }
 
@@ -668,7 +668,7 @@ impl Link for VerbsLink {
             // SAFETY: the source word is registered, owned by the link and never written after
             // setup; the destination is the word the peer registered (remote write) for our
             // probes and never reads as data.
-            unsafe { p.qp.post_rdma_write_with(id, src, dst, p.probe_rkey, flags) }
+            unsafe { p.qp.post_rdma_write(id, src, dst, p.probe_rkey, flags) }
         })
     }
 
@@ -715,10 +715,10 @@ impl Link for VerbsLink {
             let r = unsafe {
                 match op.kind {
                     RdmaKind::Write => {
-                        p.qp.post_rdma_write_with(id, local, op.remote_addr, op.rkey, flags)
+                        p.qp.post_rdma_write(id, local, op.remote_addr, op.rkey, flags)
                     }
                     RdmaKind::Read => {
-                        p.qp.post_rdma_read_with(id, local, op.remote_addr, op.rkey, flags)
+                        p.qp.post_rdma_read(id, local, op.remote_addr, op.rkey, flags)
                     }
                 }
             };

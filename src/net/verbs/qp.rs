@@ -53,6 +53,26 @@ pub struct SendFlags {
     pub inline: bool,
 }
 
+impl SendFlags {
+    /// One completion, payload read from registered memory by the device.
+    pub const SIGNALED: SendFlags = SendFlags {
+        signaled: true,
+        inline: false,
+    };
+
+    /// The `ibv_send_wr::send_flags` bits.
+    fn bits(self) -> u32 {
+        let mut f = 0;
+        if self.signaled {
+            f |= ibv_send_flags::IBV_SEND_SIGNALED.0;
+        }
+        if self.inline {
+            f |= ibv_send_flags::IBV_SEND_INLINE.0;
+        }
+        f
+    }
+}
+
 /// RC transport timing (see IB spec 9.7.6): how long to wait for an ACK before retransmitting,
 /// how often to retransmit before failing the QP, and the receiver-not-ready policy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -104,12 +124,6 @@ pub(super) const RD_ATOMIC: u8 = 1;
 const HOP_LIMIT: u8 = 64;
 /// Most work requests `post_send_chain` posts in one call.
 pub(super) const MAX_CHAIN: usize = 16;
-
-/// The flags of the plain `post_*` calls: one completion each.
-const SIGNALED: SendFlags = SendFlags {
-    signaled: true,
-    inline: false,
-};
 
 /// An owned RC `ibv_qp`. Holds its PD and both CQs, which therefore outlive it.
 pub struct Qp {
@@ -343,14 +357,7 @@ impl Qp {
         wr.sg_list = &mut sge;
         wr.num_sge = 1;
         wr.opcode = opcode;
-        let mut f = 0;
-        if flags.signaled {
-            f |= ibv_send_flags::IBV_SEND_SIGNALED.0;
-        }
-        if flags.inline {
-            f |= ibv_send_flags::IBV_SEND_INLINE.0;
-        }
-        wr.send_flags = f;
+        wr.send_flags = flags.bits();
         if let Some((remote_addr, rkey)) = remote {
             wr.wr.rdma.remote_addr = remote_addr;
             wr.wr.rdma.rkey = rkey;
@@ -366,65 +373,6 @@ impl Qp {
         Ok(())
     }
 
-    /// RDMA WRITE `local` to `remote_addr` (covered by `rkey`) on the peer.
-    ///
-    /// # Safety
-    /// `local` must be registered memory that stays valid and is not written by anyone else until
-    /// the completion is polled; `[remote_addr, +len)` must be memory the peer allows us to write
-    /// and does not read or write concurrently.
-    pub unsafe fn post_rdma_write(
-        &self,
-        wr_id: u64,
-        local: Sge,
-        remote_addr: u64,
-        rkey: u32,
-    ) -> VerbsResult<()> {
-        // SAFETY: forwarded contract.
-        unsafe {
-            self.post_send_wr(
-                wr_id,
-                ibv_wr_opcode::IBV_WR_RDMA_WRITE,
-                local,
-                Some((remote_addr, rkey)),
-                SIGNALED,
-            )
-        }
-    }
-
-    /// RDMA READ from `remote_addr` (covered by `rkey`) into `local`.
-    ///
-    /// # Safety
-    /// `local` must be registered memory that stays valid and is neither read nor written by
-    /// anyone else until the completion is polled (the device writes it); the remote range must
-    /// stay valid for reading.
-    pub unsafe fn post_rdma_read(
-        &self,
-        wr_id: u64,
-        local: Sge,
-        remote_addr: u64,
-        rkey: u32,
-    ) -> VerbsResult<()> {
-        // SAFETY: forwarded contract.
-        unsafe {
-            self.post_send_wr(
-                wr_id,
-                ibv_wr_opcode::IBV_WR_RDMA_READ,
-                local,
-                Some((remote_addr, rkey)),
-                SIGNALED,
-            )
-        }
-    }
-
-    /// SEND `local` to the peer's next posted receive.
-    ///
-    /// # Safety
-    /// `local` must be registered memory that stays valid and unmodified until the completion.
-    pub unsafe fn post_send(&self, wr_id: u64, local: Sge) -> VerbsResult<()> {
-        // SAFETY: forwarded contract.
-        unsafe { self.post_send_wr(wr_id, ibv_wr_opcode::IBV_WR_SEND, local, None, SIGNALED) }
-    }
-
     /// SEND `local` to the peer's next posted receive, with `flags`.
     ///
     /// # Safety
@@ -432,12 +380,7 @@ impl Qp {
     /// until this or a later signalled work request of this QP completes. With `flags.inline`:
     /// `local.len <= caps().max_inline_data` and `local` readable for the call (lkey unused).
     #[inline]
-    pub(crate) unsafe fn post_send_with(
-        &self,
-        wr_id: u64,
-        local: Sge,
-        flags: SendFlags,
-    ) -> VerbsResult<()> {
+    pub unsafe fn post_send(&self, wr_id: u64, local: Sge, flags: SendFlags) -> VerbsResult<()> {
         // SAFETY: forwarded contract.
         unsafe { self.post_send_wr(wr_id, ibv_wr_opcode::IBV_WR_SEND, local, None, flags) }
     }
@@ -448,7 +391,7 @@ impl Qp {
     /// queue (in order), the rest did not.
     ///
     /// # Safety
-    /// Each entry as `post_send_with`.
+    /// Each entry as `post_send`.
     pub(crate) unsafe fn post_send_chain(
         &self,
         sends: &[(u64, Sge, SendFlags)],
@@ -467,18 +410,11 @@ impl Qp {
                 length: local.len,
                 lkey: local.lkey,
             };
-            let mut f = 0;
-            if flags.signaled {
-                f |= ibv_send_flags::IBV_SEND_SIGNALED.0;
-            }
-            if flags.inline {
-                f |= ibv_send_flags::IBV_SEND_INLINE.0;
-            }
             let wr = &mut wrs[i];
             wr.wr_id = wr_id;
             wr.num_sge = 1;
             wr.opcode = ibv_wr_opcode::IBV_WR_SEND;
-            wr.send_flags = f;
+            wr.send_flags = flags.bits();
         }
         let base = wrs.as_mut_ptr();
         for i in 0..n {
@@ -514,9 +450,9 @@ impl Qp {
     /// RDMA WRITE `local` to `remote_addr` (covered by `rkey`), with `flags`.
     ///
     /// # Safety
-    /// As `post_send_with` for `local`, plus: `[remote_addr, +len)` must be memory the peer allows
+    /// As `post_send` for `local`, plus: `[remote_addr, +len)` must be memory the peer allows
     /// us to write and does not otherwise rely on.
-    pub(crate) unsafe fn post_rdma_write_with(
+    pub unsafe fn post_rdma_write(
         &self,
         wr_id: u64,
         local: Sge,
@@ -540,8 +476,9 @@ impl Qp {
     /// meaningless for a READ and must be false).
     ///
     /// # Safety
-    /// As `post_rdma_read`.
-    pub(crate) unsafe fn post_rdma_read_with(
+    /// As `post_send` for `local`, except that the device writes it: nobody else may read or write
+    /// it until the completion; the remote range must stay valid for reading.
+    pub unsafe fn post_rdma_read(
         &self,
         wr_id: u64,
         local: Sge,

@@ -20,7 +20,9 @@ mod shim_stats;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use firehose::internals::net::verbs::{gid_index_from_env, Completion, Cq, Path, Qp, QpCaps, Sge};
+use firehose::internals::net::verbs::{
+    gid_index_from_env, Completion, Cq, Path, Qp, QpCaps, SendFlags, Sge,
+};
 use firehose::internals::pin::verbs::{DeviceList, Mr, Pd, VerbsError};
 use firehose::internals::pin::Access;
 use rdma_sys::{ibv_dereg_mr, ibv_mr, ibv_reg_mr};
@@ -163,7 +165,11 @@ impl Loop {
     fn write(&mut self, src: Sge, dst: u64, rkey: u32) -> Result<(), String> {
         // SAFETY: the caller keeps `src` registered and unmodified, and the destination range
         // registered and unread, until this function has polled the completion.
-        unsafe { self.qa.post_rdma_write(1, src, dst, rkey) }.map_err(|e| e.to_string())?;
+        unsafe {
+            self.qa
+                .post_rdma_write(1, src, dst, rkey, SendFlags::SIGNALED)
+        }
+        .map_err(|e| e.to_string())?;
         let start = Instant::now();
         let mut spins = 0u32;
         self.wcs.clear();

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use firehose::net::verbs::{
-    gid_index_from_env, qp_state, wc_opcode, Completion, Cq, Path, Qp, QpCaps, Sge,
+    gid_index_from_env, qp_state, wc_opcode, Completion, Cq, Path, Qp, QpCaps, SendFlags, Sge,
 };
 use firehose::pin::verbs::{Context, VerbsError, VerbsPinner};
 use firehose::pin::{Access, Pinned, Pinner};
@@ -258,7 +258,16 @@ fn loopback(ctx: &Arc<Context>, opts: &Options) -> Result<(), String> {
     let t = Instant::now();
     // SAFETY: both buffers are registered and alive until after the completion is polled, and
     // nothing touches B until then.
-    unsafe { qa.post_rdma_write(1, pa.sge(), pb.addr as u64, pb.pinned.rkey) }.map_err(verr)?;
+    unsafe {
+        qa.post_rdma_write(
+            1,
+            pa.sge(),
+            pb.addr as u64,
+            pb.pinned.rkey,
+            SendFlags::SIGNALED,
+        )
+    }
+    .map_err(verr)?;
     let wcs = wait_ok(&cq, 1, opts, "rdma_write")?;
     expect_wc(
         &wcs,
@@ -275,7 +284,16 @@ fn loopback(ctx: &Arc<Context>, opts: &Options) -> Result<(), String> {
     a.fill(&vec![0; n]);
     let t = Instant::now();
     // SAFETY: as above; A is written by the device and untouched until the completion.
-    unsafe { qa.post_rdma_read(2, pa.sge(), pb.addr as u64, pb.pinned.rkey) }.map_err(verr)?;
+    unsafe {
+        qa.post_rdma_read(
+            2,
+            pa.sge(),
+            pb.addr as u64,
+            pb.pinned.rkey,
+            SendFlags::SIGNALED,
+        )
+    }
+    .map_err(verr)?;
     let wcs = wait_ok(&cq, 1, opts, "rdma_read")?;
     expect_wc(&wcs, 2, wc_opcode::IBV_WC_RDMA_READ, qa.qpn(), "rdma_read")?;
     check("rdma_read", &a, 0xB2, false)?;
@@ -288,7 +306,7 @@ fn loopback(ctx: &Arc<Context>, opts: &Options) -> Result<(), String> {
     // SAFETY: B is registered, alive, and untouched until its receive completion.
     unsafe { qb.post_recv(3, pb.sge()) }.map_err(verr)?;
     // SAFETY: A is registered, alive and unmodified until the send completion.
-    unsafe { qa.post_send(4, pa.sge()) }.map_err(verr)?;
+    unsafe { qa.post_send(4, pa.sge(), SendFlags::SIGNALED) }.map_err(verr)?;
     let wcs = wait_ok(&cq, 2, opts, "send/recv")?;
     expect_wc(&wcs, 4, wc_opcode::IBV_WC_SEND, qa.qpn(), "send")?;
     let recv = expect_wc(&wcs, 3, wc_opcode::IBV_WC_RECV, qb.qpn(), "recv")?;
@@ -309,7 +327,16 @@ fn loopback(ctx: &Arc<Context>, opts: &Options) -> Result<(), String> {
         ..pa.sge()
     };
     // SAFETY: A is registered and alive; the target is expected to be refused by the responder.
-    unsafe { qa.post_rdma_write(5, small, pc.addr as u64, pc.pinned.rkey) }.map_err(verr)?;
+    unsafe {
+        qa.post_rdma_write(
+            5,
+            small,
+            pc.addr as u64,
+            pc.pinned.rkey,
+            SendFlags::SIGNALED,
+        )
+    }
+    .map_err(verr)?;
     let wcs = cq
         .wait(1, opts.timeout)
         .map_err(|e| format!("rights check: {e}"))?;
