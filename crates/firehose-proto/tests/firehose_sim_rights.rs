@@ -1,4 +1,4 @@
-//! Rights per operation in the sans-IO algorithm (issue 27): a get asks the target for a
+//! Rights per operation in the sans-IO algorithm: a get asks the target for a
 //! read-only pin, a put for a write-only one; a chunk used both ways is upgraded to one region
 //! with both (never to one with fewer than the firehose it replaces); a target reuses a region
 //! only for pins it has the rights for; the bound, the refcounts and the invariants hold all

@@ -64,7 +64,7 @@ const USAGE: &str = "\
 usage: helper_bench [--quick] [--json] [--reps 3] [--backend mlock|verbs] [--series DIR]
                     [--json-file PATH] [--only fig1|cg|mg] [--cores A,B] [--tracked]
                     [--compute-scale F|auto]
-  The helper thread vs the lazy cache vs no cache on seed 001's Figure 1 and on NAS CG / MG
+  The helper thread vs the lazy cache vs no cache on Li et al.'s Figure 1 and on NAS CG / MG
   communication skeletons: communication time, time-averaged and peak pinned bytes, the
   helper's predictions; measured here, then modelled (the planner on a modelled clock with
   the costs calibrated here). --series DIR: pinned bytes over time as CSV, one file per run,

@@ -311,7 +311,7 @@ pub fn table(
     rows_table(&mut o, programs, modelled);
     let _ = writeln!(
         o,
-        "## Targets, measured (issue 11; the skeletons are cg and mg, fig1 shown too)"
+        "## Targets, measured (the skeletons are cg and mg, fig1 shown too)"
     );
     targets_table(&mut o, programs, results);
     let _ = writeln!(o, "## Targets, modelled");

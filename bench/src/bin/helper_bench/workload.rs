@@ -75,7 +75,7 @@ pub fn figure1(quick: bool) -> Program {
         .collect();
     Program {
         name: "fig1",
-        about: "seed 001 Figure 1: 10 x (send buffer_1, compute; send buffer_2, compute; send buffer_3, compute)",
+        about: "Li et al. (CF 2011) Figure 1: 10 x (send buffer_1, compute; send buffer_2, compute; send buffer_3, compute)",
         bufs: vec![size; 3],
         steps,
     }
