@@ -73,7 +73,7 @@ fn env_flag(name: &str) -> bool {
 static CONFIG: OnceLock<Config> = OnceLock::new();
 
 /// The library's own settings (`FH_MAX_PINNED`, `FH_MAX_REGIONS`, `FH_MONITOR`...). An invalid
-/// value is reported once on stderr (by the parser) and the defaults apply.
+/// value is reported once (by the parser, through the library's log) and the defaults apply.
 pub(crate) fn config() -> Config {
     *CONFIG.get_or_init(|| {
         Config::from_env()
@@ -108,7 +108,7 @@ fn bypass_setting(v: Option<&str>) -> bool {
         None | Some("" | "auto") => true,
         Some("off" | "0" | "no" | "false") => false,
         Some(other) => {
-            eprintln!("firehose-preload: FH_BYPASS={other:?} is not auto or off: auto");
+            firehose::fh_warn!("firehose-preload: FH_BYPASS={other:?} is not auto or off: auto");
             true
         }
     }
@@ -124,7 +124,7 @@ fn sample_setting(v: Option<&str>) -> Option<u64> {
     match v.parse::<u64>() {
         Ok(n) => Some(n),
         Err(_) => {
-            eprintln!(
+            firehose::fh_warn!(
                 "firehose-preload: FH_STATS_SAMPLE={v:?} is not a count: the default applies"
             );
             None
