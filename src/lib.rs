@@ -7,6 +7,10 @@
 //! `helper` -> `cache` (index, refcounts, LRU, limits) and `monitor` (userfaultfd + libc entry
 //! hooks + `fh_notify_unmapped`), which meet only at `rt::seam` -> `pin` (verbs | mlock |
 //! counting) -> `rt` (runtime leaves: fork, inside, threads).
+//!
+//! The C API (`ffi`, `include/firehose.h`) is the interface. The layer modules are public for
+//! the white-box tests (`tests/`) only; the shim and the benchmarks go through the hidden facade
+//! `internals`, which lists exactly what they use.
 
 #![warn(unreachable_pub)]
 
