@@ -296,12 +296,9 @@ fn threads_register_while_another_invalidates() {
         let (c, clock, stop, pushed) = (c.clone(), clock.clone(), stop.clone(), pushed.clone());
         std::thread::spawn(move || {
             let mut log = vec![];
-            let mut x: u64 = 99;
+            let mut rng = fastrand::Rng::with_seed(99);
             while !stop.load(Ordering::Relaxed) {
-                x = x
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                let page = (x >> 33) as usize % 64;
+                let page = rng.usize(..64);
                 let ts = clock.fetch_add(1, Ordering::SeqCst);
                 c.invalidate(page * P, 2 * P);
                 let te = clock.fetch_add(1, Ordering::SeqCst);
@@ -318,15 +315,12 @@ fn threads_register_while_another_invalidates() {
             std::thread::spawn(move || {
                 let mut log = vec![];
                 let mut held: Vec<Registration> = vec![];
-                let mut x: u64 = t as u64 + 1;
+                let mut rng = fastrand::Rng::with_seed(t as u64 + 1);
                 for i in 0..50 * OPS {
                     if i >= OPS && pushed.load(Ordering::Relaxed) >= 100 {
                         break;
                     }
-                    x = x
-                        .wrapping_mul(6364136223846793005)
-                        .wrapping_add(1442695040888963407);
-                    let r = x >> 33;
+                    let r = rng.u64(..) >> 33;
                     if r % 3 != 0 || held.is_empty() {
                         let page = r as usize % 64;
                         let len = 1 + (r as usize >> 8) % (3 * P);

@@ -197,13 +197,10 @@ fn sixteen_threads_never_pin_unwatched() {
         .map(|t| {
             let c = c.clone();
             std::thread::spawn(move || {
-                let mut x = t as usize * 7919 + 1;
+                let mut rng = fastrand::Rng::with_seed(t as u64 * 7919 + 1);
                 for _ in 0..2000 {
-                    x = x
-                        .wrapping_mul(6364136223846793005)
-                        .wrapping_add(1442695040888963407);
-                    let start = BASE + (x >> 33) % 64 * P;
-                    let len = (1 + (x >> 20) % 8) * P;
+                    let start = BASE + rng.usize(..64) * P;
+                    let len = rng.usize(1..=8) * P;
                     if let Ok(r) = c.register(start, len, RW) {
                         c.deregister(r.handle).unwrap();
                     }

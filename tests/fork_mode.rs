@@ -287,10 +287,9 @@ fn forks_while_sixteen_threads_register(mode: ForkMode) {
             let (c, stop, errors) = (s.cache.clone(), stop.clone(), errors.clone());
             let mine: Vec<usize> = bufs[t * 4..t * 4 + 4].to_vec();
             std::thread::spawn(move || {
-                let mut i = t;
+                let mut rng = fastrand::Rng::with_seed(t as u64);
                 while !stop.load(SeqCst) {
-                    i = i.wrapping_mul(6364136223846793005).wrapping_add(1);
-                    let addr = mine[(i >> 40) % 4];
+                    let addr = mine[rng.usize(..4)];
                     match c.register(addr, LEN, RW) {
                         Ok(r) => {
                             if r.lkey == 0 {

@@ -179,13 +179,10 @@ unsafe impl Send for Shared {}
 unsafe impl Sync for Shared {}
 
 fn worker(shared: Arc<Shared>, stop: Arc<AtomicBool>, seed: usize, rounds: Arc<AtomicUsize>) {
-    let mut i = seed;
+    let mut rng = fastrand::Rng::with_seed(seed as u64);
     while !stop.load(SeqCst) {
-        i = i
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
         // Worker 0 only churns threads (their ids are taken and given back under the pool's lock).
-        let what = if seed == 1 { 1 } else { (i >> 33) % 8 };
+        let what = if seed == 1 { 1 } else { rng.usize(..8) };
         match what {
             // a private cache: install (idempotent, takes the install lock), subscribe,
             // register, unsubscribe
