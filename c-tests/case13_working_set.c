@@ -15,11 +15,10 @@
 
 static char *buf[NBUF];
 static uint32_t last_key[NBUF]; /* key of the last pin of each buffer (0 = never) */
-static unsigned seed = 12345;
+static uint64_t seed = 12345;
 
 static unsigned rnd(void) {
-    seed = seed * 1103515245u + 12345u;
-    return seed >> 8;
+    return (unsigned)fh_rand(&seed);
 }
 
 /* One operation on buffer i, `len` bytes. Returns 1 on a hit. */

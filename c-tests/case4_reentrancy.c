@@ -20,16 +20,11 @@ static fh_cache *cache;
 static atomic_ulong registrations;
 static atomic_int stop;
 
-static unsigned next_rand(unsigned *s) {
-    *s = *s * 1103515245u + 12345u;
-    return *s >> 8;
-}
-
 static void *worker(void *arg) {
-    unsigned seed = (unsigned)(uintptr_t)arg * 7919u + 1;
+    uint64_t seed = (uintptr_t)arg;
     for (int i = 0; i < ITERS; i++) {
         /* 4 KiB .. 1 MiB: around the (lowered) mmap threshold, so both unmap and trim paths run. */
-        size_t len = 4096 + (size_t)(next_rand(&seed) % (1u << 20));
+        size_t len = 4096 + (size_t)(fh_rand(&seed) % (1u << 20));
         char *p = malloc(len);
         CHECK(p != NULL);
         p[0] = (char)i;
@@ -40,8 +35,8 @@ static void *worker(void *arg) {
         atomic_fetch_add(&registrations, 1);
         /* Small allocations while holding the registration: metadata paths allocate too. */
         void *small[4];
-        for (int k = 0; k < 4; k++) small[k] = malloc(32 + next_rand(&seed) % 4000);
-        if (next_rand(&seed) % 3 == 0) {
+        for (int k = 0; k < 4; k++) small[k] = malloc(32 + fh_rand(&seed) % 4000);
+        if (fh_rand(&seed) % 3 == 0) {
             free(p); /* freed while still registered: the hook runs, the handle stays valid */
             CHECK_OK(fh_deregister(cache, mr.handle));
         } else {

@@ -78,23 +78,23 @@ static void reg_check(int id, size_t first, size_t n, unsigned char pattern) {
 
 static void *worker(void *arg) {
     int id = (int)(uintptr_t)arg;
-    unsigned seed = (unsigned)id * 2654435761u + 1;
+    uint64_t seed = (uint64_t)id;
     unsigned char pattern = (unsigned char)(id + 1);
     memset(areas[id].base, pattern, AREA_PAGES * pg);
     for (int i = 0; i < ITERS; i++) {
         /* Overlapping ranges of our own area (merged into unions by the cache). */
         for (int k = 0; k < 3; k++) {
-            seed = seed * 1103515245u + 12345u;
-            size_t first = (seed >> 8) % AREA_PAGES;
-            size_t n = 1 + (seed >> 16) % (AREA_PAGES - first);
+            uint64_t r = fh_rand(&seed);
+            size_t first = r % AREA_PAGES;
+            size_t n = 1 + (r >> 16) % (AREA_PAGES - first);
             reg_check(id, first, n, pattern);
         }
         /* Overlapping ranges of the shared area, which another thread keeps remapping. */
-        seed = seed * 1103515245u + 12345u;
-        size_t first = (seed >> 8) % AREA_PAGES;
-        reg_check(SHARED_AREA, first, 1 + (seed >> 16) % (AREA_PAGES - first), 0);
+        uint64_t r = fh_rand(&seed);
+        size_t first = r % AREA_PAGES;
+        reg_check(SHARED_AREA, first, 1 + (r >> 16) % (AREA_PAGES - first), 0);
         /* malloc / register / free (sometimes freed while still registered). */
-        size_t len = 64 * 1024 + (seed >> 12) % (512 * 1024);
+        size_t len = 64 * 1024 + (r >> 32) % (512 * 1024);
         char *p = malloc(len);
         CHECK(p != NULL);
         memset(p, pattern, len);

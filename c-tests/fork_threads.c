@@ -54,9 +54,9 @@ static void reg_release(fh_cache *c, void *p, size_t len) {
 }
 
 static void *worker(void *arg) {
-    unsigned seed = (unsigned)(uintptr_t)arg;
+    uint64_t seed = (uintptr_t)arg;
     while (!atomic_load(&stop)) {
-        switch (rand_r(&seed) % 8) {
+        switch (fh_rand(&seed) % 8) {
         case 0: { /* a private cache: install, subscribe, register, unsubscribe */
             fh_cache *c = new_cache();
             char *p = map_at(NULL);
@@ -66,7 +66,7 @@ static void *worker(void *arg) {
             break;
         }
         case 1: { /* malloc'ed memory, freed by glibc (internal munmap or heap trim) */
-            size_t n = (size_t)4096 << (rand_r(&seed) % 8);
+            size_t n = (size_t)4096 << (fh_rand(&seed) % 8);
             char *b = malloc(n);
             if (b) {
                 memset(b, 2, n);

@@ -32,10 +32,7 @@ static struct slot table[MAX_RANKS];
 
 static uint64_t rng = 88172645463325252ull;
 static uint64_t next(void) {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return rng;
+    return fh_rand(&rng);
 }
 
 static uint8_t pat(uint32_t owner, uint32_t gen, uint64_t off) {

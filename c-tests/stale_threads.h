@@ -141,7 +141,7 @@ struct st_thread {
     int id;
     pthread_t t;
     fh_cache *c;
-    unsigned seed;
+    uint64_t seed; /* fh_rand state */
     unsigned gen; /* pattern seeds: 2 per round */
     char *win;
     size_t next_slot; /* byte offset of the next mapping in win */
@@ -444,8 +444,7 @@ static void st_round(struct st_thread *t, int path) {
     const int tid = t->id;
     struct st_count *k = st_cur;
     atomic_fetch_add(&k->attempted, 1);
-    t->seed = t->seed * 1103515245u + 12345u;
-    unsigned rnd = t->seed >> 4;
+    unsigned rnd = (unsigned)fh_rand(&t->seed);
     size_t npages = 16 + rnd % 13; /* 64..112 KiB with 4 KiB pages */
     size_t len = npages * st_pg;
     size_t off = 0, cut = len; /* the part the path acts on */
@@ -982,7 +981,7 @@ static int st_main(int argc, char **argv, const char *name, int d_threads, int d
         CHECK(syscall(SYS_munmap, w, ST_WIN) == 0);
         st_thr[i].id = i;
         st_thr[i].win = w;
-        st_thr[i].seed = (unsigned)i * 2654435761u + 1;
+        st_thr[i].seed = (uint64_t)i;
     }
 
 #ifdef STALE_VERBS

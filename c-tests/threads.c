@@ -23,13 +23,6 @@ static long long now_ns(void) {
     return ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
-static uint64_t xorshift(uint64_t *s) {
-    *s ^= *s << 13;
-    *s ^= *s >> 7;
-    *s ^= *s << 17;
-    return *s;
-}
-
 static void *worker(void *arg) {
     uint64_t seed = (uintptr_t)arg * 2654435761u + 1;
     fh_mr held[8];
@@ -37,10 +30,10 @@ static void *worker(void *arg) {
     while (notifies == 0) sched_yield(); /* start only once invalidations are flowing */
     long long end = now_ns() + RUN_NS;
     while (now_ns() < end) {
-        if (n < 8 && (xorshift(&seed) & 1)) {
-            size_t off = xorshift(&seed) % (PAGES * page);
-            size_t len = 1 + xorshift(&seed) % (PAGES * page - off);
-            uint32_t access = (uint32_t)(xorshift(&seed) & 0xf);
+        if (n < 8 && (fh_rand(&seed) & 1)) {
+            size_t off = fh_rand(&seed) % (PAGES * page);
+            size_t len = 1 + fh_rand(&seed) % (PAGES * page - off);
+            uint32_t access = (uint32_t)(fh_rand(&seed) & 0xf);
             fh_status s = fh_register(cache, arena + off, len, access, &held[n]);
             if (s != FH_OK) {
                 fprintf(stderr, "register: %s\n", fh_status_str((int)s));
@@ -48,7 +41,7 @@ static void *worker(void *arg) {
             }
             n++;
         } else if (n > 0) {
-            int k = (int)(xorshift(&seed) % (uint64_t)n);
+            int k = (int)(fh_rand(&seed) % (uint64_t)n);
             fh_status s = fh_deregister(cache, held[k].handle);
             if (s != FH_OK) {
                 fprintf(stderr, "deregister: %s\n", fh_status_str((int)s));
@@ -67,7 +60,7 @@ static void *invalidator(void *arg) {
     (void)arg;
     uint64_t seed = 99;
     while (!stop) {
-        size_t off = xorshift(&seed) % (PAGES * page);
+        size_t off = fh_rand(&seed) % (PAGES * page);
         CHECK_OK(fh_notify_unmapped(arena + off, page));
         notifies++;
     }

@@ -18,13 +18,12 @@
 static char *buf[NBUF];
 static uint32_t last_rkey[NBUF], last_lkey[NBUF];
 static int pinned_once[NBUF];
-static unsigned seed = 4242;
+static uint64_t seed = 4242;
 static double hit_s, miss_s;
 static int hits, misses;
 
 static unsigned rnd(void) {
-    seed = seed * 1103515245u + 12345u;
-    return seed >> 8;
+    return (unsigned)fh_rand(&seed);
 }
 
 static double now_s(void) {

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "fh_check.h"
+#include "fh_rand.h"
 #include "firehose.h"
 
 #define FH_SKIP 77

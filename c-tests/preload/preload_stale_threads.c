@@ -28,6 +28,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "../common/fh_rand.h"
 #include "../common/verbs_loopback.h"
 
 #ifndef MAP_FIXED_NOREPLACE
@@ -52,7 +53,7 @@ struct thr {
     struct vl_loop l;
     char *scratch;
     struct ibv_mr *scratch_mr;
-    unsigned seed;
+    uint64_t seed; /* fh_rand state */
     int dead; /* its QP went to the error state */
 };
 
@@ -99,9 +100,9 @@ static int remap_at(char *a, size_t n)
 
 static void round_(struct thr *t, int path)
 {
-    t->seed = t->seed * 1103515245u + 12345u;
-    size_t len = (16 + (t->seed >> 8) % 13) * 4096;
-    unsigned seed_a = t->seed, seed_b = t->seed ^ 0x5a5a5a5au;
+    unsigned rnd = (unsigned)fh_rand(&t->seed);
+    size_t len = (16 + rnd % 13) * 4096;
+    unsigned seed_a = rnd, seed_b = rnd ^ 0x5a5a5a5au;
     char *p;
     if (path == P_FREE) {
         len -= 64;
@@ -249,7 +250,7 @@ int main(void)
     for (int i = 0; i < nthreads; i++) {
         struct thr *t = &thr[i];
         t->id = i;
-        t->seed = (unsigned)i * 2654435761u + 1;
+        t->seed = (uint64_t)i;
         if (vl_open_in(&t->l, &base)) {
             fprintf(stderr, "%s\n", t->l.err);
             return 1;

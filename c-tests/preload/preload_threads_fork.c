@@ -30,6 +30,7 @@
 
 #include "../../ld-preload/include/firehose_preload.h"
 #include "../common/fh_check.h"
+#include "../common/fh_rand.h"
 #include "../common/verbs_loopback.h"
 
 #define THREADS 4
@@ -43,20 +44,21 @@ static char *shared_buf; /* registered by the main thread; children touch its ne
 
 static void *worker(void *arg)
 {
-    unsigned seed = (unsigned)(uintptr_t)arg;
+    uint64_t seed = (uintptr_t)arg;
+    const unsigned me = (unsigned)(uintptr_t)arg;
     char *keep[4] = {0};
     for (int i = 0; i < ITERS; i++) {
-        size_t n = (size_t)4096 << (rand_r(&seed) % 7); /* 4 KiB .. 256 KiB */
-        int slot = rand_r(&seed) % 4;
-        if (!keep[slot] || rand_r(&seed) % 3 == 0) { /* sometimes a fresh buffer */
+        size_t n = (size_t)4096 << (fh_rand(&seed) % 7); /* 4 KiB .. 256 KiB */
+        int slot = fh_rand(&seed) % 4;
+        if (!keep[slot] || fh_rand(&seed) % 3 == 0) { /* sometimes a fresh buffer */
             free(keep[slot]);
             keep[slot] = malloc(256 * 1024);
         }
         char *b = keep[slot];
-        size_t off = (size_t)(rand_r(&seed) % 4096);
+        size_t off = (size_t)(fh_rand(&seed) % 4096);
         struct ibv_mr *mr = ibv_reg_mr(l.pd, b + off, n - off, RW);
         if (!mr || mr->addr != b + off || mr->length != n - off || mr->lkey == 0) {
-            fprintf(stderr, "thread %u: bad registration\n", seed);
+            fprintf(stderr, "thread %u: bad registration\n", me);
             __atomic_add_fetch(&errors, 1, __ATOMIC_RELAXED);
             break;
         }
