@@ -20,6 +20,7 @@ use std::sync::atomic::{
     AtomicUsize, Ordering::Acquire, Ordering::Relaxed, Ordering::Release, Ordering::SeqCst,
 };
 
+use crate::rt::inside::{me, spread};
 use crate::rt::seam::UnmapEvent;
 
 const SLOTS: usize = 1024;
@@ -45,14 +46,9 @@ const FREE: Slot = Slot {
 
 static TABLE: [Slot; SLOTS] = [FREE; SLOTS];
 
-fn me() -> usize {
-    // SAFETY: pthread_self has no preconditions (it reads the thread pointer).
-    (unsafe { libc::pthread_self() }) as usize
-}
-
-/// Where `id`'s window starts. Thread ids are aligned addresses: mix the bits first.
+/// Where `id`'s window starts.
 fn base(id: usize) -> usize {
-    (id.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40) & (SLOTS - WINDOW)
+    spread(id) & (SLOTS - WINDOW)
 }
 
 fn slot(base: usize, i: usize) -> &'static Slot {

@@ -99,14 +99,24 @@ fn sub_overflow(w: usize) {
     let _ = OVERFLOW[w].fetch_update(Relaxed, Relaxed, |v| Some(v.saturating_sub(1)));
 }
 
-fn me() -> usize {
+/// This thread's key in the slot tables (here and `monitor/guard.rs`): `pthread_self`, a read of
+/// the thread pointer, usable in a hook (no thread-local, no allocation). Never 0.
+#[inline]
+pub(crate) fn me() -> usize {
     // SAFETY: pthread_self has no preconditions (it reads the thread pointer).
     (unsafe { libc::pthread_self() }) as usize
 }
 
-/// `id`'s window (thread ids are aligned addresses: mix the bits first).
+/// Where a slot table looks for `id`'s slots: thread ids are aligned addresses, so their bits are
+/// mixed first (Fibonacci hashing); the high bits, for the table to reduce to its windows.
+#[inline]
+pub(crate) fn spread(id: usize) -> usize {
+    id.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40
+}
+
+/// `id`'s window.
 fn window(id: usize) -> usize {
-    (id.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40) % WINDOWS
+    spread(id) % WINDOWS
 }
 
 /// The index of `id`'s slot, if it has one.
