@@ -144,16 +144,6 @@ static inline void case_watchdog(unsigned secs) {
 }
 
 /* Resident set size of this process in KiB (VmRSS), or -1. */
-static inline long case_rss_kib(void) {
-    FILE *f = fopen("/proc/self/status", "r");
-    if (!f) return -1;
-    char line[256];
-    long kib = -1;
-    while (fgets(line, sizeof line, f)) {
-        if (sscanf(line, "VmRSS: %ld kB", &kib) == 1) break;
-    }
-    fclose(f);
-    return kib;
-}
+static inline long case_rss_kib(void) { return fh_test_status_kib("VmRSS"); }
 
 #endif /* FH_CASE_UTIL_H */

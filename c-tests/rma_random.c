@@ -43,18 +43,6 @@ static uint8_t pat(uint32_t owner, uint32_t gen, uint64_t off) {
 
 static int break_once;
 
-/* Prints a FAIL line, and appends it to $FH_TEST_FAIL_LOG when set: mpirun can kill the job
- * before it has forwarded the failing rank's last stderr line, and the break check must see it. */
-static void report_fail(const char *line) {
-    fputs(line, stderr);
-    const char *path = getenv("FH_TEST_FAIL_LOG");
-    FILE *f = path && *path ? fopen(path, "a") : NULL;
-    if (f) {
-        fputs(line, f);
-        fclose(f);
-    }
-}
-
 static void check_bytes(const uint8_t *got, uint32_t owner, uint32_t gen, uint64_t off, size_t len,
                         const char *what) {
     for (size_t i = 0; i < len; i++) {
@@ -68,7 +56,7 @@ static void check_bytes(const uint8_t *got, uint32_t owner, uint32_t gen, uint64
             snprintf(line, sizeof line,
                      "FAIL: %s: byte %zu of %zu (owner %u, offset %" PRIu64 "): got %#x want %#x\n", what, i,
                      len, owner, off + i, got[i], want);
-            report_fail(line);
+            fh_test_report_fail(line);
             exit(1);
         }
     }
@@ -194,7 +182,7 @@ int main(void) {
                 snprintf(line, sizeof line,
                          "FAIL: put: rank %u's byte %" PRIu64 " (stripe of %u): got %#x want %#x\n", me, i, w,
                          buf[i], pat(w, 2 + me, i));
-                report_fail(line);
+                fh_test_report_fail(line);
                 return 1;
             }
         }

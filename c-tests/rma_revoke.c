@@ -84,23 +84,13 @@ static uint8_t pat(uint32_t owner, uint32_t gen, uint64_t off) {
     return (uint8_t)(x * 0xBF58476D1CE4E5B9ull >> 56);
 }
 
-static void report_fail(const char *line) {
-    fputs(line, stderr);
-    const char *path = getenv("FH_TEST_FAIL_LOG");
-    FILE *f = path && *path ? fopen(path, "a") : NULL;
-    if (f) {
-        fputs(line, f);
-        fclose(f);
-    }
-}
-
 #define FAIL(...)                                                                            \
     do {                                                                                     \
         char line_[320];                                                                     \
         int k_ = snprintf(line_, sizeof line_, "FAIL: rank %u: ", me);                       \
         snprintf(line_ + k_, sizeof line_ - (size_t)k_, __VA_ARGS__);                        \
         strncat(line_, "\n", sizeof line_ - strlen(line_) - 1);                              \
-        report_fail(line_);                                                                  \
+        fh_test_report_fail(line_);                                                          \
         exit(1);                                                                             \
     } while (0)
 

@@ -86,18 +86,23 @@ static inline void *fh_test_map(size_t n) {
     return p;
 }
 
-/* Locked memory of this process in KiB (VmLck in /proc/self/status), or -1. */
-static inline long fh_test_vmlck_kib(void) {
+/* The field `name` ("VmLck", "VmRSS"...: a "name: N kB" line) of /proc/self/status in KiB, or -1. */
+static inline long fh_test_status_kib(const char *name) {
     FILE *f = fopen("/proc/self/status", "r");
     if (!f) return -1;
     char line[256];
+    size_t n = strlen(name);
     long kib = -1;
     while (fgets(line, sizeof line, f)) {
-        if (sscanf(line, "VmLck: %ld kB", &kib) == 1) break;
+        if (strncmp(line, name, n) == 0 && line[n] == ':' && sscanf(line + n + 1, "%ld", &kib) == 1)
+            break;
     }
     fclose(f);
     return kib;
 }
+
+/* Locked memory of this process in KiB (VmLck), or -1. */
+static inline long fh_test_vmlck_kib(void) { return fh_test_status_kib("VmLck"); }
 
 /* True when transparent huge pages are off ("[never]") or the setting cannot be read. */
 static inline int fh_test_thp_never(void) {
@@ -107,6 +112,18 @@ static inline int fh_test_thp_never(void) {
     char *got = fgets(buf, sizeof buf, f);
     fclose(f);
     return !got || strstr(buf, "[never]") != NULL;
+}
+
+/* Prints a FAIL line, and appends it to $FH_TEST_FAIL_LOG when set: mpirun can kill the job
+ * before it has forwarded the failing rank's last stderr line, and the break check must see it. */
+static inline void fh_test_report_fail(const char *line) {
+    fputs(line, stderr);
+    const char *path = getenv("FH_TEST_FAIL_LOG");
+    FILE *f = path && *path ? fopen(path, "a") : NULL;
+    if (f) {
+        fputs(line, f);
+        fclose(f);
+    }
 }
 
 #endif /* FH_TEST_H */
