@@ -110,6 +110,8 @@ impl RealPinner {
 
 impl Pinner for RealPinner {
     fn pin(&self, addr: usize, len: usize, access: Access) -> Result<Pinned, PinError> {
+        // For `FH_STATS` only: a miss on resident pages prices what a hit avoids (`cost_model`).
+        let resident = crate::settings::stats_fd().is_some() && all_resident(addr, len);
         let t0 = Instant::now();
         // SAFETY: `pd` is the caller's live protection domain (the cache for it is dropped in our
         // ibv_dealloc_pd hook before the real call); the range is what the cache asked for.
@@ -130,6 +132,9 @@ impl Pinner for RealPinner {
         let ns = elapsed_ns(t0);
         crate::miss_cost::pinned(ns);
         crate::cost_model::record(&crate::cost_model::REG, len, ns);
+        if resident {
+            crate::cost_model::record_resident_miss(len, ns);
+        }
         COUNTERS
             .real_reg_ns
             .fetch_add(ns, std::sync::atomic::Ordering::Relaxed);
@@ -186,8 +191,65 @@ impl Pinner for RealPinner {
     }
 }
 
+/// Whether every page of `[addr, addr + len)` is resident (`mincore`, a page at a time in chunks
+/// of a fixed stack buffer: no allocation). False on any error (unmapped, ...).
+pub(crate) fn all_resident(addr: usize, len: usize) -> bool {
+    const CHUNK: usize = 256;
+    // SAFETY: sysconf has no preconditions.
+    let page = match unsafe { libc::sysconf(libc::_SC_PAGESIZE) } {
+        n if n > 0 => n as usize,
+        _ => 4096,
+    };
+    let (Some(end), true) = (addr.checked_add(len), len != 0) else {
+        return false;
+    };
+    let mut at = addr & !(page - 1);
+    let mut vec = [0u8; CHUNK];
+    while at < end {
+        let pages = ((end - at).div_ceil(page)).min(CHUNK);
+        // SAFETY: mincore reads our own page tables and writes `pages <= CHUNK` bytes to `vec`.
+        let r = unsafe { libc::mincore(at as *mut libc::c_void, pages * page, vec.as_mut_ptr()) };
+        if r != 0 || vec[..pages].iter().any(|v| v & 1 == 0) {
+            return false;
+        }
+        at += pages * page;
+    }
+    true
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn residency_is_every_page_touched() {
+        use super::all_resident;
+        let len = 300 * 4096; // more than one mincore chunk
+                              // SAFETY: a fresh private anonymous mapping of our own, unmapped below.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED);
+        let a = p as usize;
+        assert!(!all_resident(a, len), "never touched");
+        // SAFETY: inside the mapping.
+        unsafe { std::ptr::write_bytes(p as *mut u8, 1, len - 4096) };
+        assert!(!all_resident(a, len), "the last page never touched");
+        assert!(all_resident(a + 10, len - 4096 - 10), "the touched part");
+        // SAFETY: the last page, inside the mapping.
+        unsafe { *((a + len - 1) as *mut u8) = 1 };
+        assert!(all_resident(a, len));
+        assert!(!all_resident(a, 0), "empty");
+        // SAFETY: our own mapping.
+        unsafe { libc::munmap(p, len) };
+        assert!(!all_resident(a, len), "unmapped");
+    }
+
     use super::*;
 
     #[test]

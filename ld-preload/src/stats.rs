@@ -47,6 +47,12 @@ pub(crate) struct FhPreloadStats {
     /// Registrations passed straight through by the adaptive bypass (`FH_BYPASS`; also counted
     /// in `passthrough_reg`).
     pub bypassed_reg: u64,
+    /// Misses whose pages were all resident (`FH_STATS` only): when non-zero, `saved_ns` prices
+    /// hits by their `ibv_reg_mr` and the real deregistrations instead of the samples.
+    pub resident_misses: u64,
+    /// Hits priced by the sampled re-registrations alone (an upper bound: those pin pages that
+    /// are pinned already).
+    pub sampled_saved_ns: u64,
 }
 
 pub(crate) const FLAG_ACTIVE: u32 = 1;
@@ -85,11 +91,17 @@ pub(crate) fn snapshot() -> FhPreloadStats {
         real_dereg_ns: ld(&c.real_dereg_ns),
         caches: pds,
         hit_bytes: ld(&c.hit_bytes),
-        saved_ns: crate::cost_model::resident_saved_ns(cache.hits, ld(&c.hit_bytes)),
+        saved_ns: if crate::cost_model::resident_misses() > 0 {
+            crate::cost_model::resident_miss_saved_ns(cache.hits, ld(&c.hit_bytes))
+        } else {
+            crate::cost_model::resident_saved_ns(cache.hits, ld(&c.hit_bytes))
+        },
         stale_deregs: ld(&c.stale_dereg),
         resident_samples: crate::cost_model::samples(),
         saved_upper_ns: crate::cost_model::saved_ns(cache.hits, ld(&c.hit_bytes)),
         bypassed_reg: ld(&crate::bypass::BYPASSED),
+        resident_misses: crate::cost_model::resident_misses(),
+        sampled_saved_ns: crate::cost_model::resident_saved_ns(cache.hits, ld(&c.hit_bytes)),
     }
 }
 
@@ -127,8 +139,27 @@ pub(crate) fn summary(s: &FhPreloadStats) -> String {
     // Every hit is a registration (and later a deregistration) the application did not pay for.
     let saved_ms = s.hits as f64 * (reg_us + dereg_us) / 1000.0;
     let sized_ms = s.saved_upper_ns as f64 / 1e6;
-    let estimate = if s.resident_samples == 0 {
-        "not estimated: no sampled re-registration (FH_STATS_SAMPLE=0, or no hit)".to_string()
+    let estimate = if s.resident_misses > 0 {
+        let sampled = if s.resident_samples == 0 {
+            String::new()
+        } else {
+            format!(
+                "\n\x20                at most ~{:.3} ms priced by {} sampled re-registrations of the hits' \
+                 pinned pages (1 hit in {}; the samples took {:.3} ms)",
+                s.sampled_saved_ns as f64 / 1e6,
+                s.resident_samples,
+                crate::cost_model::sample_every(),
+                crate::cost_model::sample_ns() as f64 / 1e6,
+            )
+        };
+        format!(
+            "~{:.3} ms estimated from {} misses on resident pages (their ibv_reg_mr, t = a + b*bytes) \
+             and the real ibv_dereg_mr{sampled}",
+            s.saved_ns as f64 / 1e6,
+            s.resident_misses,
+        )
+    } else if s.resident_samples == 0 {
+        "not estimated: no miss on resident pages and no sampled re-registration (FH_STATS_SAMPLE=0, or no hit)".to_string()
     } else {
         format!(
             "~{:.3} ms estimated from {} sampled re-registrations of resident pages \
@@ -243,7 +274,10 @@ mod tests {
         assert!(t.contains("ibv_reg_mr 40.0 us mean over 10"), "{t}");
         assert!(t.contains("at most ~50.000 ms by hits x mean"), "{t}");
         assert!(t.contains("upper bounds"), "{t}");
-        assert!(t.contains("not estimated: no sampled"), "{t}");
+        assert!(
+            t.contains("not estimated: no miss on resident pages"),
+            "{t}"
+        );
         let sampled = summary(&FhPreloadStats {
             resident_samples: 4,
             saved_ns: 12_500_000,
@@ -252,6 +286,23 @@ mod tests {
         assert!(
             sampled.contains("~12.500 ms estimated from 4 sampled re-registrations"),
             "{sampled}"
+        );
+        // Misses on resident pages price the hits when there are any; the samples then read as
+        // an upper bound.
+        let by_misses = summary(&FhPreloadStats {
+            resident_samples: 4,
+            resident_misses: 3,
+            saved_ns: 2_000_000,
+            sampled_saved_ns: 12_500_000,
+            ..s
+        });
+        assert!(
+            by_misses.contains("~2.000 ms estimated from 3 misses on resident pages"),
+            "{by_misses}"
+        );
+        assert!(
+            by_misses.contains("at most ~12.500 ms priced by 4 sampled re-registrations"),
+            "{by_misses}"
         );
         assert!(t.lines().count() <= 24, "one screen");
     }
