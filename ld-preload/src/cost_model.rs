@@ -128,6 +128,20 @@ pub(crate) fn resident_miss_saved_ns(hits: u64, hit_bytes: u64) -> u64 {
     priced(&r, &d, hits, hit_bytes)
 }
 
+/// The "time saved" estimate: the lower of the two resident-pages prices that exist (misses on
+/// resident pages, sampled re-registrations). Each reads high for a reason of its own (a
+/// process's first registrations of a buffer cost more; a sample pins pages pinned already), so
+/// the lower one is the closer. 0 when neither has a sample.
+pub(crate) fn lower_estimate(hits: u64, hit_bytes: u64) -> u64 {
+    let by_misses = (resident_misses() > 0).then(|| resident_miss_saved_ns(hits, hit_bytes));
+    let by_samples = (samples() > 0).then(|| resident_saved_ns(hits, hit_bytes));
+    match (by_misses, by_samples) {
+        (Some(a), Some(b)) => a.min(b),
+        (Some(a), None) | (None, Some(a)) => a,
+        (None, None) => 0,
+    }
+}
+
 /// Fits over the sampled re-registrations of resident (already pinned) pages.
 pub(crate) static RESIDENT_REG: Mutex<Fit> = Mutex::new(Fit::new());
 pub(crate) static RESIDENT_DEREG: Mutex<Fit> = Mutex::new(Fit::new());
