@@ -1,5 +1,5 @@
-//! The library's internals that the LD_PRELOAD shim (`ld-preload/`) and the benchmarks (`bench/`)
-//! use, in one place: exactly those items, grouped by the layer that owns them. Not a stable API
+//! The library's internals that the LD_PRELOAD shim (`ld-preload/`), the benchmarks (`bench/`)
+//! and the real-verbs test programs (`tests/verbs/`) use, in one place: exactly those items, grouped by the layer that owns them. Not a stable API
 //! (hidden from the docs); the C API (`ffi`, `include/firehose.h`) is. A crate outside this one
 //! that needs another internal adds it here, so what leaks out of the layers stays visible in
 //! one file.
@@ -68,17 +68,27 @@ pub mod net {
     pub use crate::net::stats::StatsSnapshot;
     pub use crate::net::wire::Kind as WireKind;
     pub use crate::net::{
-        Am, Link, LinkError, NetSettings, Peers, PeersConfig, Rank, RdmaKind, RdmaOp, Ticket,
+        Am, Bootstrap, Link, LinkError, LinkEvent, NetError, NetSettings, Peers, PeersConfig, Rank,
+        RdmaKind, RdmaOp, Ticket,
     };
     /// How the ranks of a job find each other.
     pub mod bootstrap {
-        pub use crate::net::bootstrap::from_env;
+        pub use crate::net::bootstrap::{from_env, Bootstrap, BootstrapError};
+        /// The ranks of one process, one thread each (the real-verbs link tests).
+        pub mod local {
+            pub use crate::net::bootstrap::local::{LocalBootstrap, LocalGroup};
+        }
     }
-    /// The verbs objects a raw RDMA benchmark drives itself.
+    /// The verbs objects a raw RDMA benchmark or test drives itself, and the verbs link.
     pub mod verbs {
         pub use crate::net::verbs::{
-            gid_index_from_env, Completion, Cq, Path, Qp, QpCaps, SendFlags, Sge,
+            gid_index_from_env, qp_state, wc_opcode, Completion, Cq, LinkSettings, Path, Qp,
+            QpCaps, SendFlags, Sge, VerbsLink, VerbsLinkConfig,
         };
+    }
+    /// The active-message wire format (the MPI interop test writes it by hand).
+    pub mod wire {
+        pub use crate::net::wire::{Header, Kind, HEADER_LEN};
     }
 }
 

@@ -140,19 +140,19 @@ pub fn emit(level: Level, args: fmt::Arguments<'_>) {
 /// Log at error level (`format!` syntax).
 #[macro_export]
 macro_rules! fh_error {
-    ($($t:tt)*) => { $crate::rt::log::emit($crate::rt::log::Level::Error, format_args!($($t)*)) };
+    ($($t:tt)*) => { $crate::log::emit($crate::log::Level::Error, format_args!($($t)*)) };
 }
 
 /// Log at warn level (`format!` syntax).
 #[macro_export]
 macro_rules! fh_warn {
-    ($($t:tt)*) => { $crate::rt::log::emit($crate::rt::log::Level::Warn, format_args!($($t)*)) };
+    ($($t:tt)*) => { $crate::log::emit($crate::log::Level::Warn, format_args!($($t)*)) };
 }
 
 /// Log at info level (`format!` syntax).
 #[macro_export]
 macro_rules! fh_info {
-    ($($t:tt)*) => { $crate::rt::log::emit($crate::rt::log::Level::Info, format_args!($($t)*)) };
+    ($($t:tt)*) => { $crate::log::emit($crate::log::Level::Info, format_args!($($t)*)) };
 }
 
 #[cfg(test)]

@@ -17,8 +17,8 @@ pub const EXIT_FAIL: i32 = 1;
 /// is `Err(EXIT_FAIL)` ("FAIL: ..."). The caller returns the code from `main`.
 pub fn open_device_or_verdict(
     name: Option<&str>,
-) -> Result<std::sync::Arc<firehose::pin::verbs::Context>, i32> {
-    use firehose::pin::verbs::{DeviceList, VerbsError};
+) -> Result<std::sync::Arc<firehose::internals::pin::verbs::Context>, i32> {
+    use firehose::internals::pin::verbs::{DeviceList, VerbsError};
     let list = match DeviceList::get() {
         Ok(l) if !l.is_empty() => l,
         Ok(_) => {

@@ -6,10 +6,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
-use firehose::net::bootstrap::local::{LocalBootstrap, LocalGroup};
-use firehose::net::verbs::{gid_index_from_env, LinkSettings, VerbsLinkConfig};
-use firehose::net::Bootstrap;
-use firehose::pin::verbs::Context;
+use firehose::internals::net::bootstrap::local::{LocalBootstrap, LocalGroup};
+use firehose::internals::net::verbs::{gid_index_from_env, LinkSettings, VerbsLinkConfig};
+use firehose::internals::net::Bootstrap;
+use firehose::internals::pin::verbs::Context;
 
 use crate::{open_device_or_verdict, EXIT_FAIL, EXIT_PASS};
 

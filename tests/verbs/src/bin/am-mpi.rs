@@ -13,10 +13,10 @@
 //!
 //! Exit 0 on success; 1 with a `FAIL:` line otherwise.
 
-use firehose::net::bootstrap::{self, Bootstrap, BootstrapError};
-use firehose::net::wire::{Header, Kind, HEADER_LEN};
-use firehose::net::NetError;
-use firehose::net::{Peers, PeersConfig, Rank};
+use firehose::internals::net::bootstrap::{self, Bootstrap, BootstrapError};
+use firehose::internals::net::wire::{Header, Kind, HEADER_LEN};
+use firehose::internals::net::NetError;
+use firehose::internals::net::{Peers, PeersConfig, Rank};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

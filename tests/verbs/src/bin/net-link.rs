@@ -19,10 +19,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use firehose::net::bootstrap::local::LocalBootstrap;
-use firehose::net::verbs::VerbsLink;
-use firehose::net::{Bootstrap, Link, LinkError, LinkEvent, Rank};
-use firehose::pin::verbs::Context;
+use firehose::internals::net::bootstrap::local::LocalBootstrap;
+use firehose::internals::net::verbs::VerbsLink;
+use firehose::internals::net::{Bootstrap, Link, LinkError, LinkEvent, Rank};
+use firehose::internals::pin::verbs::Context;
 use firehose_verbs_tests::link_ranks::{run_link_test, Options};
 use firehose_verbs_tests::pattern::{compare, pattern};
 

@@ -15,12 +15,12 @@
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::{Duration, Instant};
 
-use firehose::cache::{Cache, Limits};
-use firehose::net::bootstrap::local::LocalBootstrap;
-use firehose::net::{LinkError, LinkEvent, Peers, PeersConfig, RdmaKind, RdmaOp};
-use firehose::pin::verbs::{Context, Mr, VerbsPinner};
-use firehose::pin::Access;
-use firehose::rma::Rma;
+use firehose::internals::cache::{Cache, Limits};
+use firehose::internals::net::bootstrap::local::LocalBootstrap;
+use firehose::internals::net::{LinkError, LinkEvent, Peers, PeersConfig, RdmaKind, RdmaOp};
+use firehose::internals::pin::verbs::{Context, Mr, VerbsPinner};
+use firehose::internals::pin::Access;
+use firehose::internals::rma::Rma;
 use firehose_verbs_tests::buffer::PageBuf;
 use firehose_verbs_tests::link_ranks::run_ranks;
 use firehose_verbs_tests::pattern::{compare, pattern};
@@ -155,7 +155,7 @@ fn rank_main(_ctx: &Arc<Context>, b: LocalBootstrap, o: &Opts) -> Result<String,
 /// Firehose; waits (bounded) for its completion.
 fn replay(
     peers: &Peers,
-    pd: &Arc<firehose::pin::verbs::Pd>,
+    pd: &Arc<firehose::internals::pin::verbs::Pd>,
     buf: &mut PageBuf,
     target: u64,
     key: u32,

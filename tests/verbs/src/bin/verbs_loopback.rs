@@ -13,11 +13,11 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use firehose::net::verbs::{
+use firehose::internals::net::verbs::{
     gid_index_from_env, qp_state, wc_opcode, Completion, Cq, Path, Qp, QpCaps, SendFlags, Sge,
 };
-use firehose::pin::verbs::{Context, VerbsError, VerbsPinner};
-use firehose::pin::{Access, Pinned, Pinner};
+use firehose::internals::pin::verbs::{Context, VerbsError, VerbsPinner};
+use firehose::internals::pin::{Access, Pinned, Pinner};
 use firehose_verbs_tests::buffer::PageBuf;
 use firehose_verbs_tests::pattern::{compare, pattern};
 use firehose_verbs_tests::{EXIT_FAIL, EXIT_PASS};
