@@ -40,6 +40,7 @@ mod writer_state;
 
 pub use self::core::Cache;
 pub use self::error::CacheError;
+#[cfg(any(test, feature = "test-support"))]
 pub use self::inval_queue::QUEUE_CAPACITY;
 
 /// Bounds on what the cache keeps pinned. Regions in use are never evicted, so the bounds apply

@@ -96,10 +96,12 @@ impl EventQueue {
         self.dropped.load(Ordering::Relaxed)
     }
 
+    #[cfg(any(test, feature = "test-support"))]
     pub fn len(&self) -> usize {
         self.q.len()
     }
 
+    #[cfg(any(test, feature = "test-support"))]
     pub fn is_empty(&self) -> bool {
         self.q.is_empty()
     }

@@ -49,9 +49,9 @@ use std::sync::Arc;
 pub use pin_flag::FlaggingPinner;
 pub use pins_ahead::install_unmap_windows;
 pub use placement::Placement;
-pub use thread::{
-    prefetch_checked, Helper, HelperConfig, HelperState, HelperStats, DEFAULT_MIN_BYTES,
-};
+#[cfg(any(test, feature = "test-support"))]
+pub use thread::prefetch_checked;
+pub use thread::{Helper, HelperConfig, HelperState, HelperStats};
 
 use crate::pin::Pinner;
 

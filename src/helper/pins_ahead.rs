@@ -245,7 +245,7 @@ static INSTALLED: AtomicBool = AtomicBool::new(false);
 /// Make the monitor's patched unmaps log themselves in the unmap log and wait for the pins ahead
 /// they overlap, and the atfork child handler repair both (idempotent). Called before the monitor
 /// is installed (by `ffi` and the preload shim, so that no hooked unmap goes unlogged), by the
-/// helper thread's start and by [`enter`]. Never from hook context, never with a lock of
+/// helper thread's start and by `enter`. Never from hook context, never with a lock of
 /// `rt::fork`'s order held.
 pub fn install_unmap_windows() {
     if INSTALLED.load(SeqCst) {

@@ -53,7 +53,7 @@ pub struct HelperConfig {
 const RELEASE_LOOK_MAX_NS: u64 = 1_000_000_000;
 
 /// The paper's threshold.
-pub const DEFAULT_MIN_BYTES: usize = 16 << 10;
+pub(crate) const DEFAULT_MIN_BYTES: usize = 16 << 10;
 
 impl Default for HelperConfig {
     fn default() -> Self {

@@ -84,6 +84,7 @@ fn fork_child() {
 }
 
 /// A point in the log to check against later (`begun_since`).
+#[cfg(any(test, feature = "test-support"))]
 pub fn mark() -> u64 {
     NEXT.load(SeqCst)
 }

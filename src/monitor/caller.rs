@@ -60,6 +60,7 @@ pub(super) fn glibc_heap_block(addr: usize, len: usize) -> bool {
 
 /// Whether the hooks tell libc's own calls apart in this build and process (naked functions, and
 /// libc's code segment found when the first patch was installed).
+#[cfg(any(test, feature = "test-support"))]
 pub fn tells_libc_apart() -> bool {
     cfg!(all(fh_naked, target_arch = "x86_64")) && LIBC_TEXT_HI.load(SeqCst) != 0
 }

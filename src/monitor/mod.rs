@@ -65,12 +65,15 @@ use std::sync::{Mutex, MutexGuard};
 
 use crate::rt::fork::{self, ForkHook, HeldAcrossFork};
 
+#[cfg(any(test, feature = "test-support"))]
 pub use caller::tells_libc_apart;
 pub use hooks::Hooked;
 pub use options::{MonitorOptions, MonitorStatus};
 #[cfg(any(test, feature = "test-support"))]
 pub use registry::set_listener_limit_for_tests;
-pub use registry::{listener_count, subscribe, Subscription, MAX_LISTENERS};
+#[cfg(any(test, feature = "test-support"))]
+pub use registry::{listener_count, MAX_LISTENERS};
+pub use registry::{subscribe, Subscription};
 pub use uffd::UffdWatcher;
 pub use uffd::{watch_costs, WatchCosts};
 pub use unmap_windows::{set_unmap_windows, UnmapWindows};

@@ -6,7 +6,7 @@
 pub struct MonitorOptions {
     /// Patch the entry of libc's unmap-family functions (x86_64 only).
     pub patch_libc: bool,
-    /// Open a userfaultfd; [`UffdWatcher`](super::UffdWatcher) then registers pinned ranges with it while pinned.
+    /// Open a userfaultfd; `UffdWatcher` then registers pinned ranges with it while pinned.
     pub userfaultfd: bool,
 }
 

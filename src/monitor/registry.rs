@@ -311,7 +311,8 @@ fn fork_child(_held: &mut Writers) {
     });
 }
 
-/// Number of subscribed listeners (diagnostics and tests).
+/// Number of subscribed listeners (for the tests).
+#[cfg(any(test, feature = "test-support"))]
 pub fn listener_count() -> usize {
     let mut n = 0;
     for_each_slot(HIGH.load(SeqCst), |s| {

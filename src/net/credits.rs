@@ -40,6 +40,7 @@ pub(crate) const RESERVED_BYE: u32 = 1;
 pub const RESERVED: u32 = RESERVED_CREDIT_ONLY + RESERVED_BYE;
 
 /// What `PeerFlow::admit` decided for a message.
+#[cfg(any(test, feature = "test-support"))]
 #[derive(Debug, PartialEq, Eq)]
 pub enum Admit<M> {
     /// A credit was taken: send it now (with `take_owed()` piggybacked).
@@ -82,6 +83,7 @@ impl<M> PeerFlow<M> {
     }
 
     /// A message that needs a credit: sendable now, or queued behind others / for lack of credit.
+    #[cfg(any(test, feature = "test-support"))]
     pub fn admit(&mut self, m: M) -> Admit<M> {
         if self.try_take() {
             Admit::SendNow(m)
@@ -161,6 +163,7 @@ impl<M> PeerFlow<M> {
         self.pending.drain(..)
     }
 
+    #[cfg(any(test, feature = "test-support"))]
     pub fn credits(&self) -> u32 {
         self.credits
     }
@@ -168,6 +171,7 @@ impl<M> PeerFlow<M> {
         self.pending.len()
     }
     /// Messages that found no credit, since creation.
+    #[cfg(any(test, feature = "test-support"))]
     pub fn stalls(&self) -> u64 {
         self.stalls
     }

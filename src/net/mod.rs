@@ -23,10 +23,9 @@ pub mod stats;
 pub mod verbs;
 pub mod wire;
 
-pub use am::{Am, Replier, Ticket};
+pub use am::{Am, Ticket};
 pub use bootstrap::{Bootstrap, BootstrapError};
 pub use error::NetError;
 pub use link::{Link, LinkError, LinkEvent, Rank, RdmaKind, RdmaOp};
 pub use peers::{Peers, PeersConfig};
 pub use settings::NetSettings;
-pub use stats::StatsSnapshot;

@@ -38,5 +38,7 @@ mod slab;
 pub(crate) mod target_pins;
 pub(crate) mod windows;
 
-pub use engine::{Rma, RmaStats, FIREHOSE_AM};
+#[cfg(any(test, feature = "test-support"))]
+pub use engine::FIREHOSE_AM;
+pub use engine::{Rma, RmaStats};
 pub use error::RmaError;

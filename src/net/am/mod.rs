@@ -18,4 +18,3 @@ mod tests;
 mod tickets;
 
 pub use endpoint::{Am, Ticket};
-pub use replier::Replier;

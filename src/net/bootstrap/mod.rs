@@ -14,7 +14,7 @@ pub(crate) mod pmix;
 pub(crate) mod select;
 
 pub use callback::{BadOps, CallbackBootstrap, HostOps};
-pub use local::{LocalBootstrap, LocalGroup, Single};
+pub use local::Single;
 pub use pmix::PmixBootstrap;
 pub use select::{choose, Choice};
 

@@ -30,7 +30,7 @@ use crate::pin::Access;
 /// 4.096 us * 2^15 = 134 ms per attempt, 1 + 6 attempts = ~0.94 s. RNR: finite (6 retries of
 /// 10.24 ms) on purpose: `rnr_retry = 7` means "forever", which can soft-lock rxe, and with the
 /// AM layer's credits a receiver-not-ready is a bug that should surface, not spin.
-pub const LINK_TIMING: QpTiming = QpTiming {
+pub(crate) const LINK_TIMING: QpTiming = QpTiming {
     ack_timeout: 15,
     retry_cnt: 6,
     rnr_retry: 6,

@@ -15,7 +15,7 @@ use super::comp_channel::CompChannel;
 use crate::pin::verbs::{Context, VerbsError, VerbsResult};
 
 /// How many work completions one `ibv_poll_cq` call asks for.
-pub const POLL_BATCH: usize = 16;
+pub(crate) const POLL_BATCH: usize = 16;
 
 /// An owned `ibv_cq`. QPs that use it hold an `Arc` of it; it holds its completion channel (if
 /// any), which is therefore destroyed after it.

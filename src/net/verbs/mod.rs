@@ -23,18 +23,14 @@ pub(crate) mod settings;
 pub(crate) mod windows;
 pub(crate) mod wr_id;
 
-pub use comp_channel::CompChannel;
-pub use connect::{VerbsLinkConfig, LINK_TIMING};
-pub use cq::{Completion, Cq, POLL_BATCH};
+pub use connect::VerbsLinkConfig;
+pub use cq::{Completion, Cq};
 pub use link::VerbsLink;
-pub use path::{gid_index_from_env, Endpoint, Path, GID_INDEX_ENV};
-pub use qp::{Qp, QpCaps, QpTiming, SendFlags, Sge};
-pub use reg_buf::RegBuf;
-pub use settings::{LinkSettings, MAX_SIZE_ENV, RECV_DEPTH_ENV};
+pub use path::{gid_index_from_env, Path};
+pub use qp::{Qp, QpCaps, SendFlags, Sge};
+pub use settings::LinkSettings;
 
 /// Raw `ibv_qp_state` values returned by `Qp::state`.
 pub use rdma_sys::ibv_qp_state as qp_state;
 /// Raw `ibv_wc_opcode` values callers compare `Completion::opcode` against.
 pub use rdma_sys::ibv_wc_opcode as wc_opcode;
-/// Raw `ibv_wc_status` values callers compare `Completion::status` against.
-pub use rdma_sys::ibv_wc_status as wc_status;

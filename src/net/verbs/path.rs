@@ -4,7 +4,7 @@
 use crate::pin::verbs::{Context, Gid, VerbsError, VerbsResult};
 
 /// Environment variable naming the GID table index to use on RoCE ports.
-pub const GID_INDEX_ENV: &str = "FH_GID_INDEX";
+pub(crate) const GID_INDEX_ENV: &str = "FH_GID_INDEX";
 
 /// Local addressing choices for one port.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

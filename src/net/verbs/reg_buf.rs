@@ -10,7 +10,7 @@ use crate::pin::verbs::{Mr, Pd, VerbsError, VerbsResult};
 use crate::pin::Access;
 
 /// Registered memory owned by the link. Deregistered, then unmapped, on drop.
-pub struct RegBuf {
+pub(crate) struct RegBuf {
     /// `Some` until drop: deregistered explicitly before the memory is unmapped.
     mr: Option<Mr>,
     ptr: NonNull<u8>,
@@ -25,7 +25,7 @@ unsafe impl Sync for RegBuf {}
 
 impl RegBuf {
     /// Map `len` bytes (rounded up to whole pages, zero-filled) and register them with `access`.
-    pub fn new(pd: &Arc<Pd>, len: usize, access: Access) -> VerbsResult<Self> {
+    pub(crate) fn new(pd: &Arc<Pd>, len: usize, access: Access) -> VerbsResult<Self> {
         let page = 4096;
         let len = len.max(1).div_ceil(page) * page;
         // SAFETY: a fresh private anonymous mapping; no existing memory is affected.
@@ -59,29 +59,25 @@ impl RegBuf {
 
     /// Start of the mapping. Valid for `len()` bytes while `self` lives.
     #[inline]
-    pub fn ptr(&self) -> *mut u8 {
+    pub(crate) fn ptr(&self) -> *mut u8 {
         self.ptr.as_ptr()
     }
 
     #[inline]
-    pub fn addr(&self) -> u64 {
+    pub(crate) fn addr(&self) -> u64 {
         self.ptr.as_ptr() as u64
     }
 
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.len
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
     #[inline]
-    pub fn lkey(&self) -> u32 {
+    pub(crate) fn lkey(&self) -> u32 {
         self.mr.as_ref().map_or(0, Mr::lkey)
     }
 
-    pub fn rkey(&self) -> u32 {
+    pub(crate) fn rkey(&self) -> u32 {
         self.mr.as_ref().map_or(0, Mr::rkey)
     }
 }

@@ -8,9 +8,9 @@ use crate::net::settings::{DEFAULT_MAX_SIZE, DEFAULT_RECV_DEPTH};
 use std::fmt;
 
 /// Environment variable: receive slots each rank posts per peer (the sender's initial credits).
-pub const RECV_DEPTH_ENV: &str = "FH_AM_RECV_DEPTH";
+pub(crate) const RECV_DEPTH_ENV: &str = "FH_AM_RECV_DEPTH";
 /// Environment variable: bytes per receive slot, the longest message a link carries.
-pub const MAX_SIZE_ENV: &str = "FH_AM_MAX_SIZE";
+pub(crate) const MAX_SIZE_ENV: &str = "FH_AM_MAX_SIZE";
 
 /// Bounds keep one peer's slots well inside what an HCA's receive queue and a sane MR allow.
 const RECV_DEPTH_RANGE: (u32, u32) = (2, 16384);

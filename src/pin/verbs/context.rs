@@ -129,7 +129,7 @@ impl fmt::Debug for Context {
 
 /// The parts of `ibv_port_attr` a connection needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PortInfo {
+pub(crate) struct PortInfo {
     /// `ibv_port_state` value.
     pub state: u32,
     /// `ibv_mtu` value (1 = 256 ... 5 = 4096).
@@ -144,7 +144,7 @@ pub struct PortInfo {
 }
 
 impl PortInfo {
-    pub fn is_active(&self) -> bool {
+    pub(crate) fn is_active(&self) -> bool {
         self.state == ibv_port_state::IBV_PORT_ACTIVE
     }
 

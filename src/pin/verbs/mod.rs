@@ -17,10 +17,10 @@ mod mw;
 mod pd;
 mod pinner;
 
-pub use context::{Context, Gid, PortInfo};
-pub use device::{open_device, Device, DeviceList};
+pub use context::{Context, Gid};
+pub use device::{open_device, DeviceList};
 pub use error::{VerbsError, VerbsResult};
 pub use mr::Mr;
 pub use mw::Mw;
 pub use pd::Pd;
-pub use pinner::{device_available, map_reg_errno, verbs_access, VerbsPinner};
+pub use pinner::VerbsPinner;

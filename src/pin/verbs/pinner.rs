@@ -7,6 +7,7 @@ use rdma_sys::{ibv_mr, ibv_pd};
 
 use super::direct::{dereg_mr, reg_mr};
 
+#[cfg(test)]
 use super::device::DeviceList;
 use super::pd::Pd;
 use crate::pin::{Access, PinError, Pinned, Pinner};
@@ -59,7 +60,7 @@ impl VerbsPinner {
 
 /// Access flags as verbs wants them: remote write and remote atomic require local write
 /// (`ibv_reg_mr` fails with EINVAL otherwise), so it is added rather than failing the pin.
-pub fn verbs_access(access: Access) -> u32 {
+pub(crate) fn verbs_access(access: Access) -> u32 {
     let needs_local_write = Access::REMOTE_WRITE.union(Access::REMOTE_ATOMIC).0;
     if access.0 & needs_local_write != 0 {
         access.union(Access::LOCAL_WRITE).0
@@ -70,7 +71,7 @@ pub fn verbs_access(access: Access) -> u32 {
 
 /// ENOMEM/EAGAIN are the retryable kind (out of lockable memory or MR keys): the cache evicts and
 /// retries. A provider that fails without setting errno is reported as EIO rather than "0".
-pub fn map_reg_errno(errno: i32) -> PinError {
+pub(crate) fn map_reg_errno(errno: i32) -> PinError {
     match errno {
         libc::ENOMEM | libc::EAGAIN => PinError::NoMemory(errno),
         0 => PinError::Failed(libc::EIO),
@@ -114,7 +115,8 @@ impl Pinner for VerbsPinner {
 }
 
 /// True when at least one RDMA device is listed (false on hosts whose kernel has no RDMA).
-pub fn device_available() -> bool {
+#[cfg(test)]
+fn device_available() -> bool {
     DeviceList::get().map(|l| !l.is_empty()).unwrap_or(false)
 }
 

@@ -28,7 +28,9 @@ pub(crate) mod settings;
 mod shared;
 pub(crate) mod worker;
 
-pub use pinned::{Overlap, PinnedRanges};
+#[cfg(any(test, feature = "test-support"))]
+pub use pinned::Overlap;
+pub use pinned::PinnedRanges;
 pub use settings::RevokeSettings;
 pub use shared::RevokeStats;
 pub use worker::Driver;

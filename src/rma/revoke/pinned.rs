@@ -76,6 +76,7 @@ impl PinnedRanges {
         self.len.load(SeqCst)
     }
 
+    #[cfg(any(test, feature = "test-support"))]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
