@@ -10,7 +10,7 @@
 //! Test only: `FH_TEST_BOOTSTRAP_CORRUPT=RANK:ROUND` makes that rank flip one byte of its blob in
 //! that round, to show that the check fails (exit 1) when data is wrong.
 
-use firehose::net::bootstrap::from_env;
+use firehose::internals::net::bootstrap::from_env;
 use std::process::exit;
 
 const ROUNDS: u32 = 20;
