@@ -39,7 +39,7 @@ impl FakePd {
     }
 }
 
-fn anon(len: usize) -> *mut u8 {
+pub(crate) fn anon(len: usize) -> *mut u8 {
     // SAFETY: a fresh private anonymous mapping.
     let p = unsafe {
         libc::mmap(

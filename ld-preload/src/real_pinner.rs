@@ -222,19 +222,9 @@ mod tests {
     #[test]
     fn residency_is_every_page_touched() {
         use super::all_resident;
-        let len = 300 * 4096; // more than one mincore chunk
-                              // SAFETY: a fresh private anonymous mapping of our own, unmapped below.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        assert_ne!(p, libc::MAP_FAILED);
+        // More than one mincore chunk.
+        let len = 300 * 4096;
+        let p = crate::dispatch_tests::anon(len) as *mut libc::c_void;
         let a = p as usize;
         assert!(!all_resident(a, len), "never touched");
         // SAFETY: inside the mapping.
