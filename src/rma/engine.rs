@@ -189,6 +189,25 @@ fn link_status(e: &LinkError) -> RmaError {
     }
 }
 
+/// What every rank must share, compared at a collective start (`agree`): the peer layer's
+/// settings, whether this rank's own are valid, the algorithm's, and the exposure mode.
+fn must_agree(
+    peers: &Peers,
+    valid: bool,
+    cfg: Option<&FirehoseConfig>,
+    mode: Option<ExposeMode>,
+) -> Vec<Agreed> {
+    let mut agreed = agree::net_settings(peers);
+    agreed.push(Agreed::new("valid FH_* settings", u64::from(valid)));
+    if let Some(c) = cfg {
+        agreed.extend(c.must_agree().iter().map(|&(v, x)| Agreed::new(v, x)));
+    }
+    if let Some(m) = mode {
+        agreed.push(agree::exposure(m));
+    }
+    agreed
+}
+
 impl Rma {
     /// Puts and gets over `peers`. `local` registers the caller's buffers on the link's
     /// protection domain (required with more than one rank). Registers the Firehose message
@@ -210,17 +229,13 @@ impl Rma {
         // Every rank takes part in the comparison, also one whose own settings are invalid (the
         // others then fail at once instead of after FH_AM_TIMEOUT_MS).
         let windows = windows_wanted(&peers);
-        let mut agreed = agree::net_settings(&peers);
-        agreed.push(Agreed::new(
-            "valid FH_* settings",
-            u64::from(cfg.is_ok() && rs.is_ok() && mode.is_ok() && windows.is_ok()),
-        ));
-        if let Ok(c) = &cfg {
-            agreed.extend(c.must_agree().iter().map(|&(v, x)| Agreed::new(v, x)));
-        }
-        if let Ok(m) = mode {
-            agreed.push(agree::exposure(m));
-        }
+        let valid = cfg.is_ok() && rs.is_ok() && mode.is_ok() && windows.is_ok();
+        let agreed = must_agree(
+            &peers,
+            valid,
+            cfg.as_ref().ok(),
+            mode.as_ref().ok().copied(),
+        );
         agree::exchange_or_fail(&peers, &agreed)?;
         let (cfg, rs, mode, windows) = (cfg?, rs?, mode?, windows?);
         let revocation =
@@ -255,8 +270,7 @@ impl Rma {
         cfg: FirehoseConfig,
         pins: Box<dyn RegionPins + Send>,
     ) -> Result<Arc<Rma>, RmaError> {
-        let mut agreed = agree::net_settings(&peers);
-        agreed.extend(cfg.must_agree().iter().map(|&(v, x)| Agreed::new(v, x)));
+        let agreed = must_agree(&peers, true, Some(&cfg), Some(ExposeMode::All));
         agree::exchange_or_fail(&peers, &agreed)?;
         let rma = Self::with_pins(peers, local, cfg, pins)?;
         rma.barrier_after_handlers()?;
