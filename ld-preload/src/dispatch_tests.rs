@@ -759,9 +759,10 @@ fn fresh_addresses_are_bypassed_and_never_served_from_the_cache() {
             if p == real_mr {
                 continue;
             }
-            // The window's registrations, then the first probe (`bypass::PROBE`).
+            // The window's registrations only: after it, the probes (`bypass::PROBE`) look in
+            // the cache, which does not hold these new ranges.
             assert!(
-                i <= crate::bypass::FIRST_WINDOW as usize,
+                i < crate::bypass::FIRST_WINDOW as usize,
                 "cached after the window"
             );
             wrappers += 1;
@@ -769,8 +770,12 @@ fn fresh_addresses_are_bypassed_and_never_served_from_the_cache() {
         }
         let s1 = snapshot();
         let bypassed = s1.bypassed_reg - s0.bypassed_reg;
-        assert_eq!(wrappers, crate::bypass::FIRST_WINDOW as usize + 1);
-        assert_eq!(bypassed as usize, n - wrappers, "all but the probe");
+        assert_eq!(wrappers, crate::bypass::FIRST_WINDOW as usize);
+        assert_eq!(
+            bypassed as usize,
+            n - wrappers,
+            "all after the window, the probe too"
+        );
         assert_eq!(
             s1.passthrough_reg - s0.passthrough_reg,
             bypassed,
@@ -795,5 +800,96 @@ fn fresh_addresses_are_bypassed_and_never_served_from_the_cache() {
         assert_eq!(ibv_dereg_mr(again), 0);
         libc::munmap(buf as *mut c_void, n * 2 * len);
     }
+    crate::bypass::reset();
+}
+
+/// While bypassing, a probe looks in the cache without pinning (`bypass::Route::Peek`): a
+/// sub-range of a region cached earlier is served from it (a hit: no new pin), a range the cache
+/// does not hold passes straight through with nothing pinned, and once the region's memory is
+/// unmapped the probe no longer finds it.
+#[test]
+fn bypassed_probes_hit_cached_regions_and_pin_nothing() {
+    let _s = serial();
+    crate::bypass::reset();
+    crate::bypass::set_enabled(true);
+    let mut f = fake_pd(0xC9);
+    let len = 8192;
+    let pool_len = 64 * 4096;
+    let window = crate::bypass::FIRST_WINDOW as usize;
+    let probe = crate::bypass::PROBE as usize;
+    let pool = anon(pool_len);
+    let fresh = anon(window * 2 * len);
+    let real_mr = 0x5432usize as *mut IbvMr;
+    // SAFETY: a fake pd whose cache never calls libibverbs; the pass-through closure returns a
+    // dummy; both mappings are ours.
+    unsafe {
+        // The pool: cached (first window), deregistered, idle in the cache.
+        let p = register_for_test(
+            f.ptr(),
+            pool as *mut c_void,
+            pool_len,
+            pool as u64,
+            RW as u32,
+            || real_mr,
+        );
+        assert!(!p.is_null() && p != real_mr, "cached in the first window");
+        assert_eq!(ibv_dereg_mr(p), 0);
+        // The rest of the window from new addresses: bypassing after it.
+        for i in 1..window {
+            let a = fresh.add(i * 2 * len) as *mut c_void;
+            let m = register_for_test(f.ptr(), a, len, a as u64, RW as u32, || real_mr);
+            if m != real_mr {
+                assert_eq!(ibv_dereg_mr(m), 0);
+            }
+        }
+        assert!(crate::bypass::bypassing(), "a window of misses: bypassing");
+        let pins = f.pinner.pins();
+        let s0 = snapshot();
+        // Sub-ranges of the pool, each a new key: one in `probe` looks in the cache and hits.
+        let mut served = 0;
+        for i in 0..2 * probe {
+            let a = pool.add((i % 60) * 4096) as *mut c_void;
+            let l = 4096 + (i / 60) * 4096 + 1; // never the same (address, length) twice
+            let m = register_for_test(f.ptr(), a, l, a as u64, RW as u32, || real_mr);
+            if m != real_mr {
+                served += 1;
+                assert_eq!((*m).addr, a);
+                assert_eq!(ibv_dereg_mr(m), 0);
+            }
+        }
+        assert_eq!(served, 2, "each probe hit the cached pool");
+        assert_eq!(f.pinner.pins(), pins, "a probe pins nothing");
+        let s1 = snapshot();
+        assert_eq!(s1.hits - s0.hits, 2);
+        assert_eq!(s1.misses, s0.misses, "a probe is never a miss");
+        // A probe of a range the cache does not hold: passed through, nothing pinned.
+        let mut through = 0;
+        for i in 0..probe {
+            // In the gap after a window registration (those are cached, idle).
+            let a = fresh.add(((i % (window - 1)) + 1) * 2 * len + len + 16) as *mut c_void;
+            let m = register_for_test(f.ptr(), a, 100 + i, a as u64, RW as u32, || real_mr);
+            assert_eq!(m, real_mr, "nothing cached holds it");
+            through += 1;
+        }
+        assert_eq!(through, probe);
+        assert_eq!(f.pinner.pins(), pins);
+        // The pool's memory goes: a probe must not find its registration any more.
+        assert_eq!(crate::unmap_hooks::munmap(pool as *mut c_void, pool_len), 0);
+        let mut stale = 0;
+        for i in 0..2 * probe {
+            let a = pool.add((i % 60) * 4096) as *mut c_void;
+            // New keys (lengths the loops above never used): only the probes look in the cache.
+            let m = register_for_test(f.ptr(), a, 3 * 4096 + 100 + i, a as u64, RW as u32, || {
+                real_mr
+            });
+            if m != real_mr {
+                stale += 1;
+                assert_eq!(ibv_dereg_mr(m), 0);
+            }
+        }
+        assert_eq!(stale, 0, "a probe served an unmapped region");
+        libc::munmap(fresh as *mut c_void, window * 2 * len);
+    }
+    pd_cache::drop_pd(f.ptr());
     crate::bypass::reset();
 }

@@ -150,6 +150,18 @@ impl From<AssembleError> for NoCache {
 
 /// The cache for requests with `access` in `pd`, created on first use.
 pub(crate) fn for_pd(pd: *mut IbvPd, access: Access) -> Result<Arc<PdCache>, NoCache> {
+    // With `create`, the answer is never "none".
+    cache_of(pd, access, true).map(|c| c.expect("created on demand"))
+}
+
+/// The cache for requests with `access` in `pd` if one exists (a bypassed registration's
+/// look-up must not build one).
+pub(crate) fn existing(pd: *mut IbvPd, access: Access) -> Option<Arc<PdCache>> {
+    cache_of(pd, access, false).ok().flatten()
+}
+
+/// `Ok(None)`: no cache yet and `create` is false.
+fn cache_of(pd: *mut IbvPd, access: Access, create: bool) -> Result<Option<Arc<PdCache>>, NoCache> {
     let key = (pd as usize, access.0 & REMOTE_RIGHTS);
     // Acquire pairs with the Release bump in `drop_pd`: a thread that sees the old generation
     // started its lookup before the entry was removed, as it would with the map itself.
@@ -162,20 +174,29 @@ pub(crate) fn for_pd(pd: *mut IbvPd, access: Access) -> Result<Arc<PdCache>, NoC
         .ok()
         .flatten();
     if let Some(c) = remembered {
-        return Ok(c);
+        return Ok(Some(c));
     }
-    let c = lookup_or_create(pd, key)?;
+    let Some(c) = lookup_or_create(pd, key, create)? else {
+        return Ok(None);
+    };
     let _ = LAST.try_with(|l| {
         if let Ok(mut l) = l.try_borrow_mut() {
             *l = Some((generation, key, c.clone()));
         }
     });
-    Ok(c)
+    Ok(Some(c))
 }
 
-fn lookup_or_create(pd: *mut IbvPd, key: Key) -> Result<Arc<PdCache>, NoCache> {
+fn lookup_or_create(
+    pd: *mut IbvPd,
+    key: Key,
+    create: bool,
+) -> Result<Option<Arc<PdCache>>, NoCache> {
     if let Some(c) = pds().as_ref().and_then(|m| m.get(&key)) {
-        return Ok(c.clone());
+        return Ok(Some(c.clone()));
+    }
+    if !create {
+        return Ok(None);
     }
     // Build outside the lock (it may install the monitor, which can take a while).
     let fresh = PdCache::new(pd)?;
@@ -185,7 +206,7 @@ fn lookup_or_create(pd: *mut IbvPd, key: Key) -> Result<Arc<PdCache>, NoCache> {
     drop(g);
     // `fresh` (if another thread's cache won the race) is dropped here, outside the lock.
     drop(fresh);
-    Ok(c)
+    Ok(Some(c))
 }
 
 /// Forget the cache of `pd` and release every idle registration it keeps, so that the real
@@ -534,6 +555,22 @@ impl PdCache {
             crate::miss_cost::record_miss(t0, t1, crate::miss_cost::ticks());
         }
         Ok((r, hit))
+    }
+
+    /// The cached registration of `[addr, addr + len)` if the cache holds it (a hit), else
+    /// `None` with nothing pinned: the look-up of a bypassed registration (`bypass.rs`).
+    pub(crate) fn register_if_cached(
+        &self,
+        addr: usize,
+        len: usize,
+        access: Access,
+    ) -> Option<Registration> {
+        // As `register`: no hit on a range whose userfaultfd event is queued but not dispatched.
+        firehose::internals::monitor::quiesce();
+        self.cache
+            .register_if_cached(addr, len, access)
+            .ok()
+            .flatten()
     }
 
     /// Time a real registration and deregistration of `[addr, addr + len)`, which a hit just

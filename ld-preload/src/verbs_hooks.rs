@@ -68,6 +68,42 @@ unsafe fn cached_reg(
             cache.sample_resident(addr as usize, len, Access(access));
         }
     }
+    // SAFETY: forwarded per the contract.
+    unsafe { wrap(pd, addr, len, access, cache, reg) }
+}
+
+/// The application's view of a hit of a bypassed registration's look-up (`bypass::Route::Peek`),
+/// or null: the cache of `pd` does not hold the range, and nothing was pinned.
+///
+/// # Safety
+/// `pd` is a live protection domain of the caller.
+unsafe fn peek_reg(pd: *mut IbvPd, addr: *mut c_void, len: usize, access: u32) -> *mut IbvMr {
+    let Some(cache) = pd_cache::existing(pd, Access(access)) else {
+        return std::ptr::null_mut();
+    };
+    let Some(reg) = cache.register_if_cached(addr as usize, len, Access(access)) else {
+        return std::ptr::null_mut();
+    };
+    COUNTERS
+        .hit_bytes
+        .fetch_add(len as u64, std::sync::atomic::Ordering::Relaxed);
+    // SAFETY: forwarded per the contract.
+    unsafe { wrap(pd, addr, len, access, cache, reg) }
+}
+
+/// Hand out a cached registration as an MR of the application's (a wrapper); null if no wrapper
+/// slot could be had (the reference is given back).
+///
+/// # Safety
+/// `pd` is a live protection domain of the caller; `reg` is a registration of `cache`.
+unsafe fn wrap(
+    pd: *mut IbvPd,
+    addr: *mut c_void,
+    len: usize,
+    access: u32,
+    cache: std::sync::Arc<pd_cache::PdCache>,
+    reg: firehose::internals::cache::Registration,
+) -> *mut IbvMr {
     let mr = IbvMr {
         // SAFETY: `pd` is live per the contract; `context` is its public first field.
         context: unsafe { (*pd).context },
@@ -132,16 +168,30 @@ unsafe fn register(
     } else {
         bypass::Route::Direct
     };
-    if let bypass::Route::Cache { repeat } = route {
-        // SAFETY: `pd` is the caller's live protection domain (non-NULL, checked above).
-        let r = catch_unwind(AssertUnwindSafe(|| unsafe {
-            cached_reg(pd, addr, len, access, repeat)
-        }));
-        if let Ok(mr) = r {
+    match route {
+        bypass::Route::Cache { repeat } => {
+            // SAFETY: `pd` is the caller's live protection domain (non-NULL, checked above).
+            let r = catch_unwind(AssertUnwindSafe(|| unsafe {
+                cached_reg(pd, addr, len, access, repeat)
+            }));
+            if let Ok(mr) = r {
+                if !mr.is_null() {
+                    return mr;
+                }
+            }
+        }
+        bypass::Route::Peek => {
+            // SAFETY: as above.
+            let r = catch_unwind(AssertUnwindSafe(|| unsafe {
+                peek_reg(pd, addr, len, access)
+            }));
+            let mr = r.unwrap_or(std::ptr::null_mut());
+            bypass::peeked(!mr.is_null());
             if !mr.is_null() {
                 return mr;
             }
         }
+        bypass::Route::Direct => {}
     }
     // Uncacheable, or the cache failed: the real call gives the application the real errno.
     bump(&COUNTERS.passthrough_reg);

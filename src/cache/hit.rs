@@ -43,6 +43,28 @@ impl Cache {
         self.issue(sid, region, addr, len)
     }
 
+    /// A hit or nothing: the registration when `[addr, addr + len)` is already cached with these
+    /// rights (the hit `register` would make), else `Ok(None)` with nothing pinned or changed.
+    /// For a caller that would not cache a miss anyway (the shim while it bypasses: a miss there
+    /// costs more than the plain registration it stands for). A writer mid-update also answers
+    /// `None`: the caller registers without the cache, which is never wrong.
+    pub fn register_if_cached(
+        &self,
+        addr: usize,
+        len: usize,
+        access: Access,
+    ) -> Result<Option<Registration>, CacheError> {
+        let (start, end) = self.bounds(addr, len, access)?;
+        let sid = my_slot();
+        match self.try_hit(sid, start, end, access) {
+            Fast::Hit(r) => {
+                self.slots[sid].add_hit(sid);
+                self.issue(sid, r, addr, len).map(Some)
+            }
+            Fast::Busy | Fast::Miss => Ok(None),
+        }
+    }
+
     /// A writer was mutating the index (briefly; never across a backend call): wait for it and
     /// retry the hit, up to 100 times, then take the slow path. Out of line so the hit path in
     /// `register` keeps few live values (no spills).
