@@ -54,8 +54,9 @@ pub mod helper {
 pub mod monitor {
     pub use crate::monitor::ranges::{madvise_drops_pages, mmap_replaces, mremap_fresh};
     pub use crate::monitor::{
-        install, notify_unmapped, quiesce, reports_fresh, status, subscribe, watch_costs, Hooked,
-        MemoryListener, MonitorOptions, MonitorStatus, Subscription, WatchCosts,
+        install, notify_unmapped, quiesce, reports_fresh, start_uffd_reader, status, subscribe,
+        watch_costs, Hooked, MemoryListener, MonitorOptions, MonitorStatus, Subscription,
+        WatchCosts,
     };
 }
 

@@ -7,12 +7,18 @@
  *  - a cached read-only registration does not serve a remote-write request, and a remote-read
  *    request never gets a remote-write rkey (a refused RDMA WRITE proves it);
  *  - ibv_rereg_mr on a wrapper moves it (same pointer) and bad flags leave it valid;
+ *  - ibv_alloc_pd starts the monitor (userfaultfd's reader thread runs before any registration);
  *  - ibv_dealloc_pd succeeds after the application deregistered everything (the cache's idle
  *    MRs must not keep the pd busy).
  * With FH_DISABLE=1 (argv[1] == "disabled") every call must pass straight through instead. */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -34,8 +40,42 @@ static struct fh_preload_stats snap(void)
 
 typedef struct ibv_mr *(*iova2_fn)(struct ibv_pd *, void *, size_t, uint64_t, unsigned);
 
+/* A thread of this process named `name` (/proc/self/task/N/comm). */
+static int has_thread(const char *name)
+{
+    DIR *d = opendir("/proc/self/task");
+    if (!d)
+        return 0;
+    int found = 0;
+    struct dirent *e;
+    while (!found && (e = readdir(d))) {
+        char path[300], comm[64] = "";
+        snprintf(path, sizeof(path), "/proc/self/task/%s/comm", e->d_name);
+        FILE *f = fopen(path, "r");
+        if (!f)
+            continue;
+        if (fgets(comm, sizeof(comm), f))
+            found = strncmp(comm, name, strlen(name)) == 0;
+        fclose(f);
+    }
+    closedir(d);
+    return found;
+}
+
+/* Whether this process may open a userfaultfd (seccomp profiles and vm.unprivileged_userfaultfd
+ * may refuse it). */
+static int uffd_allowed(void)
+{
+    long fd = syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0)
+        return 0;
+    close((int)fd);
+    return 1;
+}
+
 static void disabled_case(struct vl_loop *l, char *buf)
 {
+    EXPECT(!has_thread("fh-uffd"), "FH_DISABLE=1 started a userfaultfd reader");
     struct fh_preload_stats s0 = snap();
     EXPECT(!(s0.flags & FH_PRELOAD_ACTIVE), "flags %u", s0.flags);
     struct ibv_mr *a = ibv_reg_mr(l->pd, buf + 100, 5000, RW);
@@ -70,6 +110,11 @@ int main(int argc, char **argv)
 
     struct fh_preload_stats s0 = snap();
     EXPECT(s0.flags & FH_PRELOAD_ACTIVE, "shim not active (flags %u)", s0.flags);
+
+    /* 0. ibv_alloc_pd (in vl_open_main) started the monitor before any registration: where this
+     * process may open a userfaultfd, its reader thread runs already. */
+    if (uffd_allowed())
+        EXPECT(has_thread("fh-uffd"), "no fh-uffd thread after ibv_alloc_pd");
 
     /* 1. exact addr/length, pd, context; a miss. */
     struct ibv_mr *a = ibv_reg_mr(l.pd, buf + 100, 5000, RW);

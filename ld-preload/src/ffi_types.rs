@@ -35,6 +35,7 @@ pub(crate) type DeregMrFn = unsafe extern "C" fn(*mut IbvMr) -> c_int;
 pub(crate) type ReregMrFn =
     unsafe extern "C" fn(*mut IbvMr, c_int, *mut IbvPd, *mut c_void, usize, c_int) -> c_int;
 pub(crate) type DeallocPdFn = unsafe extern "C" fn(*mut IbvPd) -> c_int;
+pub(crate) type AllocPdFn = unsafe extern "C" fn(*mut c_void) -> *mut IbvPd;
 /// `ibv_close_device(struct ibv_context *)`: the context stays opaque here.
 pub(crate) type CloseDeviceFn = unsafe extern "C" fn(*mut c_void) -> c_int;
 

@@ -284,6 +284,7 @@ mod tests {
         reg_mr_iova2: Some(fake_reg),
         dereg_mr: Some(fake_dereg),
         rereg_mr: None,
+        alloc_pd: None,
         dealloc_pd: None,
         close_device: None,
     };

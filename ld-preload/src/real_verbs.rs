@@ -10,7 +10,7 @@
 use std::ffi::{c_void, CStr};
 
 use crate::ffi_types::{
-    CloseDeviceFn, DeallocPdFn, DeregMrFn, RegMrFn, RegMrIova2Fn, RegMrIovaFn, ReregMrFn,
+    AllocPdFn, CloseDeviceFn, DeallocPdFn, DeregMrFn, RegMrFn, RegMrIova2Fn, RegMrIovaFn, ReregMrFn,
 };
 
 /// Every target we may call. `None` when libibverbs lacks it (an older library).
@@ -21,6 +21,7 @@ pub(crate) struct RealVerbs {
     pub reg_mr_iova2: Option<RegMrIova2Fn>,
     pub dereg_mr: Option<DeregMrFn>,
     pub rereg_mr: Option<ReregMrFn>,
+    pub alloc_pd: Option<AllocPdFn>,
     pub dealloc_pd: Option<DeallocPdFn>,
     pub close_device: Option<CloseDeviceFn>,
 }
@@ -99,6 +100,7 @@ fn resolve() -> RealVerbs {
         reg_mr_iova2: resolve_fn!(h, c"ibv_reg_mr_iova2", c"IBVERBS_1.8", RegMrIova2Fn),
         dereg_mr: resolve_fn!(h, c"ibv_dereg_mr", c"IBVERBS_1.1", DeregMrFn),
         rereg_mr: resolve_fn!(h, c"ibv_rereg_mr", c"IBVERBS_1.1", ReregMrFn),
+        alloc_pd: resolve_fn!(h, c"ibv_alloc_pd", c"IBVERBS_1.1", AllocPdFn),
         dealloc_pd: resolve_fn!(h, c"ibv_dealloc_pd", c"IBVERBS_1.1", DeallocPdFn),
         close_device: resolve_fn!(h, c"ibv_close_device", c"IBVERBS_1.1", CloseDeviceFn),
     }
@@ -116,6 +118,7 @@ mod tests {
         assert!(r.reg_mr_iova2.is_some());
         assert!(r.dereg_mr.is_some());
         assert!(r.rereg_mr.is_some());
+        assert!(r.alloc_pd.is_some());
         assert!(r.dealloc_pd.is_some());
         assert!(r.close_device.is_some());
         // The targets live in libibverbs, not in this test binary.

@@ -518,6 +518,27 @@ pub(crate) unsafe extern "C" fn ibv_rereg_mr(
     r.unwrap_or(IBV_REREG_MR_ERR_CMD)
 }
 
+/// The real call, then, once it succeeded, the monitor is installed and userfaultfd's reader
+/// started (`pd_cache::warm_up`): a program that allocates a protection domain is about to
+/// register memory, and its first registration should not pay for those one-time starts.
+///
+/// # Safety
+/// Same contract as libibverbs `ibv_alloc_pd`.
+#[no_mangle]
+pub(crate) unsafe extern "C" fn ibv_alloc_pd(ctx: *mut c_void) -> *mut IbvPd {
+    let pd = match real_verbs::get().alloc_pd {
+        // SAFETY: forwarded unchanged.
+        Some(f) => unsafe { f(ctx) },
+        None => missing_ptr().cast(),
+    };
+    if !pd.is_null() {
+        if let Some(_outer) = Outermost::enter() {
+            let _ = catch_unwind(pd_cache::warm_up);
+        }
+    }
+    pd
+}
+
 /// Drop the domain's cache (releasing the registrations only the cache still holds) before the
 /// real call, or it would fail with EBUSY.
 ///

@@ -175,6 +175,14 @@ pub fn install(opts: MonitorOptions) -> MonitorStatus {
     status()
 }
 
+/// Start userfaultfd's reader thread now if userfaultfd is on (see `uffd::start_reader`): what
+/// the first watched registration would otherwise wait for.
+pub fn start_uffd_reader() {
+    if !switches::disabled(switches::UFFD) {
+        uffd::start_reader();
+    }
+}
+
 /// What is active now.
 pub fn status() -> MonitorStatus {
     let mut s = MonitorStatus::default();

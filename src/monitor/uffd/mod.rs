@@ -56,4 +56,4 @@ pub use reader::quiesce;
 pub(super) use state::fill_status;
 pub use state::{watch_costs, WatchCosts};
 pub use watch::UffdWatcher;
-pub(super) use watch::{open, unwatch, watch};
+pub(super) use watch::{open, start_reader, unwatch, watch};

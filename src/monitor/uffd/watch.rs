@@ -180,6 +180,21 @@ fn add_elapsed(
     );
 }
 
+/// Start the reader now rather than at the first watch (idempotent; nothing if userfaultfd is
+/// off or refused). For a caller that knows registrations are coming (the shim, when the
+/// application allocates a protection domain): the thread's start is then not paid by the first
+/// registration. A forked child still starts its own at its first watch.
+pub(crate) fn start_reader() {
+    if !ACTIVE.load(SeqCst) {
+        return;
+    }
+    let mut guard = lock_state();
+    if let Some(fd) = ensure_open(&mut guard) {
+        let st = guard.as_mut().expect("opened above");
+        ensure_reader(st, fd);
+    }
+}
+
 /// Count one more watch of the pages under [addr, addr+len) and register them. Returns how many
 /// ranges were registered (1 normally; 0 if userfaultfd is off or refused all of it).
 pub(crate) fn watch(addr: usize, len: usize) -> usize {
