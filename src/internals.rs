@@ -55,8 +55,8 @@ pub mod monitor {
     pub use crate::monitor::ranges::{madvise_drops_pages, mmap_replaces, mremap_fresh};
     pub use crate::monitor::{
         install, notify_unmapped, quiesce, reports_fresh, start_uffd_reader, status, subscribe,
-        watch_costs, Hooked, MemoryListener, MonitorOptions, MonitorStatus, Subscription,
-        WatchCosts,
+        uffd_unwatch, uffd_watch, watch_costs, Hooked, MemoryListener, MonitorOptions,
+        MonitorStatus, Subscription, WatchCosts,
     };
 }
 

@@ -393,7 +393,36 @@ pub(crate) fn warm_up() {
     ensure_monitor();
     if settings::config().monitor.userfaultfd && !blind() {
         monitor::start_uffd_reader();
+        warm_uffd_path();
     }
+}
+
+/// One userfaultfd watch and unwatch of a page of the shim's own (mapped and unmapped by raw
+/// system calls, so no monitor hears of it), so that the first cached registration's
+/// `UFFDIO_REGISTER` is not the process's first.
+fn warm_uffd_path() {
+    let page = 4096;
+    // SAFETY: a fresh private anonymous mapping of our own; nothing else refers to it.
+    let p = unsafe {
+        libc::syscall(
+            libc::SYS_mmap,
+            0usize,
+            page,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1i32,
+            0usize,
+        )
+    };
+    if p < 0 {
+        return;
+    }
+    let addr = p as usize;
+    if firehose::internals::monitor::uffd_watch(addr, page) != 0 {
+        firehose::internals::monitor::uffd_unwatch(addr, page);
+    }
+    // SAFETY: our mapping from above, unregistered again (its unmap makes no userfaultfd event).
+    unsafe { libc::syscall(libc::SYS_munmap, addr, page) };
 }
 
 /// The default monitor left libc's entries to another library (`coexist.rs`).
