@@ -624,25 +624,38 @@ impl Rma {
             return;
         }
         for s in segs {
-            let off = s.raddr - c.raddr;
-            let rop = RdmaOp {
-                kind: c.kind,
-                local_addr: c.local + off,
-                lkey: c.lkey,
-                len: s.len,
-                remote_addr: s.raddr,
-                rkey: s.rkey,
-                token: op,
-            };
-            self.counters.rdma_posted.fetch_add(1, Relaxed);
-            // SAFETY: the local range lies in the caller's buffer, registered under `lkey` by
-            // the cache until the request ends (after this op's last completion); the caller
-            // does not touch it until then (fh_put_nb/fh_get_nb contract). The remote range is
-            // inside a region the target pinned for us, held until `release`.
-            if let Err(e) = unsafe { self.peers.link().rdma(c.peer, rop) } {
-                self.seg_done(op, Some(link_status(&e)));
-            }
+            self.post_seg(op, c, s);
         }
+    }
+
+    /// Posts segment `s` of chunk `op` (`post`; the hit path's one segment directly).
+    #[inline(always)]
+    fn post_seg(&self, op: u64, c: &Chunk, s: &Seg) {
+        let off = s.raddr - c.raddr;
+        let rop = RdmaOp {
+            kind: c.kind,
+            local_addr: c.local + off,
+            lkey: c.lkey,
+            len: s.len,
+            remote_addr: s.raddr,
+            rkey: s.rkey,
+            token: op,
+        };
+        self.counters.rdma_posted.fetch_add(1, Relaxed);
+        // SAFETY: the local range lies in the caller's buffer, registered under `lkey` by
+        // the cache until the request ends (after this op's last completion); the caller
+        // does not touch it until then (fh_put_nb/fh_get_nb contract). The remote range is
+        // inside a region the target pinned for us, held until `release`.
+        if let Err(e) = unsafe { self.peers.link().rdma(c.peer, rop) } {
+            self.seg_failed(op, e);
+        }
+    }
+
+    /// A post the link refused: the segment is done with its error (out of line).
+    #[cold]
+    #[inline(never)]
+    fn seg_failed(&self, op: u64, e: LinkError) {
+        self.seg_done(op, Some(link_status(&e)));
     }
 
     fn seg_done_empty(&self, op: u64) {
@@ -737,7 +750,52 @@ impl Rma {
                 old => ops.renew_collected(old),
             };
             let req = renewed.unwrap_or_else(|| ops.reqs.next_key());
-            let r = fh.acquire_for(req | OWN, peer, raddr, len, rights, small);
+            let op = req | OWN;
+            // The common hit (one firehose covers the op) without the general acquire's
+            // result: its one segment, posted at once.
+            if let Some(seg) = fh.acquire_hit(op, peer, raddr, len, rights) {
+                let entry = Request {
+                    chunks_left: 1,
+                    reg,
+                    error: None,
+                    implicit,
+                    done: false,
+                    own: Some(Chunk {
+                        req,
+                        segs_left: 1,
+                        holds_refs: true,
+                        ..chunk
+                    }),
+                };
+                match renewed {
+                    Some(k) => ops.renewed(k, entry),
+                    None => {
+                        let k = ops.add_request(entry);
+                        debug_assert_eq!(k, req);
+                    }
+                }
+                if fh.has_output() {
+                    self.drain_unlock(g);
+                } else {
+                    drop(g);
+                }
+                let rop = RdmaOp {
+                    kind,
+                    local_addr: local as u64,
+                    lkey,
+                    len: seg.len,
+                    remote_addr: seg.raddr,
+                    rkey: seg.rkey,
+                    token: op,
+                };
+                self.counters.rdma_posted.fetch_add(1, Relaxed);
+                // SAFETY: as in `post_seg` (the segment is the whole op).
+                if let Err(e) = unsafe { self.peers.link().rdma(peer, rop) } {
+                    self.seg_failed(op, e);
+                }
+                return Ok(req);
+            }
+            let r = fh.acquire_for(op, peer, raddr, len, rights, small);
             let (segs_left, holds_refs) = match &r {
                 Ok(Acquire::Hit(segs)) => (segs.len() as u32, true),
                 _ => (0, false),
@@ -767,7 +825,6 @@ impl Rma {
             } else {
                 drop(g);
             }
-            let op = req | OWN;
             match r {
                 Ok(Acquire::Hit(segs)) => self.post(op, &chunk, &segs),
                 Ok(Acquire::Pending) | Ok(Acquire::DoneInMove) => {}
@@ -924,12 +981,20 @@ impl Rma {
 
     /// After `DoneBoard::collect` handed this thread the result of `req`: its table entry goes
     /// at the next `start` (or now, for the one this replaces in the reap cell).
-    #[inline]
+    #[inline(always)]
     fn reap_later(&self, req: u64) {
         let old = self.reap.swap(req, AcqRel);
         if old != 0 {
-            lock(&self.engine).ops.reap(old);
+            self.reap_now(old);
         }
+    }
+
+    /// `reap_later`'s removal of the entry it replaced in the cell (out of line: a blocking
+    /// op's start empties the cell before its wait fills it).
+    #[cold]
+    #[inline(never)]
+    fn reap_now(&self, old: u64) {
+        lock(&self.engine).ops.reap(old);
     }
 
     /// Progresses until the request is done; returns its result (the handle is then spent).
@@ -946,22 +1011,19 @@ impl Rma {
         // set up, which happens only if a second poll is needed (the bound's clock reads the
         // time only every `CHECK_EVERY` polls anyway: it starts one poll later, nothing else
         // changes).
-        match self.done.collect(req) {
-            Some(Some(r)) => {
+        if let Some(slot) = self.done.slot(req) {
+            if let Some(r) = DoneBoard::take(slot) {
                 self.reap_later(req);
                 return r;
             }
-            Some(None) => {
-                let n = self.progress_inside()?;
-                if let Some(Some(r)) = self.done.collect(req) {
-                    self.reap_later(req);
-                    return r;
-                }
-                if n == 0 {
-                    std::thread::yield_now();
-                }
+            let n = self.progress_inside()?;
+            if let Some(r) = DoneBoard::take(slot) {
+                self.reap_later(req);
+                return r;
             }
-            None => {}
+            if n == 0 {
+                std::thread::yield_now();
+            }
         }
         self.wait_rest(req)
     }

@@ -216,7 +216,7 @@ impl Ops {
     }
 
     /// `add_request` for a running request, into the entry `renew_collected` gave `key`.
-    #[inline]
+    #[inline(always)]
     pub(super) fn renewed(&mut self, key: Key, r: Request) {
         debug_assert!(!r.done);
         self.running += 1;
