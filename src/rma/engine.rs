@@ -51,10 +51,6 @@ struct Counters {
     self_ops: AtomicU64,
     rejected: AtomicU64,
     rdma_posted: AtomicU64,
-    /// Releases (`Firehose::release`, the cache's `deregister`) that `after` saw fail: a chunk
-    /// or a registration released twice (a bug; `check_idle` reports it), or a cache that was
-    /// quarantined by a fork.
-    bad_releases: AtomicU64,
 }
 
 /// A snapshot of `Rma::stats`.
@@ -121,15 +117,17 @@ impl RegionPins for NoPins {
 /// `Rma::with_pins` over a simulated link.
 pub struct Rma {
     peers: Arc<Peers>,
-    engine: Mutex<Engine>,
+    /// The engine, counters and local cache, shared with the endpoint's RDMA handler.
+    sh: Arc<Shared>,
+    /// Drops the engine's pins where the engine itself used to drop, right after `peers` (the
+    /// handler keeps the rest of the engine until the endpoint goes).
+    _pins: PinsGo,
     /// `engine.ops.board`: what `wait` spins on without the lock.
     done: Arc<DoneBoard>,
     /// The key of a request whose result a wait collected from the board (0: none): its table
     /// entry is removed by the next `start`, in the critical section it takes anyway, so a
     /// blocking op takes the engine lock twice (start, completion), not a third time to collect.
     reap: AtomicU64,
-    /// Registers the caller's buffers (`None` in a job of one: every op is a local copy).
-    local: Option<Arc<Cache>>,
     rank: Rank,
     size: u32,
     /// Longest chunk: Firehose's `max_op_len`, capped by the link's longest RDMA.
@@ -149,6 +147,84 @@ pub struct Rma {
     exposure: Arc<Exposure>,
     /// The memory windows' counters (set by `new` when `FH_MW` put windows on).
     windows: std::sync::OnceLock<Arc<WindowCounters>>,
+}
+
+/// What a completion needs, shared with the endpoint's RDMA handler: the handler holds it
+/// strongly, so a completion touches no reference count (the endpoint holds the handler and the
+/// `Rma` holds the endpoint: the handler reaches the `Rma` itself only weakly, and only for a
+/// completion that leaves messages to send or events to handle). Holds nothing of the endpoint.
+struct Shared {
+    engine: Mutex<Engine>,
+    /// Releases (`Firehose::release`, the cache's `deregister`) that failed: a chunk or a
+    /// registration released twice (a bug; `check_idle` reports it), or a cache that was
+    /// quarantined by a fork.
+    bad_releases: AtomicU64,
+    /// Registers the caller's buffers (`None` in a job of one: every op is a local copy).
+    local: Option<Arc<Cache>>,
+}
+
+impl Shared {
+    /// One RDMA segment of chunk `chunk` completed: `Rma::finish` written out for the hit
+    /// path's completion, the one critical section of a put or get after its start. `drain`
+    /// gets the lock when the algorithm left output (it must send under it, then release it).
+    #[inline(always)]
+    fn seg_done(
+        &self,
+        chunk: u64,
+        err: Option<RmaError>,
+        drain: impl FnOnce(MutexGuard<'_, Engine>),
+    ) {
+        let _inside = crate::rt::inside::enter();
+        let mut g = lock(&self.engine);
+        let Engine { fh, ops, .. } = &mut *g;
+        let done = ops.seg_done(chunk, err);
+        if let Some(Finished { release: true, .. }) = done {
+            // Cannot fail for an op that holds references (see `Rma::finish`).
+            if fh.release(chunk).is_err() {
+                self.bad_releases.fetch_add(1, Relaxed);
+            }
+        }
+        if fh.has_output() {
+            drain(g);
+        } else {
+            drop(g);
+        }
+        if let Some(Finished { dereg: Some(h), .. }) = done {
+            self.dereg(h);
+        }
+    }
+
+    fn dereg(&self, h: u64) {
+        if let Some(c) = &self.local {
+            if c.deregister(h).is_err() {
+                self.bad_releases.fetch_add(1, Relaxed);
+            }
+        }
+    }
+}
+
+/// `Rma::_pins`: the pins go with the context (a late completion needs none).
+struct PinsGo(Arc<Shared>);
+
+impl Drop for PinsGo {
+    fn drop(&mut self) {
+        let pins = lock(&self.0.engine).pins.take();
+        drop(pins);
+    }
+}
+
+/// The RDMA handler's way to the output of a completion (out of line, rare): through the `Rma`
+/// while it lives; once it is gone, nobody waits for what it would send or report.
+#[cold]
+#[inline(never)]
+fn drain_weak(w: &Weak<Rma>, mut g: MutexGuard<'_, Engine>) {
+    match w.upgrade() {
+        Some(r) => r.drain_unlock(g),
+        None => {
+            while g.fh.poll_transmit().is_some() {}
+            while g.fh.poll_event().is_some() {}
+        }
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -363,13 +439,20 @@ impl Rma {
             usize::MAX
         };
         let ops = Ops::default();
-        let rma = Arc::new(Rma {
-            small_put_max: fh.config().small_put_max,
-            windows: std::sync::OnceLock::new(),
-            done: ops.board.clone(),
-            reap: AtomicU64::new(0),
+        let done = ops.board.clone();
+        let small_put_max = fh.config().small_put_max;
+        let sh = Arc::new(Shared {
             engine: Mutex::new(Engine { fh, ops, pins }),
+            bad_releases: AtomicU64::new(0),
             local,
+        });
+        let rma = Arc::new(Rma {
+            small_put_max,
+            windows: std::sync::OnceLock::new(),
+            done,
+            reap: AtomicU64::new(0),
+            _pins: PinsGo(sh.clone()),
+            sh,
             rank,
             size,
             max_chunk,
@@ -403,11 +486,10 @@ impl Rma {
             }
         });
         let w: Weak<Rma> = Arc::downgrade(self);
+        let sh = self.sh.clone();
         am.set_rdma_handler(Some(Box::new(move |_peer, token, result| {
-            if let Some(r) = w.upgrade() {
-                let err = result.err().map(|e| link_status(&e));
-                r.seg_done(token, err);
-            }
+            let err = result.err().map(|e| link_status(&e));
+            sh.seg_done(token, err, |g| drain_weak(&w, g));
         })));
         // Only recorded here (the endpoint may call it inside a send made under `engine`);
         // `progress` tells the algorithm.
@@ -462,12 +544,12 @@ impl Rma {
         let s = self.peers.settings();
         let mut clock = WaitClock::new(s.probe, s.timeout);
         loop {
-            if lock(&self.engine).fh.invalidation_done(id) {
+            if lock(&self.sh.engine).fh.invalidation_done(id) {
                 return Ok(());
             }
             let n = self.progress()?;
             if let Due::Expired = clock.tick(Instant::now) {
-                let late = lock(&self.engine).fh.invalidation_holders(id);
+                let late = lock(&self.sh.engine).fh.invalidation_holders(id);
                 for p in late {
                     self.peers.am().give_up(p);
                 }
@@ -493,7 +575,7 @@ impl Rma {
         f: impl FnOnce(&mut Firehose, &mut dyn RegionPins, &mut Ops) -> R,
     ) -> R {
         let _inside = crate::rt::inside::enter();
-        let mut g = lock(&self.engine);
+        let mut g = lock(&self.sh.engine);
         let Engine { fh, ops, pins } = &mut *g;
         let r = match pins {
             Some(p) => f(fh, p.as_mut(), ops),
@@ -560,7 +642,7 @@ impl Rma {
             // Cannot fail for an op that holds references (the table says it does); counted if
             // it ever does (a double release), for `check_idle`.
             if done.release && fh.release(op).is_err() {
-                self.counters.bad_releases.fetch_add(1, Relaxed);
+                self.sh.bad_releases.fetch_add(1, Relaxed);
             }
             Some(done)
         });
@@ -569,43 +651,21 @@ impl Rma {
         }
     }
 
-    /// One RDMA segment of chunk `chunk` completed (the endpoint's RDMA handler): `finish`
-    /// written out for the hit path's completion, the one critical section of a put or get
-    /// after its start.
+    /// One RDMA segment of chunk `chunk` completed (`Shared::seg_done`; the endpoint's RDMA
+    /// handler calls that directly), or failed to post.
     fn seg_done(&self, chunk: u64, err: Option<RmaError>) {
-        let _inside = crate::rt::inside::enter();
-        let mut g = lock(&self.engine);
-        let Engine { fh, ops, .. } = &mut *g;
-        let done = ops.seg_done(chunk, err);
-        if let Some(Finished { release: true, .. }) = done {
-            // Cannot fail for an op that holds references (see `finish`).
-            if fh.release(chunk).is_err() {
-                self.counters.bad_releases.fetch_add(1, Relaxed);
-            }
-        }
-        if fh.has_output() {
-            self.drain_unlock(g);
-        } else {
-            drop(g);
-        }
-        if let Some(Finished { dereg: Some(h), .. }) = done {
-            self.dereg(h);
-        }
+        self.sh.seg_done(chunk, err, |g| self.drain_unlock(g));
     }
 
     fn dereg(&self, h: u64) {
-        if let Some(c) = &self.local {
-            if c.deregister(h).is_err() {
-                self.counters.bad_releases.fetch_add(1, Relaxed);
-            }
-        }
+        self.sh.dereg(h);
     }
 
     /// Posts one RDMA per segment of chunk `op` (its firehoses are held until the last ends):
     /// a `Ready` event, the chunk waited in the table.
     fn post_segs(&self, op: u64, segs: &[Seg]) {
         let c = {
-            let mut g = lock(&self.engine);
+            let mut g = lock(&self.sh.engine);
             let Some(c) = g.ops.chunk_mut(op) else {
                 return; // cannot happen: a chunk leaves the table only when it is over
             };
@@ -698,7 +758,7 @@ impl Rma {
             // SAFETY: forwarded contract on `local`.
             return Ok(unsafe { self.start_self(kind, raddr, local, len, implicit) });
         }
-        let cache = self.local.as_ref().ok_or(RmaError::NoDevice)?;
+        let cache = self.sh.local.as_ref().ok_or(RmaError::NoDevice)?;
         // A short put goes inline (the link copies it at post time): nothing to register, the
         // pin-down cache's lookup and release leave its hit path. A put's source is only read
         // by the device (no LOCAL_WRITE: a read-only buffer registers), a get's destination
@@ -740,7 +800,7 @@ impl Rma {
                 // SAFETY: the caller's buffer, readable for a put (contract).
                 unsafe { std::slice::from_raw_parts(local, len) }
             });
-            let mut g = lock(&self.engine);
+            let mut g = lock(&self.sh.engine);
             let Engine { fh, ops, .. } = &mut *g;
             // The entry a previous wait collected is reused; the new one is written after the
             // acquire, with what a hit holds (nothing reads the table in between: the lock is
@@ -942,7 +1002,7 @@ impl Rma {
 
     /// A request that finished at once (a local copy).
     fn done_request(&self, r: Result<(), RmaError>, implicit: bool) -> u64 {
-        let mut g = lock(&self.engine);
+        let mut g = lock(&self.sh.engine);
         let ops = &mut g.ops;
         if implicit {
             if let Err(e) = r {
@@ -968,7 +1028,7 @@ impl Rma {
             self.reap_later(req);
             return Ok(Some(r));
         }
-        if let Some(r) = lock(&self.engine).ops.take_if_done(req)? {
+        if let Some(r) = lock(&self.sh.engine).ops.take_if_done(req)? {
             return Ok(Some(r));
         }
         self.progress_inside()?;
@@ -976,7 +1036,7 @@ impl Rma {
             self.reap_later(req);
             return Ok(Some(r));
         }
-        lock(&self.engine).ops.take_if_done(req)
+        lock(&self.sh.engine).ops.take_if_done(req)
     }
 
     /// After `DoneBoard::collect` handed this thread the result of `req`: its table entry goes
@@ -994,7 +1054,7 @@ impl Rma {
     #[cold]
     #[inline(never)]
     fn reap_now(&self, old: u64) {
-        lock(&self.engine).ops.reap(old);
+        lock(&self.sh.engine).ops.reap(old);
     }
 
     /// Progresses until the request is done; returns its result (the handle is then spent).
@@ -1050,7 +1110,7 @@ impl Rma {
                     .poll(self, Some(req))?;
                 polls += 1;
             }
-            if let Some(r) = lock(&self.engine).ops.take_if_done(req)? {
+            if let Some(r) = lock(&self.sh.engine).ops.take_if_done(req)? {
                 return b.as_ref().map_or(r, |b| b.result(r));
             }
             if polls == 0 {
@@ -1068,7 +1128,7 @@ impl Rma {
         let mut b = Bounded::new(self);
         loop {
             {
-                let mut g = lock(&self.engine);
+                let mut g = lock(&self.sh.engine);
                 let ops = &mut g.ops;
                 if ops.running() == 0 {
                     return b.result(ops.implicit_error.take().map_or(Ok(()), Err));
@@ -1104,7 +1164,7 @@ impl Rma {
 
     /// Peers that running chunks wait on.
     fn waited_peers(&self) -> Vec<Rank> {
-        let g = lock(&self.engine);
+        let g = lock(&self.sh.engine);
         let ops = &g.ops;
         let mut v: Vec<Rank> = ops.chunks().map(|c| c.peer).collect();
         v.sort_unstable();
@@ -1116,7 +1176,7 @@ impl Rma {
     /// chunks with no RDMA posted (a move unanswered, or blocked behind one). A chunk with RDMA
     /// posted waits for the link, not for the peer's CPU: its completion comes by itself.
     fn silent_peers(&self, req: Option<u64>) -> Vec<Rank> {
-        let g = lock(&self.engine);
+        let g = lock(&self.sh.engine);
         let ops = &g.ops;
         let mut v: Vec<Rank> = ops
             .chunks()
@@ -1132,7 +1192,7 @@ impl Rma {
     /// and tests, e.g. to replay a key from another rank.
     #[doc(hidden)]
     pub fn firehoses_on(&self, peer: Rank) -> Vec<(u64, u64, u32, Rights)> {
-        lock(&self.engine).fh.firehoses_on(peer)
+        lock(&self.sh.engine).fh.firehoses_on(peer)
     }
 
     /// For tests: `Ok` when nothing is left of past operations (call once every request is
@@ -1141,10 +1201,10 @@ impl Rma {
     /// release), and the algorithm's own bookkeeping consistent. Otherwise what is left.
     #[doc(hidden)]
     pub fn check_idle(&self) -> Result<(), String> {
-        let g = lock(&self.engine);
+        let g = lock(&self.sh.engine);
         let (chunks, running) = (g.ops.chunks().count(), g.ops.running());
         let (fh_ops, refs) = (g.fh.ops_in_flight(), g.fh.refs_held());
-        let bad = self.counters.bad_releases.load(Relaxed);
+        let bad = self.sh.bad_releases.load(Relaxed);
         if chunks + running + fh_ops > 0 || refs > 0 || bad > 0 {
             return Err(format!(
                 "chunks {chunks}, running requests {running}, Firehose ops {fh_ops}, \
@@ -1155,7 +1215,7 @@ impl Rma {
     }
 
     pub fn stats(&self) -> RmaStats {
-        let fh = lock(&self.engine).fh.stats();
+        let fh = lock(&self.sh.engine).fh.stats();
         RmaStats {
             fh,
             puts: self.counters.puts.load(Relaxed),
@@ -1201,7 +1261,7 @@ impl revoke::Driver for RmaDriver {
 
     fn is_done(&self, id: InvalId) -> Option<bool> {
         let r = self.0.upgrade()?;
-        let done = lock(&r.engine).fh.invalidation_done(id);
+        let done = lock(&r.sh.engine).fh.invalidation_done(id);
         Some(done)
     }
 
@@ -1240,7 +1300,7 @@ impl revoke::Driver for RmaDriver {
 
     fn give_up_holders(&self, id: InvalId) -> Option<usize> {
         let r = self.0.upgrade()?;
-        let late = lock(&r.engine).fh.invalidation_holders(id);
+        let late = lock(&r.sh.engine).fh.invalidation_holders(id);
         // Not under `engine`: a loss is recorded and told to the algorithm by the next progress
         // (the holder then counts as having acked).
         for &p in &late {

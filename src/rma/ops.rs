@@ -90,7 +90,7 @@ impl Ops {
     }
 
     /// Record one completed segment of `chunk`; `Some` when it was the chunk's last.
-    #[inline]
+    #[inline(always)]
     pub(super) fn seg_done(&mut self, chunk: Key, err: Option<RmaError>) -> Option<Finished> {
         if chunk & OWN == 0 {
             let c = self.chunks.get_mut(chunk)?;
