@@ -777,90 +777,35 @@ impl Rma {
             RdmaKind::Write => Rights::WRITE,
             RdmaKind::Read => Rights::READ,
         };
-        let small_max = match kind {
-            RdmaKind::Write => self.small_put_max,
-            RdmaKind::Read => 0,
-        };
         if len <= self.max_chunk {
             // One chunk, kept in the request's own entry (`Request::own`, op id `req | OWN`):
             // one table entry, and one critical section that records it, acquires its firehoses
-            // and reaps the entry a previous wait collected.
-            let chunk = Chunk {
-                req: 0,
-                peer,
-                kind,
-                local: local as u64,
-                lkey,
-                raddr,
-                segs_left: 0,
-                holds_refs: false,
-                error: None,
-            };
-            let small = (len <= small_max).then(|| {
-                // SAFETY: the caller's buffer, readable for a put (contract).
-                unsafe { std::slice::from_raw_parts(local, len) }
-            });
+            // and reuses the entry a previous wait collected.
             let mut g = lock(&self.sh.engine);
             let Engine { fh, ops, .. } = &mut *g;
-            // The entry a previous wait collected is reused; the new one is written after the
-            // acquire, with what a hit holds (nothing reads the table in between: the lock is
-            // held), under a key known before.
-            let renewed = match self.reap.swap(0, AcqRel) {
-                0 => None,
-                old => ops.renew_collected(old),
-            };
-            let req = renewed.unwrap_or_else(|| ops.reqs.next_key());
+            // The entry is written after the acquire, with what a hit holds (nothing reads the
+            // table in between: the lock is held), under a key known before.
+            let (req, entry) = ops.begin(self.reap.swap(0, AcqRel));
             let op = req | OWN;
             // The common hit (one firehose covers the op) without the general acquire's
             // result: its one segment, posted at once.
-            if let Some(seg) = fh.acquire_hit(op, peer, raddr, len, rights) {
-                let entry = Request {
-                    chunks_left: 1,
-                    reg,
-                    error: None,
-                    implicit,
-                    done: false,
-                    own: Some(Chunk {
-                        req,
-                        segs_left: 1,
-                        holds_refs: true,
-                        ..chunk
-                    }),
-                };
-                match renewed {
-                    Some(k) => ops.renewed(k, entry),
-                    None => {
-                        let k = ops.add_request(entry);
-                        debug_assert_eq!(k, req);
-                    }
-                }
-                if fh.has_output() {
-                    self.drain_unlock(g);
-                } else {
-                    drop(g);
-                }
-                let rop = RdmaOp {
+            let Some(seg) = fh.acquire_hit(op, peer, raddr, len, rights) else {
+                let one = One {
+                    req,
                     kind,
-                    local_addr: local as u64,
+                    peer,
+                    raddr,
+                    local,
+                    len,
+                    implicit,
+                    reg,
                     lkey,
-                    len: seg.len,
-                    remote_addr: seg.raddr,
-                    rkey: seg.rkey,
-                    token: op,
                 };
-                self.counters.rdma_posted.fetch_add(1, Relaxed);
-                // SAFETY: as in `post_seg` (the segment is the whole op).
-                if let Err(e) = unsafe { self.peers.link().rdma(peer, rop) } {
-                    self.seg_failed(op, e);
-                }
+                // SAFETY: forwarded contract on `local`.
+                unsafe { self.start_one(g, one) };
                 return Ok(req);
-            }
-            let r = fh.acquire_for(op, peer, raddr, len, rights, small);
-            let (segs_left, holds_refs) = match &r {
-                Ok(Acquire::Hit(segs)) => (segs.len() as u32, true),
-                _ => (0, false),
             };
-            let entry = Request {
+            *entry = Request {
                 chunks_left: 1,
                 reg,
                 error: None,
@@ -868,32 +813,104 @@ impl Rma {
                 done: false,
                 own: Some(Chunk {
                     req,
-                    segs_left,
-                    holds_refs,
-                    ..chunk
+                    peer,
+                    kind,
+                    local: local as u64,
+                    lkey,
+                    raddr,
+                    segs_left: 1,
+                    holds_refs: true,
+                    error: None,
                 }),
             };
-            match renewed {
-                Some(k) => ops.renewed(k, entry),
-                None => {
-                    let k = ops.add_request(entry);
-                    debug_assert_eq!(k, req);
-                }
-            }
             if fh.has_output() {
                 self.drain_unlock(g);
             } else {
                 drop(g);
             }
-            match r {
-                Ok(Acquire::Hit(segs)) => self.post(op, &chunk, &segs),
-                Ok(Acquire::Pending) | Ok(Acquire::DoneInMove) => {}
-                Err(e) => self.finish(op, |ops| ops.finish_chunk(op, Some(status_of(e)))),
+            let rop = RdmaOp {
+                kind,
+                local_addr: local as u64,
+                lkey,
+                len: seg.len,
+                remote_addr: seg.raddr,
+                rkey: seg.rkey,
+                token: op,
+            };
+            self.counters.rdma_posted.fetch_add(1, Relaxed);
+            // SAFETY: as in `post_seg` (the segment is the whole op).
+            if let Err(e) = unsafe { self.peers.link().rdma(peer, rop) } {
+                self.seg_failed(op, e);
             }
             return Ok(req);
         }
         // SAFETY: forwarded contract on `local`.
         unsafe { self.start_chunks(kind, peer, raddr, local, len, implicit, (reg, lkey)) }
+    }
+
+    /// `start` of one chunk past the common hit (out of line): the general acquire (a miss, a
+    /// hit over several regions, a put that rides in the move, an error), in the critical
+    /// section `g` that began the request's entry (`Ops::begin`, under key `one.req`).
+    ///
+    /// # Safety
+    /// As `start`.
+    #[inline(never)]
+    unsafe fn start_one(&self, mut g: MutexGuard<'_, Engine>, one: One) {
+        let One {
+            req,
+            kind,
+            peer,
+            raddr,
+            local,
+            len,
+            implicit,
+            reg,
+            lkey,
+        } = one;
+        let (rights, small_max) = match kind {
+            RdmaKind::Write => (Rights::WRITE, self.small_put_max),
+            RdmaKind::Read => (Rights::READ, 0),
+        };
+        let small = (len <= small_max).then(|| {
+            // SAFETY: the caller's buffer, readable for a put (contract).
+            unsafe { std::slice::from_raw_parts(local, len) }
+        });
+        let op = req | OWN;
+        let Engine { fh, ops, .. } = &mut *g;
+        let r = fh.acquire_for(op, peer, raddr, len, rights, small);
+        let (segs_left, holds_refs) = match &r {
+            Ok(Acquire::Hit(segs)) => (segs.len() as u32, true),
+            _ => (0, false),
+        };
+        let chunk = Chunk {
+            req,
+            peer,
+            kind,
+            local: local as u64,
+            lkey,
+            raddr,
+            segs_left,
+            holds_refs,
+            error: None,
+        };
+        *ops.reqs.get_mut(req).expect("begun") = Request {
+            chunks_left: 1,
+            reg,
+            error: None,
+            implicit,
+            done: false,
+            own: Some(chunk),
+        };
+        if fh.has_output() {
+            self.drain_unlock(g);
+        } else {
+            drop(g);
+        }
+        match r {
+            Ok(Acquire::Hit(segs)) => self.post(op, &chunk, &segs),
+            Ok(Acquire::Pending) | Ok(Acquire::DoneInMove) => {}
+            Err(e) => self.finish(op, |ops| ops.finish_chunk(op, Some(status_of(e)))),
+        }
     }
 
     /// `start` of a request longer than a chunk: one table entry per chunk, each acquired in
@@ -1247,6 +1264,19 @@ impl Drop for Rma {
             r.stop();
         }
     }
+}
+
+/// A one-chunk request on its way past the common hit (`Rma::start_one`).
+struct One {
+    req: u64,
+    kind: RdmaKind,
+    peer: Rank,
+    raddr: u64,
+    local: *mut u8,
+    len: usize,
+    implicit: bool,
+    reg: Option<u64>,
+    lkey: u32,
 }
 
 /// The `fh-revoke` worker's way into the `Rma` (weak: the worker never keeps a context alive).
