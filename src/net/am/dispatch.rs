@@ -21,6 +21,8 @@ struct Settle {
 }
 
 impl Inner {
+    /// Inlined into its callers (`Am::progress`, the progress thread): the poll of every wait.
+    #[inline(always)]
     pub(super) fn progress(&self) -> Result<usize, NetError> {
         let mut n = self.run_loopback();
         let mut done: Option<Settle> = None;

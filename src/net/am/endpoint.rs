@@ -469,6 +469,7 @@ impl Am {
 
     /// Delivers what arrived (running handlers), sends what credits allow. Returns the number of
     /// events handled. Never blocks.
+    #[inline]
     pub fn progress(&self) -> Result<usize, NetError> {
         self.inner.progress()
     }
