@@ -35,6 +35,7 @@ use crate::cache::Cache;
 use crate::net::{LinkError, Peers, Rank, RdmaKind, RdmaOp};
 use crate::pin::Access;
 use crate::rma::RmaError;
+use crate::rt::lock::{Lock, LockGuard};
 use firehose_proto::{
     Acquire, Event, FhError, Firehose, FirehoseConfig, InvalId, RegionPins, RemoteError, Rights,
     Seg,
@@ -154,7 +155,7 @@ pub struct Rma {
 /// `Rma` holds the endpoint: the handler reaches the `Rma` itself only weakly, and only for a
 /// completion that leaves messages to send or events to handle). Holds nothing of the endpoint.
 struct Shared {
-    engine: Mutex<Engine>,
+    engine: Lock<Engine>,
     /// Releases (`Firehose::release`, the cache's `deregister`) that failed: a chunk or a
     /// registration released twice (a bug; `check_idle` reports it), or a cache that was
     /// quarantined by a fork.
@@ -172,10 +173,10 @@ impl Shared {
         &self,
         chunk: u64,
         err: Option<RmaError>,
-        drain: impl FnOnce(MutexGuard<'_, Engine>),
+        drain: impl FnOnce(LockGuard<'_, Engine>),
     ) {
         let _inside = crate::rt::inside::enter();
-        let mut g = lock(&self.engine);
+        let mut g = self.engine.lock();
         let Engine { fh, ops, .. } = &mut *g;
         let done = ops.seg_done(chunk, err);
         if let Some(Finished { release: true, .. }) = done {
@@ -208,7 +209,7 @@ struct PinsGo(Arc<Shared>);
 
 impl Drop for PinsGo {
     fn drop(&mut self) {
-        let pins = lock(&self.0.engine).pins.take();
+        let pins = self.0.engine.lock().pins.take();
         drop(pins);
     }
 }
@@ -217,7 +218,7 @@ impl Drop for PinsGo {
 /// while it lives; once it is gone, nobody waits for what it would send or report.
 #[cold]
 #[inline(never)]
-fn drain_weak(w: &Weak<Rma>, mut g: MutexGuard<'_, Engine>) {
+fn drain_weak(w: &Weak<Rma>, mut g: LockGuard<'_, Engine>) {
     match w.upgrade() {
         Some(r) => r.drain_unlock(g),
         None => {
@@ -442,7 +443,7 @@ impl Rma {
         let done = ops.board.clone();
         let small_put_max = fh.config().small_put_max;
         let sh = Arc::new(Shared {
-            engine: Mutex::new(Engine { fh, ops, pins }),
+            engine: Lock::new(Engine { fh, ops, pins }),
             bad_releases: AtomicU64::new(0),
             local,
         });
@@ -544,12 +545,12 @@ impl Rma {
         let s = self.peers.settings();
         let mut clock = WaitClock::new(s.probe, s.timeout);
         loop {
-            if lock(&self.sh.engine).fh.invalidation_done(id) {
+            if self.sh.engine.lock().fh.invalidation_done(id) {
                 return Ok(());
             }
             let n = self.progress()?;
             if let Due::Expired = clock.tick(Instant::now) {
-                let late = lock(&self.sh.engine).fh.invalidation_holders(id);
+                let late = self.sh.engine.lock().fh.invalidation_holders(id);
                 for p in late {
                     self.peers.am().give_up(p);
                 }
@@ -575,7 +576,7 @@ impl Rma {
         f: impl FnOnce(&mut Firehose, &mut dyn RegionPins, &mut Ops) -> R,
     ) -> R {
         let _inside = crate::rt::inside::enter();
-        let mut g = lock(&self.sh.engine);
+        let mut g = self.sh.engine.lock();
         let Engine { fh, ops, pins } = &mut *g;
         let r = match pins {
             Some(p) => f(fh, p.as_mut(), ops),
@@ -592,7 +593,7 @@ impl Rma {
     /// it and handles the events (out of line: a hit or a release usually has none).
     #[cold]
     #[inline(never)]
-    fn drain_unlock(&self, mut g: MutexGuard<'_, Engine>) {
+    fn drain_unlock(&self, mut g: LockGuard<'_, Engine>) {
         let events = self.drain(&mut g.fh);
         drop(g);
         for ev in events {
@@ -665,7 +666,7 @@ impl Rma {
     /// a `Ready` event, the chunk waited in the table.
     fn post_segs(&self, op: u64, segs: &[Seg]) {
         let c = {
-            let mut g = lock(&self.sh.engine);
+            let mut g = self.sh.engine.lock();
             let Some(c) = g.ops.chunk_mut(op) else {
                 return; // cannot happen: a chunk leaves the table only when it is over
             };
@@ -781,7 +782,7 @@ impl Rma {
             // One chunk, kept in the request's own entry (`Request::own`, op id `req | OWN`):
             // one table entry, and one critical section that records it, acquires its firehoses
             // and reuses the entry a previous wait collected.
-            let mut g = lock(&self.sh.engine);
+            let mut g = self.sh.engine.lock();
             let Engine { fh, ops, .. } = &mut *g;
             // The entry is written after the acquire, with what a hit holds (nothing reads the
             // table in between: the lock is held), under a key known before.
@@ -855,7 +856,7 @@ impl Rma {
     /// # Safety
     /// As `start`.
     #[inline(never)]
-    unsafe fn start_one(&self, mut g: MutexGuard<'_, Engine>, one: One) {
+    unsafe fn start_one(&self, mut g: LockGuard<'_, Engine>, one: One) {
         let One {
             req,
             kind,
@@ -1019,7 +1020,7 @@ impl Rma {
 
     /// A request that finished at once (a local copy).
     fn done_request(&self, r: Result<(), RmaError>, implicit: bool) -> u64 {
-        let mut g = lock(&self.sh.engine);
+        let mut g = self.sh.engine.lock();
         let ops = &mut g.ops;
         if implicit {
             if let Err(e) = r {
@@ -1045,7 +1046,7 @@ impl Rma {
             self.reap_later(req);
             return Ok(Some(r));
         }
-        if let Some(r) = lock(&self.sh.engine).ops.take_if_done(req)? {
+        if let Some(r) = self.sh.engine.lock().ops.take_if_done(req)? {
             return Ok(Some(r));
         }
         self.progress_inside()?;
@@ -1053,7 +1054,7 @@ impl Rma {
             self.reap_later(req);
             return Ok(Some(r));
         }
-        lock(&self.sh.engine).ops.take_if_done(req)
+        self.sh.engine.lock().ops.take_if_done(req)
     }
 
     /// After `DoneBoard::collect` handed this thread the result of `req`: its table entry goes
@@ -1071,7 +1072,7 @@ impl Rma {
     #[cold]
     #[inline(never)]
     fn reap_now(&self, old: u64) {
-        lock(&self.sh.engine).ops.reap(old);
+        self.sh.engine.lock().ops.reap(old);
     }
 
     /// Progresses until the request is done; returns its result (the handle is then spent).
@@ -1127,7 +1128,7 @@ impl Rma {
                     .poll(self, Some(req))?;
                 polls += 1;
             }
-            if let Some(r) = lock(&self.sh.engine).ops.take_if_done(req)? {
+            if let Some(r) = self.sh.engine.lock().ops.take_if_done(req)? {
                 return b.as_ref().map_or(r, |b| b.result(r));
             }
             if polls == 0 {
@@ -1145,7 +1146,7 @@ impl Rma {
         let mut b = Bounded::new(self);
         loop {
             {
-                let mut g = lock(&self.sh.engine);
+                let mut g = self.sh.engine.lock();
                 let ops = &mut g.ops;
                 if ops.running() == 0 {
                     return b.result(ops.implicit_error.take().map_or(Ok(()), Err));
@@ -1181,7 +1182,7 @@ impl Rma {
 
     /// Peers that running chunks wait on.
     fn waited_peers(&self) -> Vec<Rank> {
-        let g = lock(&self.sh.engine);
+        let g = self.sh.engine.lock();
         let ops = &g.ops;
         let mut v: Vec<Rank> = ops.chunks().map(|c| c.peer).collect();
         v.sort_unstable();
@@ -1193,7 +1194,7 @@ impl Rma {
     /// chunks with no RDMA posted (a move unanswered, or blocked behind one). A chunk with RDMA
     /// posted waits for the link, not for the peer's CPU: its completion comes by itself.
     fn silent_peers(&self, req: Option<u64>) -> Vec<Rank> {
-        let g = lock(&self.sh.engine);
+        let g = self.sh.engine.lock();
         let ops = &g.ops;
         let mut v: Vec<Rank> = ops
             .chunks()
@@ -1209,7 +1210,7 @@ impl Rma {
     /// and tests, e.g. to replay a key from another rank.
     #[doc(hidden)]
     pub fn firehoses_on(&self, peer: Rank) -> Vec<(u64, u64, u32, Rights)> {
-        lock(&self.sh.engine).fh.firehoses_on(peer)
+        self.sh.engine.lock().fh.firehoses_on(peer)
     }
 
     /// For tests: `Ok` when nothing is left of past operations (call once every request is
@@ -1218,7 +1219,7 @@ impl Rma {
     /// release), and the algorithm's own bookkeeping consistent. Otherwise what is left.
     #[doc(hidden)]
     pub fn check_idle(&self) -> Result<(), String> {
-        let g = lock(&self.sh.engine);
+        let g = self.sh.engine.lock();
         let (chunks, running) = (g.ops.chunks().count(), g.ops.running());
         let (fh_ops, refs) = (g.fh.ops_in_flight(), g.fh.refs_held());
         let bad = self.sh.bad_releases.load(Relaxed);
@@ -1232,7 +1233,7 @@ impl Rma {
     }
 
     pub fn stats(&self) -> RmaStats {
-        let fh = lock(&self.sh.engine).fh.stats();
+        let fh = self.sh.engine.lock().fh.stats();
         RmaStats {
             fh,
             puts: self.counters.puts.load(Relaxed),
@@ -1291,7 +1292,7 @@ impl revoke::Driver for RmaDriver {
 
     fn is_done(&self, id: InvalId) -> Option<bool> {
         let r = self.0.upgrade()?;
-        let done = lock(&r.sh.engine).fh.invalidation_done(id);
+        let done = r.sh.engine.lock().fh.invalidation_done(id);
         Some(done)
     }
 
@@ -1330,7 +1331,7 @@ impl revoke::Driver for RmaDriver {
 
     fn give_up_holders(&self, id: InvalId) -> Option<usize> {
         let r = self.0.upgrade()?;
-        let late = lock(&r.sh.engine).fh.invalidation_holders(id);
+        let late = r.sh.engine.lock().fh.invalidation_holders(id);
         // Not under `engine`: a loss is recorded and told to the algorithm by the next progress
         // (the holder then counts as having acked).
         for &p in &late {
