@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 /// What a handled message does to credits, applied only after the link reposted its slot
 /// (applying earlier would let us, or the peer, count a slot that is still occupied; the bound in
 /// `credits` relies on this order).
+#[derive(Clone, Copy)]
 struct Settle {
     peer: Rank,
     credits: u16,
@@ -25,14 +26,27 @@ impl Inner {
     #[inline(always)]
     pub(super) fn progress(&self) -> Result<usize, NetError> {
         let mut n = self.run_loopback();
-        let mut done: Option<Settle> = None;
+        // The credit effects of the last message handled, if `pending` (a flag, not an
+        // `Option`: one test per event on the path every RDMA completion takes).
+        let mut done = Settle {
+            peer: 0,
+            credits: 0,
+            held_credit: false,
+        };
+        let mut pending = false;
         let polled = self.link.poll(&mut |ev| {
             // The previous event's callback returned: its slot is posted again.
-            if let Some(s) = done.take() {
-                self.settle(s);
+            if pending {
+                pending = false;
+                self.settle(done);
             }
             match ev {
-                LinkEvent::Recv { peer, data } => done = self.on_message(peer, data),
+                LinkEvent::Recv { peer, data } => {
+                    if let Some(s) = self.on_message(peer, data) {
+                        done = s;
+                        pending = true;
+                    }
+                }
                 LinkEvent::PeerLost { peer, .. } => self.lose(peer),
                 LinkEvent::RdmaDone {
                     peer,
@@ -41,8 +55,8 @@ impl Inner {
                 } => self.on_rdma_done(peer, token, result),
             }
         });
-        if let Some(s) = done.take() {
-            self.settle(s);
+        if pending {
+            self.settle(done);
         }
         n += polled.map_err(|e| map_link_err(&e))?;
         Ok(n)
