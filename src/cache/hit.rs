@@ -137,7 +137,9 @@ impl Cache {
         res
     }
 
-    #[inline]
+    /// Inlined into both callers (`register`, `register_if_cached`): with two, the compiler
+    /// had stopped inlining it into `register`'s hit path.
+    #[inline(always)]
     pub(super) fn issue(
         &self,
         sid: usize,

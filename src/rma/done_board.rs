@@ -98,6 +98,13 @@ impl std::fmt::Debug for DoneBoard {
     }
 }
 
+/// A request's word and the generation that says "done" in it (`DoneBoard::slot`).
+#[derive(Clone, Copy)]
+pub(super) struct Slot<'a> {
+    word: &'a AtomicU64,
+    gen: u32,
+}
+
 fn split(key: Key) -> (u32, usize) {
     ((key >> 32) as u32, key as u32 as usize)
 }
@@ -143,16 +150,32 @@ impl DoneBoard {
     /// slot has no word (ask the table).
     #[inline]
     pub(super) fn collect(&self, key: Key) -> Option<Option<Result<(), RmaError>>> {
+        Some(Self::take(self.slot(key)?))
+    }
+
+    /// Where `collect` looks for `key`'s result (`None`: no word, ask the table), for a waiter
+    /// that collects more than once (`take`).
+    #[inline]
+    pub(super) fn slot(&self, key: Key) -> Option<Slot<'_>> {
         let (gen, idx) = split(key);
-        let w = self.word(idx)?;
+        Some(Slot {
+            word: self.word(idx)?,
+            gen,
+        })
+    }
+
+    /// `collect` on a word `slot` found: the result once, else `None`.
+    #[inline]
+    pub(super) fn take(s: Slot<'_>) -> Option<Result<(), RmaError>> {
+        let Slot { word: w, gen } = s;
         let v = w.load(Ordering::Acquire);
         if v as u32 != gen || v & COLLECTED != 0 {
-            return Some(None);
+            return None;
         }
         // Only collectors change a done word (to collected): a failed exchange is another's.
         match w.compare_exchange(v, v | COLLECTED, Ordering::AcqRel, Ordering::Acquire) {
-            Ok(_) => Some(Some(decode(v))),
-            Err(_) => Some(None),
+            Ok(_) => Some(decode(v)),
+            Err(_) => None,
         }
     }
 }

@@ -35,6 +35,7 @@ use crate::cache::Cache;
 use crate::net::{LinkError, Peers, Rank, RdmaKind, RdmaOp};
 use crate::pin::Access;
 use crate::rma::RmaError;
+use crate::rt::lock::{Lock, LockGuard};
 use firehose_proto::{
     Acquire, Event, FhError, Firehose, FirehoseConfig, InvalId, RegionPins, RemoteError, Rights,
     Seg,
@@ -51,10 +52,6 @@ struct Counters {
     self_ops: AtomicU64,
     rejected: AtomicU64,
     rdma_posted: AtomicU64,
-    /// Releases (`Firehose::release`, the cache's `deregister`) that `after` saw fail: a chunk
-    /// or a registration released twice (a bug; `check_idle` reports it), or a cache that was
-    /// quarantined by a fork.
-    bad_releases: AtomicU64,
 }
 
 /// A snapshot of `Rma::stats`.
@@ -121,15 +118,17 @@ impl RegionPins for NoPins {
 /// `Rma::with_pins` over a simulated link.
 pub struct Rma {
     peers: Arc<Peers>,
-    engine: Mutex<Engine>,
+    /// The engine, counters and local cache, shared with the endpoint's RDMA handler.
+    sh: Arc<Shared>,
+    /// Drops the engine's pins where the engine itself used to drop, right after `peers` (the
+    /// handler keeps the rest of the engine until the endpoint goes).
+    _pins: PinsGo,
     /// `engine.ops.board`: what `wait` spins on without the lock.
     done: Arc<DoneBoard>,
     /// The key of a request whose result a wait collected from the board (0: none): its table
     /// entry is removed by the next `start`, in the critical section it takes anyway, so a
     /// blocking op takes the engine lock twice (start, completion), not a third time to collect.
     reap: AtomicU64,
-    /// Registers the caller's buffers (`None` in a job of one: every op is a local copy).
-    local: Option<Arc<Cache>>,
     rank: Rank,
     size: u32,
     /// Longest chunk: Firehose's `max_op_len`, capped by the link's longest RDMA.
@@ -149,6 +148,84 @@ pub struct Rma {
     exposure: Arc<Exposure>,
     /// The memory windows' counters (set by `new` when `FH_MW` put windows on).
     windows: std::sync::OnceLock<Arc<WindowCounters>>,
+}
+
+/// What a completion needs, shared with the endpoint's RDMA handler: the handler holds it
+/// strongly, so a completion touches no reference count (the endpoint holds the handler and the
+/// `Rma` holds the endpoint: the handler reaches the `Rma` itself only weakly, and only for a
+/// completion that leaves messages to send or events to handle). Holds nothing of the endpoint.
+struct Shared {
+    engine: Lock<Engine>,
+    /// Releases (`Firehose::release`, the cache's `deregister`) that failed: a chunk or a
+    /// registration released twice (a bug; `check_idle` reports it), or a cache that was
+    /// quarantined by a fork.
+    bad_releases: AtomicU64,
+    /// Registers the caller's buffers (`None` in a job of one: every op is a local copy).
+    local: Option<Arc<Cache>>,
+}
+
+impl Shared {
+    /// One RDMA segment of chunk `chunk` completed: `Rma::finish` written out for the hit
+    /// path's completion, the one critical section of a put or get after its start. `drain`
+    /// gets the lock when the algorithm left output (it must send under it, then release it).
+    #[inline(always)]
+    fn seg_done(
+        &self,
+        chunk: u64,
+        err: Option<RmaError>,
+        drain: impl FnOnce(LockGuard<'_, Engine>),
+    ) {
+        let _inside = crate::rt::inside::enter();
+        let mut g = self.engine.lock();
+        let Engine { fh, ops, .. } = &mut *g;
+        let done = ops.seg_done(chunk, err);
+        if let Some(Finished { release: true, .. }) = done {
+            // Cannot fail for an op that holds references (see `Rma::finish`).
+            if fh.release(chunk).is_err() {
+                self.bad_releases.fetch_add(1, Relaxed);
+            }
+        }
+        if fh.has_output() {
+            drain(g);
+        } else {
+            drop(g);
+        }
+        if let Some(Finished { dereg: Some(h), .. }) = done {
+            self.dereg(h);
+        }
+    }
+
+    fn dereg(&self, h: u64) {
+        if let Some(c) = &self.local {
+            if c.deregister(h).is_err() {
+                self.bad_releases.fetch_add(1, Relaxed);
+            }
+        }
+    }
+}
+
+/// `Rma::_pins`: the pins go with the context (a late completion needs none).
+struct PinsGo(Arc<Shared>);
+
+impl Drop for PinsGo {
+    fn drop(&mut self) {
+        let pins = self.0.engine.lock().pins.take();
+        drop(pins);
+    }
+}
+
+/// The RDMA handler's way to the output of a completion (out of line, rare): through the `Rma`
+/// while it lives; once it is gone, nobody waits for what it would send or report.
+#[cold]
+#[inline(never)]
+fn drain_weak(w: &Weak<Rma>, mut g: LockGuard<'_, Engine>) {
+    match w.upgrade() {
+        Some(r) => r.drain_unlock(g),
+        None => {
+            while g.fh.poll_transmit().is_some() {}
+            while g.fh.poll_event().is_some() {}
+        }
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -363,13 +440,20 @@ impl Rma {
             usize::MAX
         };
         let ops = Ops::default();
-        let rma = Arc::new(Rma {
-            small_put_max: fh.config().small_put_max,
-            windows: std::sync::OnceLock::new(),
-            done: ops.board.clone(),
-            reap: AtomicU64::new(0),
-            engine: Mutex::new(Engine { fh, ops, pins }),
+        let done = ops.board.clone();
+        let small_put_max = fh.config().small_put_max;
+        let sh = Arc::new(Shared {
+            engine: Lock::new(Engine { fh, ops, pins }),
+            bad_releases: AtomicU64::new(0),
             local,
+        });
+        let rma = Arc::new(Rma {
+            small_put_max,
+            windows: std::sync::OnceLock::new(),
+            done,
+            reap: AtomicU64::new(0),
+            _pins: PinsGo(sh.clone()),
+            sh,
             rank,
             size,
             max_chunk,
@@ -403,11 +487,10 @@ impl Rma {
             }
         });
         let w: Weak<Rma> = Arc::downgrade(self);
+        let sh = self.sh.clone();
         am.set_rdma_handler(Some(Box::new(move |_peer, token, result| {
-            if let Some(r) = w.upgrade() {
-                let err = result.err().map(|e| link_status(&e));
-                r.seg_done(token, err);
-            }
+            let err = result.err().map(|e| link_status(&e));
+            sh.seg_done(token, err, |g| drain_weak(&w, g));
         })));
         // Only recorded here (the endpoint may call it inside a send made under `engine`);
         // `progress` tells the algorithm.
@@ -462,12 +545,12 @@ impl Rma {
         let s = self.peers.settings();
         let mut clock = WaitClock::new(s.probe, s.timeout);
         loop {
-            if lock(&self.engine).fh.invalidation_done(id) {
+            if self.sh.engine.lock().fh.invalidation_done(id) {
                 return Ok(());
             }
             let n = self.progress()?;
             if let Due::Expired = clock.tick(Instant::now) {
-                let late = lock(&self.engine).fh.invalidation_holders(id);
+                let late = self.sh.engine.lock().fh.invalidation_holders(id);
                 for p in late {
                     self.peers.am().give_up(p);
                 }
@@ -493,7 +576,7 @@ impl Rma {
         f: impl FnOnce(&mut Firehose, &mut dyn RegionPins, &mut Ops) -> R,
     ) -> R {
         let _inside = crate::rt::inside::enter();
-        let mut g = lock(&self.engine);
+        let mut g = self.sh.engine.lock();
         let Engine { fh, ops, pins } = &mut *g;
         let r = match pins {
             Some(p) => f(fh, p.as_mut(), ops),
@@ -510,7 +593,7 @@ impl Rma {
     /// it and handles the events (out of line: a hit or a release usually has none).
     #[cold]
     #[inline(never)]
-    fn drain_unlock(&self, mut g: MutexGuard<'_, Engine>) {
+    fn drain_unlock(&self, mut g: LockGuard<'_, Engine>) {
         let events = self.drain(&mut g.fh);
         drop(g);
         for ev in events {
@@ -560,7 +643,7 @@ impl Rma {
             // Cannot fail for an op that holds references (the table says it does); counted if
             // it ever does (a double release), for `check_idle`.
             if done.release && fh.release(op).is_err() {
-                self.counters.bad_releases.fetch_add(1, Relaxed);
+                self.sh.bad_releases.fetch_add(1, Relaxed);
             }
             Some(done)
         });
@@ -569,43 +652,21 @@ impl Rma {
         }
     }
 
-    /// One RDMA segment of chunk `chunk` completed (the endpoint's RDMA handler): `finish`
-    /// written out for the hit path's completion, the one critical section of a put or get
-    /// after its start.
+    /// One RDMA segment of chunk `chunk` completed (`Shared::seg_done`; the endpoint's RDMA
+    /// handler calls that directly), or failed to post.
     fn seg_done(&self, chunk: u64, err: Option<RmaError>) {
-        let _inside = crate::rt::inside::enter();
-        let mut g = lock(&self.engine);
-        let Engine { fh, ops, .. } = &mut *g;
-        let done = ops.seg_done(chunk, err);
-        if let Some(Finished { release: true, .. }) = done {
-            // Cannot fail for an op that holds references (see `finish`).
-            if fh.release(chunk).is_err() {
-                self.counters.bad_releases.fetch_add(1, Relaxed);
-            }
-        }
-        if fh.has_output() {
-            self.drain_unlock(g);
-        } else {
-            drop(g);
-        }
-        if let Some(Finished { dereg: Some(h), .. }) = done {
-            self.dereg(h);
-        }
+        self.sh.seg_done(chunk, err, |g| self.drain_unlock(g));
     }
 
     fn dereg(&self, h: u64) {
-        if let Some(c) = &self.local {
-            if c.deregister(h).is_err() {
-                self.counters.bad_releases.fetch_add(1, Relaxed);
-            }
-        }
+        self.sh.dereg(h);
     }
 
     /// Posts one RDMA per segment of chunk `op` (its firehoses are held until the last ends):
     /// a `Ready` event, the chunk waited in the table.
     fn post_segs(&self, op: u64, segs: &[Seg]) {
         let c = {
-            let mut g = lock(&self.engine);
+            let mut g = self.sh.engine.lock();
             let Some(c) = g.ops.chunk_mut(op) else {
                 return; // cannot happen: a chunk leaves the table only when it is over
             };
@@ -624,25 +685,38 @@ impl Rma {
             return;
         }
         for s in segs {
-            let off = s.raddr - c.raddr;
-            let rop = RdmaOp {
-                kind: c.kind,
-                local_addr: c.local + off,
-                lkey: c.lkey,
-                len: s.len,
-                remote_addr: s.raddr,
-                rkey: s.rkey,
-                token: op,
-            };
-            self.counters.rdma_posted.fetch_add(1, Relaxed);
-            // SAFETY: the local range lies in the caller's buffer, registered under `lkey` by
-            // the cache until the request ends (after this op's last completion); the caller
-            // does not touch it until then (fh_put_nb/fh_get_nb contract). The remote range is
-            // inside a region the target pinned for us, held until `release`.
-            if let Err(e) = unsafe { self.peers.link().rdma(c.peer, rop) } {
-                self.seg_done(op, Some(link_status(&e)));
-            }
+            self.post_seg(op, c, s);
         }
+    }
+
+    /// Posts segment `s` of chunk `op` (`post`; the hit path's one segment directly).
+    #[inline(always)]
+    fn post_seg(&self, op: u64, c: &Chunk, s: &Seg) {
+        let off = s.raddr - c.raddr;
+        let rop = RdmaOp {
+            kind: c.kind,
+            local_addr: c.local + off,
+            lkey: c.lkey,
+            len: s.len,
+            remote_addr: s.raddr,
+            rkey: s.rkey,
+            token: op,
+        };
+        self.counters.rdma_posted.fetch_add(1, Relaxed);
+        // SAFETY: the local range lies in the caller's buffer, registered under `lkey` by
+        // the cache until the request ends (after this op's last completion); the caller
+        // does not touch it until then (fh_put_nb/fh_get_nb contract). The remote range is
+        // inside a region the target pinned for us, held until `release`.
+        if let Err(e) = unsafe { self.peers.link().rdma(c.peer, rop) } {
+            self.seg_failed(op, e);
+        }
+    }
+
+    /// A post the link refused: the segment is done with its error (out of line).
+    #[cold]
+    #[inline(never)]
+    fn seg_failed(&self, op: u64, e: LinkError) {
+        self.seg_done(op, Some(link_status(&e)));
     }
 
     fn seg_done_empty(&self, op: u64) {
@@ -685,7 +759,7 @@ impl Rma {
             // SAFETY: forwarded contract on `local`.
             return Ok(unsafe { self.start_self(kind, raddr, local, len, implicit) });
         }
-        let cache = self.local.as_ref().ok_or(RmaError::NoDevice)?;
+        let cache = self.sh.local.as_ref().ok_or(RmaError::NoDevice)?;
         // A short put goes inline (the link copies it at post time): nothing to register, the
         // pin-down cache's lookup and release leave its hit path. A put's source is only read
         // by the device (no LOCAL_WRITE: a read-only buffer registers), a get's destination
@@ -704,45 +778,35 @@ impl Rma {
             RdmaKind::Write => Rights::WRITE,
             RdmaKind::Read => Rights::READ,
         };
-        let small_max = match kind {
-            RdmaKind::Write => self.small_put_max,
-            RdmaKind::Read => 0,
-        };
         if len <= self.max_chunk {
             // One chunk, kept in the request's own entry (`Request::own`, op id `req | OWN`):
             // one table entry, and one critical section that records it, acquires its firehoses
-            // and reaps the entry a previous wait collected.
-            let chunk = Chunk {
-                req: 0,
-                peer,
-                kind,
-                local: local as u64,
-                lkey,
-                raddr,
-                segs_left: 0,
-                holds_refs: false,
-                error: None,
-            };
-            let small = (len <= small_max).then(|| {
-                // SAFETY: the caller's buffer, readable for a put (contract).
-                unsafe { std::slice::from_raw_parts(local, len) }
-            });
-            let mut g = lock(&self.engine);
+            // and reuses the entry a previous wait collected.
+            let mut g = self.sh.engine.lock();
             let Engine { fh, ops, .. } = &mut *g;
-            // The entry a previous wait collected is reused; the new one is written after the
-            // acquire, with what a hit holds (nothing reads the table in between: the lock is
-            // held), under a key known before.
-            let renewed = match self.reap.swap(0, AcqRel) {
-                0 => None,
-                old => ops.renew_collected(old),
+            // The entry is written after the acquire, with what a hit holds (nothing reads the
+            // table in between: the lock is held), under a key known before.
+            let (req, entry) = ops.begin(self.reap.swap(0, AcqRel));
+            let op = req | OWN;
+            // The common hit (one firehose covers the op) without the general acquire's
+            // result: its one segment, posted at once.
+            let Some(seg) = fh.acquire_hit(op, peer, raddr, len, rights) else {
+                let one = One {
+                    req,
+                    kind,
+                    peer,
+                    raddr,
+                    local,
+                    len,
+                    implicit,
+                    reg,
+                    lkey,
+                };
+                // SAFETY: forwarded contract on `local`.
+                unsafe { self.start_one(g, one) };
+                return Ok(req);
             };
-            let req = renewed.unwrap_or_else(|| ops.reqs.next_key());
-            let r = fh.acquire_for(req | OWN, peer, raddr, len, rights, small);
-            let (segs_left, holds_refs) = match &r {
-                Ok(Acquire::Hit(segs)) => (segs.len() as u32, true),
-                _ => (0, false),
-            };
-            let entry = Request {
+            *entry = Request {
                 chunks_left: 1,
                 reg,
                 error: None,
@@ -750,33 +814,104 @@ impl Rma {
                 done: false,
                 own: Some(Chunk {
                     req,
-                    segs_left,
-                    holds_refs,
-                    ..chunk
+                    peer,
+                    kind,
+                    local: local as u64,
+                    lkey,
+                    raddr,
+                    segs_left: 1,
+                    holds_refs: true,
+                    error: None,
                 }),
             };
-            match renewed {
-                Some(k) => ops.renewed(k, entry),
-                None => {
-                    let k = ops.add_request(entry);
-                    debug_assert_eq!(k, req);
-                }
-            }
             if fh.has_output() {
                 self.drain_unlock(g);
             } else {
                 drop(g);
             }
-            let op = req | OWN;
-            match r {
-                Ok(Acquire::Hit(segs)) => self.post(op, &chunk, &segs),
-                Ok(Acquire::Pending) | Ok(Acquire::DoneInMove) => {}
-                Err(e) => self.finish(op, |ops| ops.finish_chunk(op, Some(status_of(e)))),
+            let rop = RdmaOp {
+                kind,
+                local_addr: local as u64,
+                lkey,
+                len: seg.len,
+                remote_addr: seg.raddr,
+                rkey: seg.rkey,
+                token: op,
+            };
+            self.counters.rdma_posted.fetch_add(1, Relaxed);
+            // SAFETY: as in `post_seg` (the segment is the whole op).
+            if let Err(e) = unsafe { self.peers.link().rdma(peer, rop) } {
+                self.seg_failed(op, e);
             }
             return Ok(req);
         }
         // SAFETY: forwarded contract on `local`.
         unsafe { self.start_chunks(kind, peer, raddr, local, len, implicit, (reg, lkey)) }
+    }
+
+    /// `start` of one chunk past the common hit (out of line): the general acquire (a miss, a
+    /// hit over several regions, a put that rides in the move, an error), in the critical
+    /// section `g` that began the request's entry (`Ops::begin`, under key `one.req`).
+    ///
+    /// # Safety
+    /// As `start`.
+    #[inline(never)]
+    unsafe fn start_one(&self, mut g: LockGuard<'_, Engine>, one: One) {
+        let One {
+            req,
+            kind,
+            peer,
+            raddr,
+            local,
+            len,
+            implicit,
+            reg,
+            lkey,
+        } = one;
+        let (rights, small_max) = match kind {
+            RdmaKind::Write => (Rights::WRITE, self.small_put_max),
+            RdmaKind::Read => (Rights::READ, 0),
+        };
+        let small = (len <= small_max).then(|| {
+            // SAFETY: the caller's buffer, readable for a put (contract).
+            unsafe { std::slice::from_raw_parts(local, len) }
+        });
+        let op = req | OWN;
+        let Engine { fh, ops, .. } = &mut *g;
+        let r = fh.acquire_for(op, peer, raddr, len, rights, small);
+        let (segs_left, holds_refs) = match &r {
+            Ok(Acquire::Hit(segs)) => (segs.len() as u32, true),
+            _ => (0, false),
+        };
+        let chunk = Chunk {
+            req,
+            peer,
+            kind,
+            local: local as u64,
+            lkey,
+            raddr,
+            segs_left,
+            holds_refs,
+            error: None,
+        };
+        *ops.reqs.get_mut(req).expect("begun") = Request {
+            chunks_left: 1,
+            reg,
+            error: None,
+            implicit,
+            done: false,
+            own: Some(chunk),
+        };
+        if fh.has_output() {
+            self.drain_unlock(g);
+        } else {
+            drop(g);
+        }
+        match r {
+            Ok(Acquire::Hit(segs)) => self.post(op, &chunk, &segs),
+            Ok(Acquire::Pending) | Ok(Acquire::DoneInMove) => {}
+            Err(e) => self.finish(op, |ops| ops.finish_chunk(op, Some(status_of(e)))),
+        }
     }
 
     /// `start` of a request longer than a chunk: one table entry per chunk, each acquired in
@@ -885,7 +1020,7 @@ impl Rma {
 
     /// A request that finished at once (a local copy).
     fn done_request(&self, r: Result<(), RmaError>, implicit: bool) -> u64 {
-        let mut g = lock(&self.engine);
+        let mut g = self.sh.engine.lock();
         let ops = &mut g.ops;
         if implicit {
             if let Err(e) = r {
@@ -911,7 +1046,7 @@ impl Rma {
             self.reap_later(req);
             return Ok(Some(r));
         }
-        if let Some(r) = lock(&self.engine).ops.take_if_done(req)? {
+        if let Some(r) = self.sh.engine.lock().ops.take_if_done(req)? {
             return Ok(Some(r));
         }
         self.progress_inside()?;
@@ -919,17 +1054,25 @@ impl Rma {
             self.reap_later(req);
             return Ok(Some(r));
         }
-        lock(&self.engine).ops.take_if_done(req)
+        self.sh.engine.lock().ops.take_if_done(req)
     }
 
     /// After `DoneBoard::collect` handed this thread the result of `req`: its table entry goes
     /// at the next `start` (or now, for the one this replaces in the reap cell).
-    #[inline]
+    #[inline(always)]
     fn reap_later(&self, req: u64) {
         let old = self.reap.swap(req, AcqRel);
         if old != 0 {
-            lock(&self.engine).ops.reap(old);
+            self.reap_now(old);
         }
+    }
+
+    /// `reap_later`'s removal of the entry it replaced in the cell (out of line: a blocking
+    /// op's start empties the cell before its wait fills it).
+    #[cold]
+    #[inline(never)]
+    fn reap_now(&self, old: u64) {
+        self.sh.engine.lock().ops.reap(old);
     }
 
     /// Progresses until the request is done; returns its result (the handle is then spent).
@@ -946,22 +1089,19 @@ impl Rma {
         // set up, which happens only if a second poll is needed (the bound's clock reads the
         // time only every `CHECK_EVERY` polls anyway: it starts one poll later, nothing else
         // changes).
-        match self.done.collect(req) {
-            Some(Some(r)) => {
+        if let Some(slot) = self.done.slot(req) {
+            if let Some(r) = DoneBoard::take(slot) {
                 self.reap_later(req);
                 return r;
             }
-            Some(None) => {
-                let n = self.progress_inside()?;
-                if let Some(Some(r)) = self.done.collect(req) {
-                    self.reap_later(req);
-                    return r;
-                }
-                if n == 0 {
-                    std::thread::yield_now();
-                }
+            let n = self.progress_inside()?;
+            if let Some(r) = DoneBoard::take(slot) {
+                self.reap_later(req);
+                return r;
             }
-            None => {}
+            if n == 0 {
+                std::thread::yield_now();
+            }
         }
         self.wait_rest(req)
     }
@@ -988,7 +1128,7 @@ impl Rma {
                     .poll(self, Some(req))?;
                 polls += 1;
             }
-            if let Some(r) = lock(&self.engine).ops.take_if_done(req)? {
+            if let Some(r) = self.sh.engine.lock().ops.take_if_done(req)? {
                 return b.as_ref().map_or(r, |b| b.result(r));
             }
             if polls == 0 {
@@ -1006,7 +1146,7 @@ impl Rma {
         let mut b = Bounded::new(self);
         loop {
             {
-                let mut g = lock(&self.engine);
+                let mut g = self.sh.engine.lock();
                 let ops = &mut g.ops;
                 if ops.running() == 0 {
                     return b.result(ops.implicit_error.take().map_or(Ok(()), Err));
@@ -1042,7 +1182,7 @@ impl Rma {
 
     /// Peers that running chunks wait on.
     fn waited_peers(&self) -> Vec<Rank> {
-        let g = lock(&self.engine);
+        let g = self.sh.engine.lock();
         let ops = &g.ops;
         let mut v: Vec<Rank> = ops.chunks().map(|c| c.peer).collect();
         v.sort_unstable();
@@ -1054,7 +1194,7 @@ impl Rma {
     /// chunks with no RDMA posted (a move unanswered, or blocked behind one). A chunk with RDMA
     /// posted waits for the link, not for the peer's CPU: its completion comes by itself.
     fn silent_peers(&self, req: Option<u64>) -> Vec<Rank> {
-        let g = lock(&self.engine);
+        let g = self.sh.engine.lock();
         let ops = &g.ops;
         let mut v: Vec<Rank> = ops
             .chunks()
@@ -1070,7 +1210,7 @@ impl Rma {
     /// and tests, e.g. to replay a key from another rank.
     #[doc(hidden)]
     pub fn firehoses_on(&self, peer: Rank) -> Vec<(u64, u64, u32, Rights)> {
-        lock(&self.engine).fh.firehoses_on(peer)
+        self.sh.engine.lock().fh.firehoses_on(peer)
     }
 
     /// For tests: `Ok` when nothing is left of past operations (call once every request is
@@ -1079,10 +1219,10 @@ impl Rma {
     /// release), and the algorithm's own bookkeeping consistent. Otherwise what is left.
     #[doc(hidden)]
     pub fn check_idle(&self) -> Result<(), String> {
-        let g = lock(&self.engine);
+        let g = self.sh.engine.lock();
         let (chunks, running) = (g.ops.chunks().count(), g.ops.running());
         let (fh_ops, refs) = (g.fh.ops_in_flight(), g.fh.refs_held());
-        let bad = self.counters.bad_releases.load(Relaxed);
+        let bad = self.sh.bad_releases.load(Relaxed);
         if chunks + running + fh_ops > 0 || refs > 0 || bad > 0 {
             return Err(format!(
                 "chunks {chunks}, running requests {running}, Firehose ops {fh_ops}, \
@@ -1093,7 +1233,7 @@ impl Rma {
     }
 
     pub fn stats(&self) -> RmaStats {
-        let fh = lock(&self.engine).fh.stats();
+        let fh = self.sh.engine.lock().fh.stats();
         RmaStats {
             fh,
             puts: self.counters.puts.load(Relaxed),
@@ -1127,6 +1267,19 @@ impl Drop for Rma {
     }
 }
 
+/// A one-chunk request on its way past the common hit (`Rma::start_one`).
+struct One {
+    req: u64,
+    kind: RdmaKind,
+    peer: Rank,
+    raddr: u64,
+    local: *mut u8,
+    len: usize,
+    implicit: bool,
+    reg: Option<u64>,
+    lkey: u32,
+}
+
 /// The `fh-revoke` worker's way into the `Rma` (weak: the worker never keeps a context alive).
 struct RmaDriver(Weak<Rma>);
 
@@ -1139,7 +1292,7 @@ impl revoke::Driver for RmaDriver {
 
     fn is_done(&self, id: InvalId) -> Option<bool> {
         let r = self.0.upgrade()?;
-        let done = lock(&r.engine).fh.invalidation_done(id);
+        let done = r.sh.engine.lock().fh.invalidation_done(id);
         Some(done)
     }
 
@@ -1178,7 +1331,7 @@ impl revoke::Driver for RmaDriver {
 
     fn give_up_holders(&self, id: InvalId) -> Option<usize> {
         let r = self.0.upgrade()?;
-        let late = lock(&r.engine).fh.invalidation_holders(id);
+        let late = r.sh.engine.lock().fh.invalidation_holders(id);
         // Not under `engine`: a loss is recorded and told to the algorithm by the next progress
         // (the holder then counts as having acked).
         for &p in &late {

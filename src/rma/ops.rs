@@ -90,7 +90,7 @@ impl Ops {
     }
 
     /// Record one completed segment of `chunk`; `Some` when it was the chunk's last.
-    #[inline]
+    #[inline(always)]
     pub(super) fn seg_done(&mut self, chunk: Key, err: Option<RmaError>) -> Option<Finished> {
         if chunk & OWN == 0 {
             let c = self.chunks.get_mut(chunk)?;
@@ -204,23 +204,28 @@ impl Ops {
         }
     }
 
-    /// The entry of a request whose result was collected from the board, under a new key for
-    /// the next request (`renewed`), if it is still there: `reap` and `add_request` without the
-    /// free list.
-    #[inline]
-    pub(super) fn renew_collected(&mut self, req: Key) -> Option<Key> {
-        if self.reqs.get(req).is_some_and(|r| r.done) {
-            return self.reqs.renew(req);
-        }
-        None
-    }
-
-    /// `add_request` for a running request, into the entry `renew_collected` gave `key`.
-    #[inline]
-    pub(super) fn renewed(&mut self, key: Key, r: Request) {
-        debug_assert!(!r.done);
+    /// The entry of a new running request of one chunk, for the caller to fill in (in the same
+    /// critical section): the entry of `collected` (a request whose result a wait collected
+    /// from the board; 0: none) if it is still there, under a new key, else a new one. Its key.
+    #[inline(always)]
+    pub(super) fn begin(&mut self, collected: Key) -> (Key, &mut Request) {
         self.running += 1;
-        *self.reqs.get_mut(key).expect("renewed") = r;
+        let (key, entry, fresh) = self.reqs.renew_or_insert(
+            collected,
+            |r| r.done,
+            || Request {
+                chunks_left: 1,
+                reg: None,
+                error: None,
+                implicit: false,
+                done: false,
+                own: None,
+            },
+        );
+        if fresh {
+            self.board.ensure(key);
+        }
+        (key, entry)
     }
 
     /// Records a request; its key is the caller's handle.

@@ -37,7 +37,7 @@ fn split(key: Key) -> (u32, usize) {
 
 impl<T> Slab<T> {
     /// The key the next `insert` returns.
-    #[inline]
+    #[cfg(test)]
     pub(super) fn next_key(&self) -> Key {
         let (gen, idx) = match self.free.last() {
             Some(&i) => (self.slots[i as usize].gen, i),
@@ -89,17 +89,32 @@ impl<T> Slab<T> {
             .as_mut()
     }
 
-    /// Gives the value of `key` a new key, of the same slot (`key` and every earlier key of the
-    /// slot are spent), as a `remove` and an `insert` would, without the free list; the new key.
-    #[inline]
-    pub(super) fn renew(&mut self, key: Key) -> Option<Key> {
+    /// Gives the value of `key`, if `keep` accepts it, a new key of the same slot (`key` and every
+    /// earlier key of the slot are spent), as a `remove` and an `insert` would, without the free
+    /// list; else `insert(new())`. The key, the value, and whether it was inserted. One lookup.
+    #[inline(always)]
+    pub(super) fn renew_or_insert(
+        &mut self,
+        key: Key,
+        keep: impl FnOnce(&T) -> bool,
+        new: impl FnOnce() -> T,
+    ) -> (Key, &mut T, bool) {
         let (gen, idx) = split(key);
-        let s = self
-            .slots
-            .get_mut(idx)
-            .filter(|s| s.gen == gen && s.val.is_some())?;
-        s.gen = s.gen.wrapping_add(1).max(1);
-        Some((u64::from(s.gen) << 32) | idx as u64)
+        let renewed = match self.slots.get_mut(idx) {
+            Some(s) if s.gen == gen && s.val.as_ref().is_some_and(keep) => {
+                s.gen = s.gen.wrapping_add(1).max(1);
+                true
+            }
+            _ => false,
+        };
+        let idx = if renewed {
+            idx
+        } else {
+            self.insert(new()) as u32 as usize
+        };
+        let s = &mut self.slots[idx];
+        let key = (u64::from(s.gen) << 32) | idx as u64;
+        (key, s.val.as_mut().expect("filled"), !renewed)
     }
 
     /// Takes the value out; the key (and every earlier key of the slot) is spent.
@@ -146,12 +161,21 @@ mod tests {
         *s.get_mut(c).unwrap() = "d";
         let next = s.next_key();
         assert_eq!(s.insert("e"), next);
-        let renewed = s.renew(next).unwrap();
+        let (renewed, v, fresh) = s.renew_or_insert(next, |_| true, || "x");
+        assert_eq!((*v, fresh), ("e", false));
         assert_ne!(renewed, next);
         assert_eq!((s.get(next), s.get(renewed)), (None, Some(&"e")));
-        assert_eq!(s.renew(next), None, "spent");
+        let (k, v, fresh) = s.renew_or_insert(renewed, |v| *v == "x", || "f");
+        assert_eq!((*v, fresh), ("f", true), "refused: inserted");
+        assert_eq!(s.get(renewed), Some(&"e"), "the refused one is left alone");
+        assert_eq!(s.remove(k), Some("f"));
+        let (k, v, fresh) = s.renew_or_insert(next, |_| true, || "g");
+        assert_eq!((*v, fresh), ("g", true), "spent: inserted");
+        assert_eq!(s.remove(k), Some("g"));
         assert_eq!(s.remove(renewed), Some("e"));
-        assert_eq!(s.renew(renewed), None, "empty");
+        let (k, _, fresh) = s.renew_or_insert(renewed, |_| true, || "h");
+        assert!(fresh, "empty: inserted");
+        assert_eq!(s.remove(k), Some("h"));
         let next = s.next_key();
         assert_eq!(s.insert("e"), next, "a reused slot");
         assert_eq!(s.remove(next), Some("e"));

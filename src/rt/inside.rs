@@ -67,6 +67,10 @@ static OVERFLOW: [AtomicU32; WINDOWS] = [ZERO; WINDOWS];
 thread_local! {
     /// This thread's slot index or state. Const-initialised, no destructor.
     static MINE: Cell<usize> = const { Cell::new(NOT_YET) };
+    /// The depth word of this thread's slot while `MINE` is a slot index (else null): what
+    /// `enter` and its guard's drop touch, with no index arithmetic. Set from `MINE` by
+    /// `enter_slow`; const-initialised, no destructor.
+    static DEPTH: Cell<*const AtomicU32> = const { Cell::new(std::ptr::null()) };
     /// Touched once, at the first entry: its destructor gives the slot back at thread exit.
     static RELEASE: Release = const { Release };
 }
@@ -76,6 +80,7 @@ struct Release;
 impl Drop for Release {
     fn drop(&mut self) {
         // GONE for good: an entry after this (from a later destructor) claims nothing.
+        let _ = DEPTH.try_with(|d| d.set(std::ptr::null()));
         let i = MINE.try_with(|m| m.replace(GONE)).unwrap_or(GONE);
         give_back(i);
     }
@@ -187,24 +192,54 @@ fn mine() -> usize {
 /// Keeps this thread marked as inside the library until dropped (nests).
 #[must_use = "the thread counts as inside only while the guard lives"]
 pub struct Inside {
+    /// The depth word raised (null: none, see `slot`).
+    depth: *const AtomicU32,
+    /// Without a depth word: the `MINE` state the entry was counted under.
     slot: usize,
-    /// Not `Send`: it must be dropped on the thread that made it.
+    /// Not `Send`: it must be dropped on the thread that made it (the raw pointer sees to it).
     _thread: PhantomData<*const ()>,
 }
 
 /// Marks this thread as inside the library until the guard is dropped.
 #[inline]
 pub fn enter() -> Inside {
+    let d = DEPTH.try_with(|d| d.get()).unwrap_or(std::ptr::null());
+    if d.is_null() {
+        return enter_slow();
+    }
+    // SAFETY: `DEPTH` points into the static `TABLE`, at this thread's own slot.
+    raise(unsafe { &*d });
+    Inside {
+        depth: d,
+        slot: 0,
+        _thread: PhantomData,
+    }
+}
+
+/// Only this thread writes its slot: a load and a store, no locked instruction. (Depths
+/// balance: every entry's guard drops once.)
+#[inline(always)]
+fn raise(d: &AtomicU32) {
+    d.store(d.load(Relaxed).wrapping_add(1), Relaxed);
+}
+
+/// `enter` before `DEPTH` is set: the first entry of a thread (its claim), a thread with no
+/// slot, or an entry after the thread's release.
+#[cold]
+#[inline(never)]
+fn enter_slow() -> Inside {
     let mut slot = mine();
+    let mut depth = std::ptr::null();
     if let Some(s) = TABLE.get(slot) {
-        let d = &s.depth;
-        // Only this thread writes its slot: a load and a store, no locked instruction. (Depths
-        // balance: every entry's guard drops once.)
-        d.store(d.load(Relaxed).wrapping_add(1), Relaxed);
+        depth = &s.depth as *const AtomicU32;
+        // A signal handler of this thread that entered meanwhile set the same word.
+        let _ = DEPTH.try_with(|d| d.set(depth));
+        raise(&s.depth);
     } else if slot == GONE {
         slot = teardown_entry();
     }
     Inside {
+        depth,
         slot,
         _thread: PhantomData,
     }
@@ -222,12 +257,13 @@ fn teardown_entry() -> usize {
 impl Drop for Inside {
     #[inline]
     fn drop(&mut self) {
-        if let Some(slot) = TABLE.get(self.slot) {
-            let d = &slot.depth;
-            d.store(d.load(Relaxed).wrapping_sub(1), Relaxed);
-        } else {
+        if self.depth.is_null() {
             teardown_exit(self.slot);
+            return;
         }
+        // SAFETY: set by `enter` from `DEPTH`: a word of the static `TABLE`.
+        let d = unsafe { &*self.depth };
+        d.store(d.load(Relaxed).wrapping_sub(1), Relaxed);
     }
 }
 
@@ -491,6 +527,7 @@ mod tests {
                     libc::sigaddset(&mut set, libc::SIGUSR2);
                     libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
                     MINE.with(|m| m.set(NOT_YET));
+                    DEPTH.with(|d| d.set(std::ptr::null()));
                     for s in &TABLE[b..b + WINDOW] {
                         if s.owner.load(Relaxed) == id {
                             s.depth.store(0, Relaxed);

@@ -9,6 +9,8 @@
 //! - `raw_thread`, `race_once`, `monotonic`, `counted`: threads that never touch the allocator's
 //!   thread-locals, a first-use initialiser that never waits, the monotonic clock, an in-flight
 //!   count guard;
+//! - `futex`, `lock`: futex wait and wake as raw system calls, and the mutex without poisoning
+//!   of the hottest lock (the remote-pinning engine's);
 //! - `log`: the one logging path (`FH_LOG`, the host's callback), std only;
 //! - `range_counts`: per-address counts of overlapping ranges (the mlock pinner's locked pages,
 //!   the userfaultfd's watches);
@@ -20,7 +22,9 @@
 
 pub(crate) mod counted;
 pub(crate) mod fork;
+pub(crate) mod futex;
 pub mod inside;
+pub(crate) mod lock;
 pub mod log;
 pub(crate) mod monotonic;
 /// A first-use initialiser that never makes a thread wait (fork-safe); shared with the shim.

@@ -151,7 +151,28 @@ impl Firehose {
         r
     }
 
+    /// `acquire_for`'s common hit alone, for a driver's fast path: when one firehose covers
+    /// the whole op with `rights` (and the op table's front slot is free), takes the op's
+    /// reference as `acquire_for` would (counted as a hit; `release` the op as any other) and
+    /// returns its one segment. `None` changes nothing: call `acquire_for`, which handles or
+    /// refuses everything else (a miss, a hit over several regions, a bad argument, a lost
+    /// peer, a duplicate op id). No small put: a put that would ride in a move on a miss passes
+    /// its data to `acquire_for` then.
     #[inline]
+    pub fn acquire_hit(
+        &mut self,
+        op: OpId,
+        peer: Rank,
+        raddr: u64,
+        len: usize,
+        rights: Rights,
+    ) -> Option<Seg> {
+        let seg = self.init.acquire_hit(op, peer, raddr, len, rights)?;
+        self.stats.hits += 1;
+        Some(seg)
+    }
+
+    #[inline(always)]
     pub fn release(&mut self, op: OpId) -> Result<(), FhError> {
         let r = self.init.release(op, &mut self.out, &mut self.stats);
         self.stats.failures += self.init.take_failures();

@@ -753,3 +753,78 @@ fn hits_in_the_front_slot_and_the_table() {
     ok(&a);
     assert_eq!((a.ops_in_flight(), a.refs_held()), (0, 0));
 }
+
+/// `acquire_hit` (a driver's fast path) takes exactly `acquire`'s one-region hit into the free
+/// front slot, and on anything else returns `None` with nothing changed; what it took is
+/// released as any op.
+#[test]
+fn the_fast_hit_is_the_front_slot_hit_and_nothing_else() {
+    use firehose_proto::Rights;
+    let (mut a, mut b) = page_mode_pair(64);
+    for k in 0..2u64 {
+        assert_eq!(
+            a.acquire(100 + k, 1, BASE + k * 4096, 8, None),
+            Ok(Acquire::Pending)
+        );
+        until_ready(&mut a, &mut b, 100 + k);
+        a.release(100 + k).unwrap();
+    }
+    let ok = |a: &Firehose| a.check_invariants().unwrap();
+    let hits = a.stats().hits;
+    // Nothing there for a miss, two regions, bad arguments, this rank: no change.
+    let none = [
+        (1, 1, BASE + 40 * 4096, 8, Rights::WRITE),
+        (1, 1, BASE + 4096 - 4, 8, Rights::WRITE),
+        (1, 1, BASE, 0, Rights::WRITE),
+        (1, 1, u64::MAX - 4, 8, Rights::WRITE),
+        (1, 1, BASE, 1 << 40, Rights::WRITE),
+        (1, 0, BASE, 8, Rights::WRITE),
+        (1, 9, BASE, 8, Rights::WRITE),
+        (1, 1, BASE, 8, Rights(0)),
+    ];
+    for (op, peer, raddr, len, r) in none {
+        assert_eq!(
+            a.acquire_hit(op, peer, raddr, len, r),
+            None,
+            "{raddr:#x}+{len}"
+        );
+    }
+    assert_eq!(
+        (a.stats().hits, a.refs_held(), a.ops_in_flight()),
+        (hits, 0, 0)
+    );
+    ok(&a);
+    let seg = a
+        .acquire_hit(1, 1, BASE + 8, 16, Rights::WRITE)
+        .expect("a hit");
+    assert_eq!((seg.raddr, seg.len), (BASE + 8, 16));
+    // The same segment from the general path (op 2 goes to the table).
+    match a.acquire(2, 1, BASE + 8, 16, None) {
+        Ok(Acquire::Hit(s)) => {
+            assert_eq!(s.len(), 1);
+            assert_eq!(
+                (s[0].raddr, s[0].len, s[0].rkey),
+                (seg.raddr, seg.len, seg.rkey)
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        (a.stats().hits, a.refs_held(), a.ops_in_flight()),
+        (hits + 2, 2, 2)
+    );
+    // The front slot is taken: the fast path steps aside; so for a duplicate id.
+    assert_eq!(a.acquire_hit(3, 1, BASE, 8, Rights::WRITE), None);
+    assert_eq!(a.release(1), Ok(()));
+    assert_eq!(
+        a.acquire_hit(2, 1, BASE, 8, Rights::WRITE),
+        None,
+        "op 2 is in the table"
+    );
+    assert_eq!(a.acquire(2, 1, BASE, 8, None), Err(FhError::DuplicateOp));
+    ok(&a);
+    assert_eq!(a.release(2), Ok(()));
+    assert_eq!(a.release(1), Err(FhError::UnknownOp));
+    ok(&a);
+    assert_eq!((a.ops_in_flight(), a.refs_held()), (0, 0));
+}

@@ -14,23 +14,55 @@ use std::time::{Duration, Instant};
 /// What a handled message does to credits, applied only after the link reposted its slot
 /// (applying earlier would let us, or the peer, count a slot that is still occupied; the bound in
 /// `credits` relies on this order).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Settle {
     peer: Rank,
     credits: u16,
     held_credit: bool,
 }
 
+/// `Settle::pack`'s mark: a packed settle is never 0.
+const PACKED: u64 = 1 << 63;
+
+impl Settle {
+    /// In one word, never 0: peer in bits 0..32, credits in 32..48, held credit at 48.
+    fn pack(self) -> u64 {
+        PACKED
+            | u64::from(self.peer)
+            | u64::from(self.credits) << 32
+            | u64::from(self.held_credit) << 48
+    }
+
+    fn unpack(w: u64) -> Settle {
+        Settle {
+            peer: w as u32,
+            credits: (w >> 32) as u16,
+            held_credit: w & 1 << 48 != 0,
+        }
+    }
+}
+
 impl Inner {
+    /// Inlined into its callers (`Am::progress`, the progress thread): the poll of every wait.
+    #[inline(always)]
     pub(super) fn progress(&self) -> Result<usize, NetError> {
         let mut n = self.run_loopback();
-        let mut done: Option<Settle> = None;
-        let polled = self.link.poll(&mut |ev| {
+        // The credit effects of the last message handled (`Settle::pack`; 0: none): one word,
+        // one test per event on the path every RDMA completion takes.
+        let mut done = 0u64;
+        // SAFETY: `link_obj` is `self.link`'s object, which lives as long as `self`.
+        let link = unsafe { self.link_obj.get() };
+        let polled = link.poll(&mut |ev| {
             // The previous event's callback returned: its slot is posted again.
-            if let Some(s) = done.take() {
-                self.settle(s);
+            if done != 0 {
+                self.settle(Settle::unpack(std::mem::take(&mut done)));
             }
             match ev {
-                LinkEvent::Recv { peer, data } => done = self.on_message(peer, data),
+                LinkEvent::Recv { peer, data } => {
+                    if let Some(s) = self.on_message(peer, data) {
+                        done = s.pack();
+                    }
+                }
                 LinkEvent::PeerLost { peer, .. } => self.lose(peer),
                 LinkEvent::RdmaDone {
                     peer,
@@ -39,8 +71,8 @@ impl Inner {
                 } => self.on_rdma_done(peer, token, result),
             }
         });
-        if let Some(s) = done.take() {
-            self.settle(s);
+        if done != 0 {
+            self.settle(Settle::unpack(done));
         }
         n += polled.map_err(|e| map_link_err(&e))?;
         Ok(n)
@@ -233,5 +265,25 @@ impl Inner {
             let p = self.peer(r);
             !p.closed() && p.flow.pending_len() > 0
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_settle_packs_into_a_non_zero_word_and_back() {
+        for (peer, credits, held_credit) in
+            [(0, 0, false), (u32::MAX, u16::MAX, true), (7, 3, false)]
+        {
+            let s = Settle {
+                peer,
+                credits,
+                held_credit,
+            };
+            assert_ne!(s.pack(), 0);
+            assert_eq!(Settle::unpack(s.pack()), s);
+        }
     }
 }

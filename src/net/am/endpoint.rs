@@ -62,6 +62,8 @@ pub(super) struct Loopback {
 /// Everything the endpoint, its progress thread and its repliers share.
 pub(super) struct Inner {
     pub link: Arc<dyn Link>,
+    /// `link`'s object, for the poll of every progress (`LinkObj`).
+    pub link_obj: LinkObj,
     pub rank: Rank,
     pub size: u32,
     pub settings: NetSettings,
@@ -80,6 +82,30 @@ pub(super) struct Inner {
     pub max_queued: AtomicUsize,
     pub stats: Stats,
     pub me: Weak<Inner>,
+}
+
+/// The object of an `Arc<dyn Link>`, its address taken once: a call through the `Arc` works it
+/// out from the vtable's alignment every time, and every progress polls.
+pub(super) struct LinkObj(*const dyn Link);
+
+// SAFETY: a shared pointer to a `dyn Link`, which is `Send + Sync`; it is only dereferenced
+// while the `Arc` it came from lives (`Inner` holds both).
+unsafe impl Send for LinkObj {}
+// SAFETY: as above.
+unsafe impl Sync for LinkObj {}
+
+impl LinkObj {
+    pub(super) fn of(link: &Arc<dyn Link>) -> LinkObj {
+        LinkObj(Arc::as_ptr(link))
+    }
+
+    /// # Safety
+    /// The `Arc` it was taken from lives for `'a`.
+    #[inline(always)]
+    pub(super) unsafe fn get<'a>(&self) -> &'a dyn Link {
+        // SAFETY: the caller's contract.
+        unsafe { &*self.0 }
+    }
 }
 
 pub(super) fn map_link_err(e: &LinkError) -> NetError {
@@ -326,6 +352,7 @@ impl Am {
             })
             .collect::<Result<Vec<_>, NetError>>()?;
         let inner = Arc::new_cyclic(|me| Inner {
+            link_obj: LinkObj::of(&link),
             link,
             rank,
             size,
@@ -469,6 +496,7 @@ impl Am {
 
     /// Delivers what arrived (running handlers), sends what credits allow. Returns the number of
     /// events handled. Never blocks.
+    #[inline]
     pub fn progress(&self) -> Result<usize, NetError> {
         self.inner.progress()
     }

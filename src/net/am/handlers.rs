@@ -30,14 +30,34 @@ pub(super) enum Handler {
     OneWay(Arc<OneWayFn>),
 }
 
+/// The RDMA handler as the table keeps it: the `Arc`, and the closure's own address taken from
+/// it once (a call then skips the `Arc`'s header arithmetic).
+struct RdmaSlot {
+    f: Arc<RdmaFn>,
+    call: *const RdmaFn,
+}
+
+// SAFETY: `call` points into `f`, which is `Send + Sync` and lives as long as the slot; the
+// pointer is only read to call the closure through a shared reference.
+unsafe impl Send for RdmaSlot {}
+// SAFETY: as above.
+unsafe impl Sync for RdmaSlot {}
+
+impl RdmaSlot {
+    fn new(f: Arc<RdmaFn>) -> Self {
+        let call = Arc::as_ptr(&f);
+        RdmaSlot { f, call }
+    }
+}
+
 pub(super) struct Handlers {
     map: RwLock<FxHashMap<u16, Handler>>,
     /// The RDMA handler (from `Box::into_raw`), or null.
-    rdma: AtomicPtr<Arc<RdmaFn>>,
+    rdma: AtomicPtr<RdmaSlot>,
     /// RDMA handlers replaced since the table was made: freed with it (see the module head).
-    /// Boxed: a poller may hold a pointer to the `Arc` itself, which must not move.
+    /// Boxed: a poller may hold a pointer to the slot itself, which must not move.
     #[allow(clippy::vec_box)]
-    retired: Mutex<Vec<Box<Arc<RdmaFn>>>>,
+    retired: Mutex<Vec<Box<RdmaSlot>>>,
     lost: RwLock<Option<Arc<LostFn>>>,
 }
 
@@ -73,7 +93,9 @@ impl Handlers {
 
     /// Sets (or, with `None`, removes) the RDMA completion handler.
     pub(super) fn set_rdma(&self, f: Option<Arc<RdmaFn>>) {
-        let new = f.map_or(std::ptr::null_mut(), |f| Box::into_raw(Box::new(f)));
+        let new = f.map_or(std::ptr::null_mut(), |f| {
+            Box::into_raw(Box::new(RdmaSlot::new(f)))
+        });
         let old = self.rdma.swap(new, Ordering::AcqRel);
         if !old.is_null() {
             // SAFETY: from `Box::into_raw` here, swapped out once; kept (not freed) while the
@@ -98,7 +120,7 @@ impl Handlers {
     pub(super) fn rdma(&self) -> Option<Arc<RdmaFn>> {
         let p = self.rdma.load(Ordering::Acquire);
         // SAFETY: a non-null pointer is a live box (see `set_rdma`: never freed before `self`).
-        (!p.is_null()).then(|| unsafe { (*p).clone() })
+        (!p.is_null()).then(|| unsafe { (*p).f.clone() })
     }
 
     /// Calls the RDMA handler, if one is set (false if none).
@@ -107,8 +129,9 @@ impl Handlers {
         if p.is_null() {
             return false;
         }
-        // SAFETY: as in `rdma`: the box outlives `self`'s borrow.
-        let f: &Arc<RdmaFn> = unsafe { &*p };
+        // SAFETY: as in `rdma`: the box outlives `self`'s borrow, and `call` points into the
+        // `Arc` it holds.
+        let f: &RdmaFn = unsafe { &*(*p).call };
         f(peer, token, result);
         true
     }

@@ -9,7 +9,7 @@
 //! - `listener.rs`: the `MemoryListener`: after a hooked unmap (`UnmapEvent::Done`), if the
 //!   range overlaps, queue it and wait (bounded by `FH_REVOKE_TIMEOUT`; in a call libc made
 //!   itself, also by `FH_REVOKE_STALL` without progress of the worker).
-//! - `queue.rs` (+ `futex.rs`): preallocated hook -> worker slots, futex sleeps.
+//! - `queue.rs` (+ `rt::futex`): preallocated hook -> worker slots, futex sleeps.
 //! - `worker.rs`: the `fh-revoke` thread: `Firehose::invalidate`, progress until
 //!   `invalidation_done`, wake the waiter.
 //! - `shared.rs`: what the listener, the worker and the target's pins share, and the counters.
@@ -20,7 +20,6 @@
 //! Teardown order (`Revocation::stop`): close the queue (waiters return, the worker ends), drop
 //! the subscription (waits for listener calls in flight), join the worker.
 
-mod futex;
 mod listener;
 pub(crate) mod pinned;
 pub(crate) mod queue;

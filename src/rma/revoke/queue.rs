@@ -11,7 +11,7 @@
 //! peers hold here (always enough, never wrong, just expensive) and publishes the number of the
 //! last request it covered, which the overflowing waiter sleeps on.
 
-use super::futex;
+use crate::rt::futex;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::SeqCst};
 use std::time::{Duration, Instant};
 

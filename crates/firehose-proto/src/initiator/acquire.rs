@@ -98,6 +98,48 @@ impl Initiator {
         self.acquire_rest(op, peer, raddr, len, rights, small_put, found, out, st)
     }
 
+    /// The common hit alone, for a driver's fast path (`Firehose::acquire_hit`): one firehose
+    /// covers the whole op with its rights and the front slot is free. Takes what `acquire`'s
+    /// hit takes (a use, the front slot) and returns the one segment; anything else (a bad
+    /// argument, a lost peer, a duplicate id, a miss, a hit over several regions, the front
+    /// slot taken) returns `None` having changed nothing, for `acquire` to handle.
+    #[inline(always)]
+    pub fn acquire_hit(
+        &mut self,
+        op: OpId,
+        peer: Rank,
+        raddr: u64,
+        len: usize,
+        rights: Rights,
+    ) -> Option<Seg> {
+        // `len - 1 < max_op_len`: not zero and not too long, one compare.
+        if self.front.op.is_some()
+            || rights.0.wrapping_sub(1) > 2
+            || len.wrapping_sub(1) >= self.max_op_len
+            || peer == self.me
+        {
+            return None;
+        }
+        raddr.checked_add(len as u64)?;
+        let p = self.peers.get(peer as usize)?;
+        if p.lost {
+            return None;
+        }
+        let (b, last) = self.bucket_span(raddr, len);
+        let id = p.map.get(b)?;
+        let fh = &self.fhs[id as usize];
+        if fh.start + fh.nb as u64 <= last || !fh.rights.covers(rights) {
+            return None;
+        }
+        if !self.ops.is_empty() && self.ops.contains_key(&op) {
+            return None;
+        }
+        let rkey = fh.rkey;
+        self.take_use(id);
+        self.front = Front::new(op, peer, [id, id], 1);
+        Some(Seg { raddr, len, rkey })
+    }
+
     /// `acquire` past the checks and the one-region hit: a hit over several regions, or a miss.
     #[allow(clippy::too_many_arguments)]
     #[inline(never)]
@@ -185,7 +227,7 @@ impl Initiator {
     }
 
     /// The front slot's release here, inlined into the caller; the table's in `release_rest`.
-    #[inline]
+    #[inline(always)]
     pub fn release(
         &mut self,
         op: OpId,

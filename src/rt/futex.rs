@@ -1,12 +1,13 @@
 //! Futex wait and wake on an `AtomicU32`, as raw system calls: no allocation, no lock, so a
-//! thread may sleep in hook context (inside a patched `munmap`) and be woken by the worker.
+//! thread may sleep in hook context (inside a patched `munmap`) and be woken by the worker
+//! (`rma::revoke`); and `lock::Lock`'s sleeps.
 
 use std::sync::atomic::AtomicU32;
 use std::time::Duration;
 
 /// Sleeps while `*word == expected`, at most `timeout` (`None`: until woken). Returns on a
 /// wake-up, a changed value, the timeout, or a signal; the caller re-checks its condition.
-pub(super) fn wait(word: &AtomicU32, expected: u32, timeout: Option<Duration>) {
+pub(crate) fn wait(word: &AtomicU32, expected: u32, timeout: Option<Duration>) {
     let ts = timeout.map(|t| libc::timespec {
         tv_sec: t.as_secs().min(i64::MAX as u64) as libc::time_t,
         tv_nsec: t.subsec_nanos() as libc::c_long,
@@ -28,7 +29,7 @@ pub(super) fn wait(word: &AtomicU32, expected: u32, timeout: Option<Duration>) {
 }
 
 /// Wakes up to `n` threads sleeping in [`wait`] on `word`.
-pub(super) fn wake(word: &AtomicU32, n: i32) {
+pub(crate) fn wake(word: &AtomicU32, n: i32) {
     // SAFETY: FUTEX_WAKE only uses the address as a key; it reads and writes no memory.
     unsafe {
         libc::syscall(
@@ -41,7 +42,7 @@ pub(super) fn wake(word: &AtomicU32, n: i32) {
 }
 
 /// Wakes every thread sleeping on `word`.
-pub(super) fn wake_all(word: &AtomicU32) {
+pub(crate) fn wake_all(word: &AtomicU32) {
     wake(word, i32::MAX);
 }
 
