@@ -2,7 +2,10 @@
  * on the same boot as fh_bench. PE 0 puts to PE 1's symmetric heap:
  *   lat: 8-byte shmem_putmem + shmem_quiet, one at a time, random 8-byte slots of --ws bytes
  *        (the same measure as fh_bench's Fig. 3: a put that returns when the data is there);
- *   bw:  64 KiB shmem_putmem_nbi, --window in flight (shmem_quiet every window).
+ *   bw:  64 KiB shmem_putmem_nbi, --window in flight (shmem_quiet every window);
+ * and the same two for gets from PE 1's heap (scripts/bench-rma-compare):
+ *   get_lat: 8-byte blocking shmem_getmem, random 8-byte slots of the same bytes;
+ *   get_bw:  64 KiB shmem_getmem_nbi into one local buffer, --window in flight.
  * One JSON line on PE 0's stdout. Usage: oshrun -np 2 shmem_put [ITERS] [BW_MSGS] [WINDOW]. */
 #include <shmem.h>
 #include <stdint.h>
@@ -66,8 +69,23 @@ int main(int argc, char **argv) {
         }
         shmem_quiet();
         double secs = (now_us() - t0) / 1e6;
-        printf("{\"tool\":\"shmem_putmem\",\"lat_8b_us\":%.3f,\"bw_64k_mb_s\":%.3f,\"iters\":%d,\"msgs\":%d}\n",
-               lat, (double)msgs * big / secs / 1e6, iters, msgs);
+        for (int i = 0; i < 200; i++) shmem_getmem(src, dst + (i * 4096) % ws, 8, 1);
+        t0 = now_us();
+        for (int i = 0; i < iters; i++) shmem_getmem(src, dst + (next() % (ws / 8)) * 8, 8, 1);
+        double get_lat = (now_us() - t0) / iters;
+        for (int i = 0; i < window; i++) shmem_getmem_nbi(src, dst + (i % 4) * big, big, 1);
+        shmem_quiet();
+        t0 = now_us();
+        for (int i = 0; i < msgs; i++) {
+            shmem_getmem_nbi(src, dst + (next() % (ws / big)) * big, big, 1);
+            if ((i + 1) % window == 0) shmem_quiet();
+        }
+        shmem_quiet();
+        double get_secs = (now_us() - t0) / 1e6;
+        printf("{\"tool\":\"shmem_putmem\",\"lat_8b_us\":%.3f,\"bw_64k_mb_s\":%.3f,"
+               "\"get_lat_8b_us\":%.3f,\"get_bw_64k_mb_s\":%.3f,\"iters\":%d,\"msgs\":%d,\"window\":%d}\n",
+               lat, (double)msgs * big / secs / 1e6, get_lat, (double)msgs * big / get_secs / 1e6, iters,
+               msgs, window);
         fflush(stdout);
     }
     shmem_barrier_all();

@@ -16,6 +16,9 @@ pub enum Test {
     Peak,
     /// Table 3: bitonic sort of a distributed array over puts, every rank.
     App,
+    /// fh_put / fh_get with the library's defaults against the floor: 8-byte put and get
+    /// latency on hits, 64 KiB put and get bandwidth (scripts/bench-rma-compare).
+    Rma,
 }
 
 impl Test {
@@ -25,6 +28,7 @@ impl Test {
             Test::Bw => "bw",
             Test::Peak => "peak",
             Test::App => "app",
+            Test::Rma => "rma",
         }
     }
 }
@@ -69,6 +73,7 @@ usage: mpirun -np 2 fh_bench [--test lat,bw,peak] [--sweep 128k,256k,...] [--ite
                              [--window 16] [--sizes 8,64,...,1m] [--peak-bytes 4m] [--batches 5]
                              [--series floor,firehose,...] [--quick] [--json] [--json-out FILE]
        mpirun -np 4 fh_bench --test app [--app-keys 262144] [--app-reps 3] [--app-chunk 64k]
+       mpirun -np 2 fh_bench --test rma [--iters 2000] [--warmup 500] [--bw-msgs 256] [--window 16]
   Firehose puts (rma::Rma) side by side with Rendezvous no-unpin, Rendezvous with-unpin and the
   registered-once floor, all on the same net::Peers endpoint (rank 0 -> rank 1; Bell & Bonachea
   2003, Figs. 3-5 and Table 3). FH_M and FH_MAXVICTIM set the sweep (default: 0.25x..4x of M).
@@ -77,6 +82,10 @@ usage: mpirun -np 2 fh_bench [--test lat,bw,peak] [--sweep 128k,256k,...] [--ite
   peak: puts of each --sizes size to the same remote bytes, --window in flight.
   app:  bitonic sort of --app-keys u64 keys per rank (power-of-two ranks), blocks exchanged by
         puts of --app-chunk bytes; every rank's result verified.
+  rma:  Firehose puts and gets (fh_put / fh_get's engine) and the floor's RDMA WRITE / READ over
+        256 KiB of rank 1's buffer: 8-byte blocking put and get latency (hits: the bytes warmed
+        first), --bw-size put and get bandwidth with --window in flight. Nothing is tuned: run it
+        with the library's defaults (no FH_M, FH_PROGRESS_THREAD or FH_AM_SPIN_US set).
   --json: one JSON document (rank 0 prints); --json-out FILE: the tables on stdout and the
   document in FILE.
 ";
@@ -88,7 +97,8 @@ fn tests(list: &str) -> Result<Vec<Test>, lexopt::Error> {
             "bw" => Ok(Test::Bw),
             "peak" => Ok(Test::Peak),
             "app" => Ok(Test::App),
-            other => Err(format!("--test: {other:?} is not lat, bw, peak or app").into()),
+            "rma" => Ok(Test::Rma),
+            other => Err(format!("--test: {other:?} is not lat, bw, peak, app or rma").into()),
         })
         .collect()
 }
@@ -210,6 +220,7 @@ mod tests {
         assert_eq!(a.bw_size, 65536);
         let a = parse(["--test", "app,lat", "--sweep", "64k,1m", "--json"]).unwrap();
         assert_eq!(a.tests, vec![Test::App, Test::Lat]);
+        assert_eq!(parse(["--test", "rma"]).unwrap().tests, vec![Test::Rma]);
         assert_eq!(a.sweep, vec![65536, 1 << 20]);
         assert!(a.json);
         assert!(parse(["--test", "fig9"]).is_err());

@@ -3,7 +3,8 @@
 //! real link, under `mpirun`: Firehose puts (`rma::Rma`, fh_put's engine) side by side with
 //! Rendezvous no-unpin, Rendezvous with-unpin and the registered-once floor, all four built on
 //! the same `net::Peers` endpoint (transport.rs). Rank 0 measures, rank 1 is the target
-//! (sweep.rs); `--test app` runs a bitonic sort on every rank (app.rs). Perftest-style tables
+//! (sweep.rs); `--test app` runs a bitonic sort on every rank (app.rs); `--test rma` measures
+//! Firehose puts and gets against the floor with the library's defaults (rma.rs). Perftest-style tables
 //! or one JSON document (report.rs), with the targets as PASS/MISS lines.
 
 #[path = "../../cli.rs"]
@@ -16,6 +17,7 @@ mod clock;
 mod app;
 mod args;
 mod report;
+mod rma;
 mod served;
 mod sweep;
 mod transport;
@@ -52,6 +54,10 @@ pub struct Ctx {
     pub src: &'static [u8],
     /// Sweeps: rank 1's target buffer (rank 0 learns its address through INFO).
     pub target_len: usize,
+    /// `rma`: the destination of gets (registered once for the floor; through the pin-down
+    /// cache for Firehose), `dst_len` bytes; written only by the NIC.
+    pub dst: *mut u8,
+    pub dst_len: usize,
     /// App: this rank's keys (pointer, count) and the buffer peers put their block into (as
     /// many keys). Raw: both are handed to the NIC, and views are made only where no put or
     /// peer write is in flight (see app.rs).
@@ -105,8 +111,10 @@ fn setup(a: &args::Args) -> Ctx {
         fail("run under mpirun -np 2 (sweeps) or -np 4 (app)");
     }
     // Every waiter busy-polls (as perftest and the other bench binaries do): what is measured
-    // is the link and the protocol, not how soon a sleeping thread wakes.
-    if std::env::var_os("FH_AM_SPIN_US").is_none() {
+    // is the link and the protocol, not how soon a sleeping thread wakes. Not for `rma` alone,
+    // which measures what an application gets from the library's defaults.
+    let only_rma = a.tests.iter().all(|t| *t == args::Test::Rma);
+    if std::env::var_os("FH_AM_SPIN_US").is_none() && !only_rma {
         cfg.settings.spin = std::time::Duration::from_secs(1);
     }
     cfg.bootstrap = Some(boot);
@@ -151,9 +159,19 @@ fn setup(a: &args::Args) -> Ctx {
         *b = (i * 7 + 1) as u8;
     }
     let src: &'static [u8] = src;
-    let sweeps = a.tests.iter().any(|t| *t != args::Test::App);
-    let target_len = if sweeps { sweep::target_len(a, &fh) } else { 0 };
-    if sweeps && rank == 1 {
+    let sweeps = a
+        .tests
+        .iter()
+        .any(|t| !matches!(t, args::Test::App | args::Test::Rma));
+    let with_rma = a.tests.contains(&args::Test::Rma);
+    let target_len = if sweeps {
+        sweep::target_len(a, &fh)
+    } else if with_rma {
+        rma::target_len(a)
+    } else {
+        0
+    };
+    if (sweeps || with_rma) && rank == 1 {
         // 2 MiB aligned: every region of every working set is a whole Firehose region.
         served.expose(leak_buf(target_len, 2 << 20));
     }
@@ -171,7 +189,12 @@ fn setup(a: &args::Args) -> Ctx {
         app_recv = recv.as_ptr().cast();
         served.expose(recv);
     }
-    let local_keys = Arc::new(LocalKeys::new(&pd, &[src, own]));
+    let dst_len = if with_rma { a.bw_size.max(4096) } else { 0 };
+    let dst = leak_buf(dst_len, 4096).as_mut_ptr();
+    // SAFETY: the leaked block is dst_len (at least 1) bytes for the rest of the process; the
+    // view lives only for the registration below, before any get writes it.
+    let dst_view: &[u8] = unsafe { std::slice::from_raw_parts(dst, dst_len.max(1)) };
+    let local_keys = Arc::new(LocalKeys::new(&pd, &[src, own, dst_view]));
     Ctx {
         peers,
         rma,
@@ -181,6 +204,8 @@ fn setup(a: &args::Args) -> Ctx {
         fh,
         src,
         target_len,
+        dst,
+        dst_len,
         app_own,
         app_recv,
     }
@@ -207,6 +232,7 @@ fn main() {
         ctx.barrier(t.name());
         match t {
             args::Test::App => app::run(&mut ctx, &a, &mut rep),
+            args::Test::Rma if me == 0 => rma::run(&ctx, &a, &mut rep),
             _ if me == 0 => sweep::run(&ctx, &a, *t, &mut rep),
             _ if me == 1 => ctx.serve(),
             _ => {}

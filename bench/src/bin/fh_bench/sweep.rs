@@ -117,7 +117,7 @@ pub fn run(ctx: &Ctx, a: &Args, test: Test, rep: &mut Report) {
                 n: (a.peak_bytes / s).clamp(20, 2000),
             })
             .collect(),
-        Test::App => unreachable!(),
+        Test::App | Test::Rma => unreachable!(),
     };
     for (i, p) in points.iter().enumerate() {
         if p.ws > target.len as usize || p.size > ctx.src.len() {

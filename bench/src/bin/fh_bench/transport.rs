@@ -8,6 +8,8 @@
 //!   forever (keyed by page range); with-unpin registers per put and deregisters when the
 //!   initiator's DONE (sent after the write completed) arrives.
 //!
+//! Firehose and the floor also get (`start` with `RdmaKind::Read`: `--test rma`, rma.rs).
+//!
 //! Floor and Rendezvous post on `Link::rdma` with their own tokens (`TAG`), seen by the chained
 //! completion handler (`Raw`); their source buffers are registered once (`LocalKeys`).
 
@@ -85,8 +87,8 @@ impl LocalKeys {
         )
     }
 
-    fn lkey(&self, src: &[u8]) -> u32 {
-        let (a, e) = (src.as_ptr() as usize, src.as_ptr() as usize + src.len());
+    fn lkey(&self, addr: usize, len: usize) -> u32 {
+        let (a, e) = (addr, addr + len);
         self.0
             .iter()
             .find(|m| m.addr() <= a && e <= m.addr() + m.len())
@@ -121,6 +123,30 @@ impl Firehose {
         }
     }
 
+    /// Starts a put (`local` -> `raddr`) or a get (`raddr` -> `local`) of `len` bytes; returns
+    /// with at most `window` in flight.
+    ///
+    /// # Safety
+    /// `local` is valid for `len` bytes for the rest of the process (readable for a put,
+    /// writable for a get) and nothing else touches it while the op is in flight.
+    pub unsafe fn start(
+        &mut self,
+        kind: RdmaKind,
+        peer: Rank,
+        raddr: u64,
+        local: *mut u8,
+        len: usize,
+    ) {
+        while self.reqs.len() >= self.window {
+            self.wait_front();
+        }
+        // SAFETY: forwarded contract on `local`.
+        match unsafe { self.rma.start(kind, peer, raddr, local, len, false) } {
+            Ok(req) => self.reqs.push_back(req),
+            Err(e) => fail(format!("firehose {kind:?} start: {e:?}")),
+        }
+    }
+
     fn wait_front(&mut self) {
         if let Some(r) = self.reqs.pop_front() {
             if let Err(e) = self.rma.wait(r) {
@@ -136,24 +162,16 @@ impl Transport for Firehose {
     }
 
     fn put_nb(&mut self, peer: Rank, raddr: u64, src: &'static [u8]) {
-        while self.reqs.len() >= self.window {
-            self.wait_front();
-        }
         // SAFETY: `src` is 'static and only read by a put; the bench never writes a source
         // buffer while puts from it are in flight.
-        let r = unsafe {
-            self.rma.start(
+        unsafe {
+            self.start(
                 RdmaKind::Write,
                 peer,
                 raddr,
                 src.as_ptr().cast_mut(),
                 src.len(),
-                false,
             )
-        };
-        match r {
-            Ok(req) => self.reqs.push_back(req),
-            Err(e) => fail(format!("firehose put start: {e:?}")),
         }
     }
 
@@ -164,7 +182,8 @@ impl Transport for Firehose {
     }
 }
 
-/// What the floor and Rendezvous share: posting a WRITE with a tag and waiting for them.
+/// What the floor and Rendezvous share: posting a WRITE (or the floor's READ) with a tag and
+/// waiting for them.
 struct Poster {
     rma: Arc<Rma>,
     raw: Arc<Raw>,
@@ -212,26 +231,38 @@ impl Poster {
         }
     }
 
-    fn post(&self, peer: Rank, raddr: u64, rkey: u32, src: &'static [u8], id: u32) {
+    /// Posts `kind` between `local` (registered in `LocalKeys`, 'static, untouched while in
+    /// flight) and `raddr`.
+    #[allow(clippy::too_many_arguments)]
+    fn post(
+        &self,
+        kind: RdmaKind,
+        peer: Rank,
+        raddr: u64,
+        rkey: u32,
+        local: *mut u8,
+        len: usize,
+        id: u32,
+    ) {
         while self.raw.in_flight() >= self.window as u64 {
             self.progress();
             self.send_dones();
         }
         let op = RdmaOp {
-            kind: RdmaKind::Write,
-            local_addr: src.as_ptr() as u64,
-            lkey: self.local.lkey(src),
-            len: src.len(),
+            kind,
+            local_addr: local as u64,
+            lkey: self.local.lkey(local as usize, len),
+            len,
             remote_addr: raddr,
             rkey,
             token: TAG | id as u64,
         };
         self.raw.posted.fetch_add(1, Relaxed);
-        // SAFETY: `src` is 'static, registered under `lkey` (LocalKeys lives as long as the
-        // bench) and never written while in flight; the remote range lies in a region the
+        // SAFETY: `local` is 'static, registered under `lkey` (LocalKeys lives as long as the
+        // bench) and not touched by the bench while in flight; the remote range lies in a region the
         // target registered for remote write and keeps until our DONE (with-unpin) or forever.
         if let Err(e) = unsafe { self.am_link.rdma(peer, op) } {
-            fail(format!("RDMA WRITE to rank {peer}: {e}"));
+            fail(format!("RDMA {kind:?} to rank {peer}: {e}"));
         }
     }
 
@@ -258,19 +289,45 @@ impl Floor {
     }
 }
 
+impl Floor {
+    /// The floor's put or get (a plain RDMA WRITE or READ under the exposed buffer's rkey).
+    ///
+    /// # Safety
+    /// As `Firehose::start`; `local` also lies in a buffer of `LocalKeys`.
+    pub unsafe fn start(
+        &mut self,
+        kind: RdmaKind,
+        peer: Rank,
+        raddr: u64,
+        local: *mut u8,
+        len: usize,
+    ) {
+        let end = raddr + len as u64;
+        let rkey = self.remote[peer as usize]
+            .iter()
+            .find(|e| e.addr <= raddr && end <= e.addr + e.len)
+            .map(|e| e.rkey)
+            .unwrap_or_else(|| fail("floor: op outside the target's exposed buffer"));
+        self.p.post(kind, peer, raddr, rkey, local, len, 0);
+    }
+}
+
 impl Transport for Floor {
     fn name(&self) -> &'static str {
         "floor"
     }
 
     fn put_nb(&mut self, peer: Rank, raddr: u64, src: &'static [u8]) {
-        let end = raddr + src.len() as u64;
-        let rkey = self.remote[peer as usize]
-            .iter()
-            .find(|e| e.addr <= raddr && end <= e.addr + e.len)
-            .map(|e| e.rkey)
-            .unwrap_or_else(|| fail("floor: put outside the target's exposed buffer"));
-        self.p.post(peer, raddr, rkey, src, 0);
+        // SAFETY: `src` is 'static and only read by a put (see `Firehose::put_nb`).
+        unsafe {
+            self.start(
+                RdmaKind::Write,
+                peer,
+                raddr,
+                src.as_ptr().cast_mut(),
+                src.len(),
+            )
+        }
     }
 
     fn quiet(&mut self) {
@@ -311,7 +368,15 @@ impl Rendezvous {
         }
         let rkey = u32::from_le_bytes(r[1..5].try_into().unwrap());
         let id = u32::from_le_bytes(r[5..9].try_into().unwrap());
-        self.p.post(peer, raddr, rkey, src, id);
+        self.p.post(
+            RdmaKind::Write,
+            peer,
+            raddr,
+            rkey,
+            src.as_ptr().cast_mut(),
+            src.len(),
+            id,
+        );
     }
 }
 
