@@ -87,6 +87,19 @@ impl Ctx {
             }
         }
     }
+
+    /// `rma`'s target: with a progress thread (the default in a job of two) it answers
+    /// everything, so this rank sleeps until STOP as an application's target rank may (busy
+    /// elsewhere, asleep) instead of spinning on a vCPU the measuring rank needs; without one,
+    /// `serve`.
+    pub fn serve_rma(&self) {
+        if !self.peers.settings().progress_thread {
+            return self.serve();
+        }
+        while !self.served.stop.swap(false, Ordering::AcqRel) {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
 }
 
 /// A zeroed buffer that lives to the end of the process, aligned to `align`.
@@ -233,6 +246,7 @@ fn main() {
         match t {
             args::Test::App => app::run(&mut ctx, &a, &mut rep),
             args::Test::Rma if me == 0 => rma::run(&ctx, &a, &mut rep),
+            args::Test::Rma if me == 1 => ctx.serve_rma(),
             _ if me == 0 => sweep::run(&ctx, &a, *t, &mut rep),
             _ if me == 1 => ctx.serve(),
             _ => {}

@@ -161,6 +161,8 @@ pub struct Report {
     region: usize,
     size: u32,
     window: usize,
+    /// This rank's progress thread runs (`rma`'s target then sleeps until STOP).
+    progress_thread: bool,
 }
 
 impl Report {
@@ -175,6 +177,7 @@ impl Report {
             region: ctx.fh.region_buckets() as usize * ctx.fh.bucket_size,
             size: ctx.peers.size(),
             window: a.window,
+            progress_thread: ctx.peers.settings().progress_thread,
         }
     }
 
@@ -446,12 +449,13 @@ impl Report {
             )
         })
         .collect();
+        let progress_thread = self.progress_thread;
         let doc = json!({
             "bench": "fh_bench", "ranks": self.size,
             "config": {"m": self.m, "max_victim": self.victim, "region": self.region,
                        "window": self.window},
             "lat": by(Test::Lat), "bw": by(Test::Bw), "peak": by(Test::Peak), "app": app,
-            "rma": by(Test::Rma), "env": env,
+            "rma": by(Test::Rma), "env": env, "progress_thread": progress_thread,
             "targets": targets,
         });
         if let Some(path) = &self.json_out {

@@ -1,6 +1,8 @@
 //! `--test rma`: what fh_put and fh_get cost an application that tunes nothing, next to the
-//! floor, on 2 ranks (rank 0 measures, rank 1 serves). scripts/bench-rma-compare sets these
-//! numbers beside OpenSHMEM's and MPI's one-sided paths measured on the same boot.
+//! floor, on 2 ranks (rank 0 measures; rank 1 sleeps until STOP when its progress thread
+//! runs, the default in a job of two, and polls otherwise: `Ctx::serve_rma`).
+//! scripts/bench-rma-compare sets these numbers beside OpenSHMEM's and MPI's one-sided paths
+//! measured on the same boot.
 //!
 //! The remote bytes are the first 256 KiB of rank 1's exposed buffer (the anchors' window,
 //! bench/anchor): 8-byte ops go to random 8-byte slots of it, `--bw-size` ops to random aligned
