@@ -7,10 +7,11 @@ ratios, and the ratios to perftest and to the anchor. Exit 0 all PASS, 3 a MISS.
     bench-fh-summary.py RESDIR
 """
 import json
-import math
 import os
 import statistics
 import sys
+
+import perftest_log  # scripts/lib, next to this script
 
 res = sys.argv[1]
 logs = os.path.join(res, "logs")
@@ -30,20 +31,8 @@ def load(name):
 
 
 def perf_col(name, size, col):
-    """perftest's result row: the line starting with the size; column `col` (1-based)."""
-    p = os.path.join(logs, name)
-    if not os.path.exists(p):
-        return None
-    v = None
-    for line in open(p, errors="replace"):
-        f = line.split()
-        if len(f) >= col and f[0] == str(size):
-            try:
-                x = float(f[col - 1])
-                v = x if math.isfinite(x) else v  # perftest -F prints inf when its clock fails
-            except ValueError:
-                pass
-    return v
+    """perftest's result row in logs/NAME: the line starting with the size; column `col`."""
+    return perftest_log.column(os.path.join(logs, name), size, col)
 
 
 sweeps = load("fh_bench.json") or {}

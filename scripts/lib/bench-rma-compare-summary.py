@@ -16,11 +16,12 @@ typical are shown beside them. A target's ratio is the median over boots of the 
 within each boot (under TCG only ratios within one boot mean anything).
 """
 import json
-import math
 import os
 import re
 import statistics
 import sys
+
+import perftest_log  # scripts/lib, next to this script
 
 res = sys.argv[1]
 
@@ -44,18 +45,7 @@ SOURCES = [
 
 def perf_col(path, size, col):
     """perftest's result row: the line starting with the size; column `col` (1-based)."""
-    if not os.path.exists(path):
-        return None
-    v = None
-    for line in open(path, errors="replace"):
-        f = line.split()
-        if len(f) >= col and f[0] == str(size):
-            try:
-                x = float(f[col - 1])
-                v = x if math.isfinite(x) else v  # perftest -F prints inf when its clock fails
-            except ValueError:
-                pass
-    return v
+    return perftest_log.column(path, size, col)
 
 
 def read(path):
