@@ -399,8 +399,15 @@ pub(crate) fn warm_up() {
 
 /// One userfaultfd watch and unwatch of a page of the shim's own (mapped and unmapped by raw
 /// system calls, so no monitor hears of it), so that the first cached registration's
-/// `UFFDIO_REGISTER` is not the process's first.
+/// `UFFDIO_REGISTER` is not the process's first. Once per process (a forked child has its own
+/// userfaultfd context, so once more there).
 fn warm_uffd_path() {
+    static DONE_IN: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+    // SAFETY: getpid has no preconditions.
+    let me = unsafe { libc::getpid() };
+    if DONE_IN.swap(me, Ordering::Relaxed) == me {
+        return;
+    }
     let page = 4096;
     // SAFETY: a fresh private anonymous mapping of our own; nothing else refers to it.
     let p = unsafe {
@@ -410,7 +417,7 @@ fn warm_uffd_path() {
             page,
             libc::PROT_READ | libc::PROT_WRITE,
             libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1i32,
+            -1isize,
             0usize,
         )
     };
