@@ -150,53 +150,43 @@ impl From<AssembleError> for NoCache {
 
 /// The cache for requests with `access` in `pd`, created on first use.
 pub(crate) fn for_pd(pd: *mut IbvPd, access: Access) -> Result<Arc<PdCache>, NoCache> {
-    // With `create`, the answer is never "none".
-    cache_of(pd, access, true).map(|c| c.expect("created on demand"))
-}
-
-/// The cache for requests with `access` in `pd` if one exists (a bypassed registration's
-/// look-up must not build one).
-pub(crate) fn existing(pd: *mut IbvPd, access: Access) -> Option<Arc<PdCache>> {
-    cache_of(pd, access, false).ok().flatten()
-}
-
-/// `Ok(None)`: no cache yet and `create` is false.
-fn cache_of(pd: *mut IbvPd, access: Access, create: bool) -> Result<Option<Arc<PdCache>>, NoCache> {
     let key = (pd as usize, access.0 & REMOTE_RIGHTS);
     // Acquire pairs with the Release bump in `drop_pd`: a thread that sees the old generation
     // started its lookup before the entry was removed, as it would with the map itself.
     let generation = GENERATION.load(Ordering::Acquire);
-    let remembered = LAST
-        .try_with(|l| match &*l.borrow() {
-            Some((g, k, c)) if *g == generation && *k == key => Some(c.clone()),
-            _ => None,
-        })
-        .ok()
-        .flatten();
-    if let Some(c) = remembered {
-        return Ok(Some(c));
+    if let Some(c) = remembered(generation, key) {
+        return Ok(c);
     }
-    let Some(c) = lookup_or_create(pd, key, create)? else {
-        return Ok(None);
-    };
+    let c = lookup_or_create(pd, key)?;
     let _ = LAST.try_with(|l| {
         if let Ok(mut l) = l.try_borrow_mut() {
             *l = Some((generation, key, c.clone()));
         }
     });
-    Ok(Some(c))
+    Ok(c)
 }
 
-fn lookup_or_create(
-    pd: *mut IbvPd,
-    key: Key,
-    create: bool,
-) -> Result<Option<Arc<PdCache>>, NoCache> {
+/// The cache for requests with `access` in `pd` if one exists (a bypassed registration's
+/// look-up must not build one).
+pub(crate) fn existing(pd: *mut IbvPd, access: Access) -> Option<Arc<PdCache>> {
+    let key = (pd as usize, access.0 & REMOTE_RIGHTS);
+    remembered(GENERATION.load(Ordering::Acquire), key)
+        .or_else(|| pds().as_ref().and_then(|m| m.get(&key)).cloned())
+}
+
+/// This thread's last answer, if it was for `key` and no domain was dropped since.
+fn remembered(generation: u64, key: Key) -> Option<Arc<PdCache>> {
+    LAST.try_with(|l| match &*l.borrow() {
+        Some((g, k, c)) if *g == generation && *k == key => Some(c.clone()),
+        _ => None,
+    })
+    .ok()
+    .flatten()
+}
+
+fn lookup_or_create(pd: *mut IbvPd, key: Key) -> Result<Arc<PdCache>, NoCache> {
     if let Some(c) = pds().as_ref().and_then(|m| m.get(&key)) {
-        return Ok(Some(c.clone()));
-    }
-    if !create {
-        return Ok(None);
+        return Ok(c.clone());
     }
     // Build outside the lock (it may install the monitor, which can take a while).
     let fresh = PdCache::new(pd)?;
@@ -206,7 +196,7 @@ fn lookup_or_create(
     drop(g);
     // `fresh` (if another thread's cache won the race) is dropped here, outside the lock.
     drop(fresh);
-    Ok(Some(c))
+    Ok(c)
 }
 
 /// Forget the cache of `pd` and release every idle registration it keeps, so that the real
