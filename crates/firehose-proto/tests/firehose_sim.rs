@@ -667,6 +667,19 @@ fn until_ready(a: &mut Firehose, b: &mut Firehose, op: u64) {
     }
 }
 
+/// Pins buckets `0..n` of rank 1 for `a` (each its own region, ops 100..100+n), all released:
+/// every later op inside them is a hit.
+fn pin_buckets(a: &mut Firehose, b: &mut Firehose, n: u64) {
+    for k in 0..n {
+        assert_eq!(
+            a.acquire(100 + k, 1, BASE + k * 4096, 8, None),
+            Ok(Acquire::Pending)
+        );
+        until_ready(a, b, 100 + k);
+        a.release(100 + k).unwrap();
+    }
+}
+
 /// The unused FIFO evicts the least recently released firehose: a hit leaves its firehose in
 /// place in the FIFO (lazy removal), so the eviction scan must give a firehose released since
 /// it was queued a second chance. F = 2 regions of one bucket: A and B are pinned (A first),
@@ -702,15 +715,7 @@ fn eviction_takes_the_least_recently_released() {
 #[test]
 fn hits_in_the_front_slot_and_the_table() {
     let (mut a, mut b) = page_mode_pair(64);
-    // Pin buckets 0..4 (each its own region).
-    for k in 0..4u64 {
-        assert_eq!(
-            a.acquire(100 + k, 1, BASE + k * 4096, 8, None),
-            Ok(Acquire::Pending)
-        );
-        until_ready(&mut a, &mut b, 100 + k);
-        a.release(100 + k).unwrap();
-    }
+    pin_buckets(&mut a, &mut b, 4);
     let ok = |a: &Firehose| a.check_invariants().unwrap();
     let hit = |r: Result<Acquire, FhError>| matches!(r, Ok(Acquire::Hit(_)));
     assert_eq!(a.refs_held(), 0);
@@ -761,14 +766,7 @@ fn hits_in_the_front_slot_and_the_table() {
 fn the_fast_hit_is_the_front_slot_hit_and_nothing_else() {
     use firehose_proto::Rights;
     let (mut a, mut b) = page_mode_pair(64);
-    for k in 0..2u64 {
-        assert_eq!(
-            a.acquire(100 + k, 1, BASE + k * 4096, 8, None),
-            Ok(Acquire::Pending)
-        );
-        until_ready(&mut a, &mut b, 100 + k);
-        a.release(100 + k).unwrap();
-    }
+    pin_buckets(&mut a, &mut b, 2);
     let ok = |a: &Firehose| a.check_invariants().unwrap();
     let hits = a.stats().hits;
     // Nothing there for a miss, two regions, bad arguments, this rank: no change.
