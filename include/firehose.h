@@ -373,6 +373,12 @@ typedef struct fh_net_stats {
      * they did not give back) passed `FH_AM_MAX_QUEUED`.
      */
     uint64_t queue_overflows;
+    /**
+     * Events (messages, completions) the progress thread handled itself. An application
+     * thread waiting on its own puts and gets handles their completions; this counts what it
+     * left to the thread (requests from peers, and completions while nobody waited).
+     */
+    uint64_t progress_thread_events;
 } fh_net_stats;
 
 /**

@@ -8,6 +8,9 @@
  *   compute  rank 0 computes for 2 s (no call into MPI or firehose) while every other rank puts
  *            to it and gets back from it; each must be done long before rank 0 returns (< 1.5 s),
  *            and after the next barrier rank 0 checks every byte.
+ *   own      every rank puts 8 B 400 times to its right neighbour (hits, blocking): the
+ *            completions are the waiting caller's to reap; its own progress thread must not be
+ *            woken for them (it handles < 10 % of them: fh_net_stats.progress_thread_events).
  *
  * Exit 0: both passed; 1: a check failed or a call returned an error (with FH_PROGRESS_THREAD=0
  * the ring's put ends with FH_ERR_TIMEOUT after FH_AM_TIMEOUT_MS: the must-fail run).
@@ -161,6 +164,39 @@ static void compute(void)
     munmap(back, REGION);
 }
 
+static void own_completions(void)
+{
+    enum { PUTS = 400 };
+    uint64_t *slot = big(4096), at[MAX_RANKS], v = 7;
+    exchange(slot, at);
+    uint32_t right = (uint32_t)((me + 1) % n);
+    if (call(fh_put(ctx, right, at[right], &v, 8), "warm-up put", now()))
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    MPI_Barrier(MPI_COMM_WORLD);
+    fh_net_stats s0, s1;
+    if (fh_get_net_stats(ctx, &s0) != FH_OK)
+        FAIL("fh_get_net_stats");
+    double t0 = now();
+    for (int i = 0; i < PUTS; i++) {
+        v = (uint64_t)i;
+        if (call(fh_put(ctx, right, at[right], &v, 8), "own put", t0))
+            MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    if (fh_get_net_stats(ctx, &s1) != FH_OK)
+        FAIL("fh_get_net_stats");
+    uint64_t by_thread = s1.progress_thread_events - s0.progress_thread_events;
+    printf("rank %d: %d blocking puts in %.1f us each; the progress thread handled %llu events "
+           "meanwhile\n",
+           me, PUTS, (now() - t0) * 1e6 / PUTS, (unsigned long long)by_thread);
+    if (by_thread * 10 >= PUTS)
+        FAIL("the progress thread handled %llu of %d completions a waiting caller reaps itself",
+             (unsigned long long)by_thread, PUTS);
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (*slot != PUTS - 1)
+        FAIL("own: the last put left %llu, want %d", (unsigned long long)*slot, PUTS - 1);
+    munmap(slot, 4096);
+}
+
 /* ---- bench ---------------------------------------------------------------------------------- */
 
 static int cmp_d(const void *a, const void *b)
@@ -296,6 +332,8 @@ int main(int argc, char **argv)
         ring();
         if (!failures)
             compute();
+        if (!failures)
+            own_completions();
     }
     int all = 0;
     MPI_Allreduce(&failures, &all, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);

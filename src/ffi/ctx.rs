@@ -85,6 +85,10 @@ pub struct fh_net_stats {
     /// Of those, peers given up on because the messages queued for them (waiting for credits
     /// they did not give back) passed `FH_AM_MAX_QUEUED`.
     pub queue_overflows: u64,
+    /// Events (messages, completions) the progress thread handled itself. An application
+    /// thread waiting on its own puts and gets handles their completions; this counts what it
+    /// left to the thread (requests from peers, and completions while nobody waited).
+    pub progress_thread_events: u64,
 }
 
 impl From<&crate::net::stats::StatsSnapshot> for fh_net_stats {
@@ -101,6 +105,7 @@ impl From<&crate::net::stats::StatsSnapshot> for fh_net_stats {
             peers_lost: s.peers_lost,
             peers_given_up: s.peers_given_up,
             queue_overflows: s.queue_overflows,
+            progress_thread_events: s.progress_thread_events,
         }
     }
 }

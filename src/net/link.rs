@@ -174,6 +174,14 @@ pub trait Link: Send + Sync {
     /// Blocks until something may have arrived, or `timeout` passed (the progress thread sleeps
     /// here: verbs waits on the completion channel). Spurious wakeups are allowed.
     fn wait(&self, timeout: Duration) -> Result<(), LinkError>;
+    /// `wait` for a sleeper that needs to be woken by messages only: the completions of this
+    /// rank's own sends and RDMA ops need not wake it (another thread is polling for them). On
+    /// verbs this arms the receive CQ alone, so an application thread waiting on its own puts
+    /// does not wake the progress thread for every completion. Losing a peer still wakes it (a
+    /// broken connection flushes the receive queue). Default: `wait`.
+    fn wait_messages(&self, timeout: Duration) -> Result<(), LinkError> {
+        self.wait(timeout)
+    }
     /// Ends a current (or the next) `wait` at once, from any thread: the progress thread's stop.
     /// Links that can (`wakes`) let an idle progress thread sleep long; the default cannot, and
     /// `wait` then ends at its timeout.

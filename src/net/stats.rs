@@ -15,6 +15,7 @@ pub struct Stats {
     credit_stalls: AtomicU64,
     excess_credits: AtomicU64,
     progress_wakeups: AtomicU64,
+    thread_events: AtomicU64,
     peers_lost: AtomicU64,
     peers_given_up: AtomicU64,
     queue_overflows: AtomicU64,
@@ -39,6 +40,8 @@ pub struct StatsSnapshot {
     pub excess_credits: u64,
     /// Times the progress thread woke from `Link::wait`.
     pub progress_wakeups: u64,
+    /// Events (messages, completions, losses) the progress thread handled itself.
+    pub progress_thread_events: u64,
     pub peers_lost: u64,
     /// Of those, live peers this rank declared lost (`Am::give_up`): silent past a wait's bound,
     /// or over `FH_AM_MAX_QUEUED`.
@@ -97,6 +100,9 @@ impl Stats {
     pub(crate) fn progress_wakeup(&self) {
         self.progress_wakeups.fetch_add(1, Relaxed);
     }
+    pub(crate) fn progress_thread_events(&self, n: usize) {
+        self.thread_events.fetch_add(n as u64, Relaxed);
+    }
     pub(crate) fn peer_lost(&self) {
         self.peers_lost.fetch_add(1, Relaxed);
     }
@@ -123,6 +129,7 @@ impl Stats {
             credit_stalls: self.credit_stalls.load(Relaxed),
             excess_credits: self.excess_credits.load(Relaxed),
             progress_wakeups: self.progress_wakeups.load(Relaxed),
+            progress_thread_events: self.thread_events.load(Relaxed),
             peers_lost: self.peers_lost.load(Relaxed),
             peers_given_up: self.peers_given_up.load(Relaxed),
             queue_overflows: self.queue_overflows.load(Relaxed),

@@ -1085,6 +1085,8 @@ impl Rma {
     /// word that never says done: the table then says what it is).
     pub fn wait(&self, req: u64) -> Result<(), RmaError> {
         let _inside = crate::rt::inside::enter();
+        // This thread reaps the op's completion: the progress thread need not wake for it.
+        let _polling = self.peers.am().polling();
         // The first poll usually completes a blocking put or get: it runs before the bound is
         // set up, which happens only if a second poll is needed (the bound's clock reads the
         // time only every `CHECK_EVERY` polls anyway: it starts one poll later, nothing else
@@ -1143,6 +1145,7 @@ impl Rma {
     /// implicit (handle-less) request since the last `quiet`. Bounded as `wait`.
     pub fn quiet(&self) -> Result<(), RmaError> {
         let _inside = crate::rt::inside::enter();
+        let _polling = self.peers.am().polling();
         let mut b = Bounded::new(self);
         loop {
             {

@@ -13,7 +13,7 @@ use crate::net::wire::{Header, Kind, HEADER_LEN};
 use crate::net::NetError;
 use crate::net::{Link, LinkError, Rank};
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
@@ -51,6 +51,23 @@ impl Progress for Inner {
     fn woke(&self) {
         self.stats.progress_wakeup();
     }
+    fn waits(&self) -> (u64, u64) {
+        // Begun first: a wait that begins and ends between the two loads reads as running.
+        let begun = self.waits_begun.load(Ordering::Acquire);
+        (begun, self.waits_ended.load(Ordering::Acquire))
+    }
+    fn handled(&self, events: usize) {
+        self.stats.progress_thread_events(events);
+    }
+}
+
+/// Marks an application thread as polling in a blocking wait (`Am::polling`) while it lives.
+pub struct Polling<'a>(&'a AtomicU64);
+
+impl Drop for Polling<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::Release);
+    }
 }
 
 /// A message to the own rank: delivered by `progress`, never through the link.
@@ -80,6 +97,11 @@ pub(super) struct Inner {
     pub warned_no_handler: AtomicBool,
     /// `FH_AM_MAX_QUEUED`: bytes that may wait for credits toward one peer.
     pub max_queued: AtomicUsize,
+    /// Blocking waits of application threads (`Am::polling`) begun and ended: while one runs,
+    /// or while they keep coming, the waiters reap the completions of their own sends and RDMA,
+    /// and the progress thread sleeps for messages only.
+    pub waits_begun: AtomicU64,
+    pub waits_ended: AtomicU64,
     pub stats: Stats,
     pub me: Weak<Inner>,
 }
@@ -366,6 +388,8 @@ impl Am {
             finalized: AtomicBool::new(false),
             warned_no_handler: AtomicBool::new(false),
             max_queued: AtomicUsize::new(settings.max_queued),
+            waits_begun: AtomicU64::new(0),
+            waits_ended: AtomicU64::new(0),
             stats: Stats::default(),
             me: me.clone(),
         });
@@ -480,7 +504,20 @@ impl Am {
     /// the request is forgotten (a late reply is rejected as stale) and `NetError::Timeout` returned.
     /// Waits longer than `FH_AM_PROBE_MS` probe the peer, so a dead peer is `NetError::PeerLost`.
     pub fn wait(&self, t: Ticket, timeout: Option<Duration>) -> Result<Vec<u8>, NetError> {
+        let _polling = self.polling();
         self.inner.wait(&t, timeout)
+    }
+
+    /// Says, while the guard lives, that the calling thread polls this endpoint in a blocking
+    /// wait (`wait` here; `rma`'s waits): the progress thread then sleeps for incoming messages
+    /// only (`Link::wait_messages`) and leaves the completions of this rank's own sends and RDMA
+    /// to the waiter. Without this, each completion a waiter spins for also woke the progress
+    /// thread, and the two threads shared the CPU with the device's kernel work: in the
+    /// Soft-RoCE VM an 8-byte put took twice as long (see docs/benchmarks.md).
+    #[inline]
+    pub fn polling(&self) -> Polling<'_> {
+        self.inner.waits_begun.fetch_add(1, Ordering::AcqRel);
+        Polling(&self.inner.waits_ended)
     }
 
     /// `request` then `wait` with the default timeout.

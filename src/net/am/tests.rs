@@ -4,7 +4,7 @@ use super::*;
 use crate::net::settings::NetSettings;
 use crate::net::sim::{Delivery, SimConfig, SimNet};
 use crate::net::wire::{Kind, Reject};
-use crate::net::NetError;
+use crate::net::{Link, LinkError, LinkEvent, NetError, Rank};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -189,4 +189,108 @@ fn a_paused_endpoint_delivers_nothing_before_its_handlers_exist() {
         a.finalize().unwrap();
         b.finalize().unwrap();
     }
+}
+
+/// A link that counts how the progress thread sleeps on it.
+struct CountingLink {
+    inner: Arc<dyn Link>,
+    waits: std::sync::atomic::AtomicU64,
+    message_waits: std::sync::atomic::AtomicU64,
+}
+
+impl Link for CountingLink {
+    fn rank(&self) -> Rank {
+        self.inner.rank()
+    }
+    fn size(&self) -> u32 {
+        self.inner.size()
+    }
+    fn max_msg(&self) -> usize {
+        self.inner.max_msg()
+    }
+    fn recv_slots(&self) -> u32 {
+        self.inner.recv_slots()
+    }
+    fn send(&self, peer: Rank, msg: &[u8]) -> Result<(), LinkError> {
+        self.inner.send(peer, msg)
+    }
+    fn poll(&self, on_event: &mut dyn FnMut(LinkEvent<'_>)) -> Result<usize, LinkError> {
+        self.inner.poll(on_event)
+    }
+    fn wait(&self, timeout: Duration) -> Result<(), LinkError> {
+        self.waits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.inner.wait(timeout)
+    }
+    fn wait_messages(&self, timeout: Duration) -> Result<(), LinkError> {
+        self.message_waits
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.inner.wait(timeout)
+    }
+    fn probe(&self, peer: Rank) -> Result<(), LinkError> {
+        self.inner.probe(peer)
+    }
+    fn max_rdma(&self) -> usize {
+        self.inner.max_rdma()
+    }
+    unsafe fn rdma(&self, peer: Rank, op: crate::net::RdmaOp) -> Result<(), LinkError> {
+        // SAFETY: the caller's contract, passed on.
+        unsafe { self.inner.rdma(peer, op) }
+    }
+}
+
+/// While an application thread polls in a blocking wait (`Am::polling`), the progress thread
+/// sleeps for messages only (`Link::wait_messages`: on verbs the completions of the waiter's own
+/// puts then do not wake it); once no one waits, it sleeps for everything again, and it answers
+/// requests in both modes.
+#[test]
+fn progress_thread_sleeps_for_messages_only_while_a_thread_waits() {
+    // A spin longer than the test: a thread that handled a request spins, unless someone polls.
+    for spin in [Duration::ZERO, Duration::from_secs(20)] {
+        sleeps_for_messages_only(spin);
+    }
+}
+
+fn sleeps_for_messages_only(spin: Duration) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let net = SimNet::new(SimConfig::new(2, 1, Delivery::Auto));
+    let a = Am::new(net.link(0), NetSettings::default()).unwrap();
+    let link = Arc::new(CountingLink {
+        inner: net.link(1),
+        waits: 0.into(),
+        message_waits: 0.into(),
+    });
+    let s = NetSettings {
+        progress_thread: true,
+        progress_spin: Some(spin),
+        ..NetSettings::default()
+    };
+    let b = Am::new(link.clone(), s).unwrap();
+    b.register_request(1, |_, p, r| r.reply(p).unwrap());
+    let counts = || (link.waits.load(Relaxed), link.message_waits.load(Relaxed));
+    // The thread sleeps a tick (10 ms) at most before it looks again: 30 ms covers a sleep that
+    // began before the change.
+    let settle = || std::thread::sleep(Duration::from_millis(30));
+    {
+        let _polling = b.polling();
+        settle();
+        let before = counts();
+        assert_eq!(a.call(1, 1, b"w").unwrap(), b"w");
+        settle();
+        let after = counts();
+        assert_eq!(after.0, before.0, "{spin:?}: no full wait while a thread polls");
+        assert!(after.1 > before.1, "{spin:?}: sleeps for messages: {before:?} -> {after:?}");
+    }
+    settle();
+    let before = counts();
+    assert_eq!(a.call(1, 1, b"n").unwrap(), b"n");
+    settle();
+    let after = counts();
+    assert_eq!(after.1, before.1, "{spin:?}: no message-only wait once nobody polls");
+    if spin.is_zero() {
+        assert!(after.0 > before.0, "full waits again: {before:?} -> {after:?}");
+    } else {
+        assert_eq!(after.0, before.0, "{spin:?}: spinning after the request, not sleeping");
+    }
+    assert!(b.stats().progress_thread_events >= 2, "it answered both requests");
+    b.finalize().unwrap();
 }

@@ -402,6 +402,44 @@ impl VerbsLink {
         slot * self.max_msg
     }
 
+    /// `Link::wait` (`sends`: also woken by send-queue completions) and `Link::wait_messages`.
+    fn sleep(&self, timeout: Duration, sends: bool) -> Result<(), LinkError> {
+        // Arm first, then look: a completion that lands after arming raises a channel event; one
+        // that landed before is found by the checks below. Checking first and arming after would
+        // lose a completion arriving in between and sleep the whole timeout.
+        if sends {
+            self.send_cq.req_notify().map_err(dev)?;
+        }
+        self.recv_cq.req_notify().map_err(dev)?;
+        if sends {
+            self.reap_send()?;
+        }
+        if self.lost_unreported.load(Ordering::Acquire) > 0
+            || (sends && self.rdma_queued.load(Ordering::Acquire) > 0)
+        {
+            return Ok(());
+        }
+        match try_lock(&self.recv_stash) {
+            // Another thread is polling receives: it delivers; the caller polls again anyway.
+            None => return Ok(()),
+            Some(mut stash) => {
+                if !stash.is_empty() {
+                    return Ok(());
+                }
+                let mut batch = [Completion::default(); POLL_BATCH];
+                let k = self.recv_cq.poll_batch(&mut batch).map_err(dev)?;
+                if k > 0 {
+                    stash.extend_from_slice(&batch[..k]);
+                    return Ok(());
+                }
+            }
+        }
+        if self.channel.wait_readable(timeout).map_err(dev)? {
+            self.channel.drain_events().map_err(dev)?;
+        }
+        Ok(())
+    }
+
     fn report_lost(&self, on_event: &mut dyn FnMut(LinkEvent<'_>)) -> usize {
         if self.lost_unreported.load(Ordering::Acquire) == 0 {
             return 0;
@@ -613,36 +651,11 @@ impl Link for VerbsLink {
     }
 
     fn wait(&self, timeout: Duration) -> Result<(), LinkError> {
-        // Arm first, then look: a completion that lands after arming raises a channel event; one
-        // that landed before is found by the checks below. Checking first and arming after would
-        // lose a completion arriving in between and sleep the whole timeout.
-        self.send_cq.req_notify().map_err(dev)?;
-        self.recv_cq.req_notify().map_err(dev)?;
-        self.reap_send()?;
-        if self.lost_unreported.load(Ordering::Acquire) > 0
-            || self.rdma_queued.load(Ordering::Acquire) > 0
-        {
-            return Ok(());
-        }
-        match try_lock(&self.recv_stash) {
-            // Another thread is polling receives: it delivers; the caller polls again anyway.
-            None => return Ok(()),
-            Some(mut stash) => {
-                if !stash.is_empty() {
-                    return Ok(());
-                }
-                let mut batch = [Completion::default(); POLL_BATCH];
-                let k = self.recv_cq.poll_batch(&mut batch).map_err(dev)?;
-                if k > 0 {
-                    stash.extend_from_slice(&batch[..k]);
-                    return Ok(());
-                }
-            }
-        }
-        if self.channel.wait_readable(timeout).map_err(dev)? {
-            self.channel.drain_events().map_err(dev)?;
-        }
-        Ok(())
+        self.sleep(timeout, true)
+    }
+
+    fn wait_messages(&self, timeout: Duration) -> Result<(), LinkError> {
+        self.sleep(timeout, false)
     }
 
     fn wake(&self) {

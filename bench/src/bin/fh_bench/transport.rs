@@ -244,9 +244,13 @@ impl Poster {
         len: usize,
         id: u32,
     ) {
-        while self.raw.in_flight() >= self.window as u64 {
-            self.progress();
-            self.send_dones();
+        if self.raw.in_flight() >= self.window as u64 {
+            // A polling wait, as `Rma::wait` is: the progress thread leaves it the completions.
+            let _polling = self.rma.peers().am().polling();
+            while self.raw.in_flight() >= self.window as u64 {
+                self.progress();
+                self.send_dones();
+            }
         }
         let op = RdmaOp {
             kind,
@@ -267,6 +271,7 @@ impl Poster {
     }
 
     fn quiet(&self) {
+        let _polling = self.rma.peers().am().polling();
         while self.raw.in_flight() > 0 {
             self.progress();
         }
