@@ -10,9 +10,11 @@
  *            and after the next barrier rank 0 checks every byte.
  *   own      every rank puts 8 B 400 times to its right neighbour (hits, blocking): the
  *            completions are the waiting caller's to reap; its own progress thread must not be
- *            woken for them (it handles < 10 % of them: fh_net_stats.progress_thread_events).
+ *            woken for them: it wakes (fh_net_stats.progress_wakeups) and handles
+ *            (progress_thread_events) fewer than 1 in 20 (0-3 seen; 17-69 on some rank
+ *            with the thread sleeping for every completion, as before).
  *
- * Exit 0: both passed; 1: a check failed or a call returned an error (with FH_PROGRESS_THREAD=0
+ * Exit 0: all passed; 1: a check failed or a call returned an error (with FH_PROGRESS_THREAD=0
  * the ring's put ends with FH_ERR_TIMEOUT after FH_AM_TIMEOUT_MS: the must-fail run).
  *
  *   rma_attentive [test]          the tests above
@@ -185,10 +187,17 @@ static void own_completions(void)
     if (fh_get_net_stats(ctx, &s1) != FH_OK)
         FAIL("fh_get_net_stats");
     uint64_t by_thread = s1.progress_thread_events - s0.progress_thread_events;
-    printf("rank %d: %d blocking puts in %.1f us each; the progress thread handled %llu events "
-           "meanwhile\n",
-           me, PUTS, (now() - t0) * 1e6 / PUTS, (unsigned long long)by_thread);
-    if (by_thread * 10 >= PUTS)
+    uint64_t woke = s1.progress_wakeups - s0.progress_wakeups;
+    printf("rank %d: %d blocking puts in %.1f us each; meanwhile the progress thread woke %llu "
+           "times and handled %llu events\n",
+           me, PUTS, (now() - t0) * 1e6 / PUTS, (unsigned long long)woke,
+           (unsigned long long)by_thread);
+    /* A thread woken for the waiter's completions wakes for most of them (it then usually finds
+     * them reaped already); one that polls beside the waiter takes a share of them. */
+    if (woke * 20 >= PUTS)
+        FAIL("the progress thread woke %llu times during %d puts a waiting caller completes",
+             (unsigned long long)woke, PUTS);
+    if (by_thread * 20 >= PUTS)
         FAIL("the progress thread handled %llu of %d completions a waiting caller reaps itself",
              (unsigned long long)by_thread, PUTS);
     MPI_Barrier(MPI_COMM_WORLD);
