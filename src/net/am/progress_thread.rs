@@ -44,6 +44,9 @@ use std::time::{Duration, Instant};
 const TICK: Duration = Duration::from_millis(10);
 /// The same on a link that `stop` can wake: only a lost wake-up would wait this long.
 const IDLE_SLEEP: Duration = Duration::from_secs(1);
+/// The longest sleep for messages only while no application thread waits now but some did
+/// since the last sleep (see the sleep in `start`).
+const RECENT_SLEEP: Duration = Duration::from_millis(10);
 /// Empty polls between two clock reads (and yields) while spinning: a clock read is a system
 /// call of about a microsecond under emulation.
 const CLOCK_EVERY: u32 = 64;
@@ -170,14 +173,17 @@ impl ProgressThread {
                 // While application threads wait on their own operations (one waits now, or
                 // some began waiting since the last sleep: a loop of blocking puts is between
                 // two waits part of the time), their completions must not wake this thread too
-                // (see `Am::polling`); else it sleeps for both. The choice holds for one sleep:
-                // a thread that stopped waiting with operations in flight is seen at the next
-                // wake-up, `sleep` later at the latest.
+                // (see `Am::polling`); else it sleeps for both. The choice holds for one sleep,
+                // kept short unless a waiter polls now: a thread that stopped waiting with
+                // operations in flight leaves their completions to this thread within
+                // `RECENT_SLEEP` (a revocation can wait on them: their firehoses stay held).
                 let (begun, ended) = inner.waits();
-                let recent = begun != ended || begun != waits_seen;
+                let recent = begun != waits_seen;
                 waits_seen = begun;
-                let slept = if recent {
+                let slept = if begun != ended {
                     inner.link().wait_messages(sleep)
+                } else if recent {
+                    inner.link().wait_messages(sleep.min(RECENT_SLEEP))
                 } else {
                     inner.link().wait(sleep)
                 };
