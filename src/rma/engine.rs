@@ -1042,6 +1042,8 @@ impl Rma {
     /// Progresses once; the request's result if it is done (its handle is then spent).
     pub fn test(&self, req: u64) -> Result<Option<Result<(), RmaError>>, RmaError> {
         let _inside = crate::rt::inside::enter();
+        // A loop of tests polls as a wait does: the progress thread leaves it the completions.
+        let _polling = self.peers.am().polling();
         if let Some(Some(r)) = self.done.collect(req) {
             self.reap_later(req);
             return Ok(Some(r));
@@ -1163,6 +1165,8 @@ impl Rma {
     /// lost meanwhile (their ops fail).
     pub fn progress(&self) -> Result<usize, RmaError> {
         let _inside = crate::rt::inside::enter();
+        // As in `test`: a caller's polling loop reaps its own completions.
+        let _polling = self.peers.am().polling();
         self.progress_inside()
     }
 

@@ -508,8 +508,8 @@ impl Am {
         self.inner.wait(&t, timeout)
     }
 
-    /// Says, while the guard lives, that the calling thread polls this endpoint in a blocking
-    /// wait (`wait` here; `rma`'s waits): the progress thread then sleeps for incoming messages
+    /// Says, while the guard lives, that the calling thread polls this endpoint in a wait
+    /// (`wait` here; `rma`'s `wait`, `quiet`, `test`, `progress`): the progress thread then sleeps for incoming messages
     /// only (`Link::wait_messages`) and leaves the completions of this rank's own sends and RDMA
     /// to the waiter. Without this, each completion a waiter spins for also woke the progress
     /// thread, and the two threads shared the CPU with the device's kernel work: in the

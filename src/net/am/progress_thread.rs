@@ -12,8 +12,8 @@
 //! event the next one is likely soon: polling for a while answers it at polling speed and saves
 //! the two re-arm system calls per message. `inf` never sleeps: the thread then needs a core.
 //!
-//! While an application thread polls in a blocking wait (`Am::polling`: `rma`'s `wait` and
-//! `quiet`, `Am::wait`), the thread neither spins nor sleeps for completions: it handles what
+//! While an application thread polls (`Am::polling`: `rma`'s `wait`, `quiet`, `test` and
+//! `progress`, `Am::wait`), the thread neither spins nor sleeps for completions: it handles what
 //! woke it and sleeps in `Link::wait_messages` (verbs: the receive CQ armed, not the send CQ).
 //! The waiter reaps its own completions and answers what comes meanwhile. Measured in the
 //! Soft-RoCE VM (2 ranks, `fh_bench --test rma`, defaults): a thread that spun beside the waiter

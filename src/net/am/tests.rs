@@ -218,7 +218,8 @@ impl Link for CountingLink {
         self.inner.poll(on_event)
     }
     fn wait(&self, timeout: Duration) -> Result<(), LinkError> {
-        self.waits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.waits
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.inner.wait(timeout)
     }
     fn wait_messages(&self, timeout: Duration) -> Result<(), LinkError> {
@@ -277,20 +278,38 @@ fn sleeps_for_messages_only(spin: Duration) {
         assert_eq!(a.call(1, 1, b"w").unwrap(), b"w");
         settle();
         let after = counts();
-        assert_eq!(after.0, before.0, "{spin:?}: no full wait while a thread polls");
-        assert!(after.1 > before.1, "{spin:?}: sleeps for messages: {before:?} -> {after:?}");
+        assert_eq!(
+            after.0, before.0,
+            "{spin:?}: no full wait while a thread polls"
+        );
+        assert!(
+            after.1 > before.1,
+            "{spin:?}: sleeps for messages: {before:?} -> {after:?}"
+        );
     }
     settle();
     let before = counts();
     assert_eq!(a.call(1, 1, b"n").unwrap(), b"n");
     settle();
     let after = counts();
-    assert_eq!(after.1, before.1, "{spin:?}: no message-only wait once nobody polls");
+    assert_eq!(
+        after.1, before.1,
+        "{spin:?}: no message-only wait once nobody polls"
+    );
     if spin.is_zero() {
-        assert!(after.0 > before.0, "full waits again: {before:?} -> {after:?}");
+        assert!(
+            after.0 > before.0,
+            "full waits again: {before:?} -> {after:?}"
+        );
     } else {
-        assert_eq!(after.0, before.0, "{spin:?}: spinning after the request, not sleeping");
+        assert_eq!(
+            after.0, before.0,
+            "{spin:?}: spinning after the request, not sleeping"
+        );
     }
-    assert!(b.stats().progress_thread_events >= 2, "it answered both requests");
+    assert!(
+        b.stats().progress_thread_events >= 2,
+        "it answered both requests"
+    );
     b.finalize().unwrap();
 }

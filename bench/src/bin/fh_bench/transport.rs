@@ -244,13 +244,9 @@ impl Poster {
         len: usize,
         id: u32,
     ) {
-        if self.raw.in_flight() >= self.window as u64 {
-            // A polling wait, as `Rma::wait` is: the progress thread leaves it the completions.
-            let _polling = self.rma.peers().am().polling();
-            while self.raw.in_flight() >= self.window as u64 {
-                self.progress();
-                self.send_dones();
-            }
+        while self.raw.in_flight() >= self.window as u64 {
+            self.progress();
+            self.send_dones();
         }
         let op = RdmaOp {
             kind,
@@ -271,7 +267,6 @@ impl Poster {
     }
 
     fn quiet(&self) {
-        let _polling = self.rma.peers().am().polling();
         while self.raw.in_flight() > 0 {
             self.progress();
         }
