@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
 use super::agree::{self, Agreed};
-use super::done_board::DoneBoard;
+use super::done_board::{DoneBoard, Slot};
 use super::expose::{ExposeMode, Exposed, Exposure};
 use super::ops::{Chunk, Finished, Ops, Request, OWN};
 use super::probe::{Due, WaitClock};
@@ -784,28 +784,10 @@ impl Rma {
             // and reuses the entry a previous wait collected.
             let mut g = self.sh.engine.lock();
             let Engine { fh, ops, .. } = &mut *g;
-            // The entry is written after the acquire, with what a hit holds (nothing reads the
-            // table in between: the lock is held), under a key known before.
             let (req, entry) = ops.begin(self.reap.swap(0, AcqRel));
             let op = req | OWN;
-            // The common hit (one firehose covers the op) without the general acquire's
-            // result: its one segment, posted at once.
-            let Some(seg) = fh.acquire_hit(op, peer, raddr, len, rights) else {
-                let one = One {
-                    req,
-                    kind,
-                    peer,
-                    raddr,
-                    local,
-                    len,
-                    implicit,
-                    reg,
-                    lkey,
-                };
-                // SAFETY: forwarded contract on `local`.
-                unsafe { self.start_one(g, one) };
-                return Ok(req);
-            };
+            // The entry as a hit holds it, written while the values are at hand (nothing reads
+            // the table before the lock is given back; past the hit, `start_one` rewrites it).
             *entry = Request {
                 chunks_left: 1,
                 reg,
@@ -824,6 +806,24 @@ impl Rma {
                     error: None,
                 }),
             };
+            // The common hit (one firehose covers the op) without the general acquire's
+            // result: its one segment, posted at once.
+            let Some(seg) = fh.acquire_hit(op, peer, raddr, len, rights) else {
+                let one = One {
+                    req,
+                    kind,
+                    peer,
+                    raddr,
+                    local,
+                    len,
+                    implicit,
+                    reg,
+                    lkey,
+                };
+                // SAFETY: forwarded contract on `local`.
+                unsafe { self.start_one(g, one) };
+                return Ok(req);
+            };
             if fh.has_output() {
                 self.drain_unlock(g);
             } else {
@@ -840,7 +840,7 @@ impl Rma {
             };
             self.counters.rdma_posted.fetch_add(1, Relaxed);
             // SAFETY: as in `post_seg` (the segment is the whole op).
-            if let Err(e) = unsafe { self.peers.link().rdma(peer, rop) } {
+            if let Err(e) = unsafe { self.peers.am().link_obj().rdma(peer, rop) } {
                 self.seg_failed(op, e);
             }
             return Ok(req);
@@ -1092,13 +1092,14 @@ impl Rma {
         // The first poll usually completes a blocking put or get: it runs before the bound is
         // set up, which happens only if a second poll is needed (the bound's clock reads the
         // time only every `CHECK_EVERY` polls anyway: it starts one poll later, nothing else
-        // changes).
+        // changes). The board is asked after it only: a request done already (by another
+        // thread's poll, or a post that failed) costs that one poll, which finds nothing; if the
+        // poll fails, a done request's result still comes first.
         if let Some(slot) = self.done.slot(req) {
-            if let Some(r) = DoneBoard::take(slot) {
-                self.reap_later(req);
-                return r;
-            }
-            let n = self.progress_inside()?;
+            let n = match self.progress_inside() {
+                Ok(n) => n,
+                Err(e) => return self.wait_failed(req, slot, e),
+            };
             if let Some(r) = DoneBoard::take(slot) {
                 self.reap_later(req);
                 return r;
@@ -1108,6 +1109,19 @@ impl Rma {
             }
         }
         self.wait_rest(req)
+    }
+
+    /// `wait`'s first poll failed with `e`: the request's result if it is done, else `e`.
+    #[cold]
+    #[inline(never)]
+    fn wait_failed(&self, req: u64, slot: Slot<'_>, e: RmaError) -> Result<(), RmaError> {
+        match DoneBoard::take(slot) {
+            Some(r) => {
+                self.reap_later(req);
+                r
+            }
+            None => Err(e),
+        }
     }
 
     /// `wait` past its first poll (out of line): bounded polls on the board's word, the table

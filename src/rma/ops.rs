@@ -111,8 +111,8 @@ impl Ops {
         if c.error.is_none() {
             c.error = err;
         }
-        c.segs_left = c.segs_left.saturating_sub(1);
-        if c.segs_left > 0 {
+        if c.segs_left > 1 {
+            c.segs_left -= 1;
             return None;
         }
         let (release, cerr) = (c.holds_refs, c.error);
@@ -120,8 +120,8 @@ impl Ops {
         if req.error.is_none() {
             req.error = cerr;
         }
-        req.chunks_left -= 1;
-        debug_assert_eq!(req.chunks_left, 0);
+        debug_assert_eq!(req.chunks_left, 1);
+        req.chunks_left = 0;
         req.done = true;
         self.running -= 1;
         let dereg = req.reg.take();

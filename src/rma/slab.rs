@@ -100,21 +100,29 @@ impl<T> Slab<T> {
         new: impl FnOnce() -> T,
     ) -> (Key, &mut T, bool) {
         let (gen, idx) = split(key);
-        let renewed = match self.slots.get_mut(idx) {
-            Some(s) if s.gen == gen && s.val.as_ref().is_some_and(keep) => {
-                s.gen = s.gen.wrapping_add(1).max(1);
-                true
-            }
-            _ => false,
-        };
-        let idx = if renewed {
-            idx
-        } else {
-            self.insert(new()) as u32 as usize
-        };
+        let renew = matches!(self.slots.get(idx), Some(s) if s.gen == gen && s.val.as_ref().is_some_and(keep));
+        if !renew {
+            return self.insert_new(new());
+        }
+        // The slot checked above, its value kept.
         let s = &mut self.slots[idx];
+        s.gen = s.gen.wrapping_add(1).max(1);
         let key = (u64::from(s.gen) << 32) | idx as u64;
-        (key, s.val.as_mut().expect("filled"), !renewed)
+        match &mut s.val {
+            Some(v) => (key, v, false),
+            None => unreachable!("checked above"),
+        }
+    }
+
+    /// `renew_or_insert`'s insert (out of line: a blocking op renews).
+    #[inline(never)]
+    fn insert_new(&mut self, val: T) -> (Key, &mut T, bool) {
+        let key = self.insert(val);
+        let v = self.slots[key as u32 as usize]
+            .val
+            .as_mut()
+            .expect("filled");
+        (key, v, true)
     }
 
     /// Takes the value out; the key (and every earlier key of the slot) is spent.

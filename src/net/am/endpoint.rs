@@ -473,6 +473,14 @@ impl Am {
         &self.inner.link
     }
 
+    /// `link` as the object itself (for a post on a hot path: no `Arc` to look through).
+    #[inline(always)]
+    pub(crate) fn link_obj(&self) -> &dyn Link {
+        // SAFETY: `link_obj` is `self.inner.link`'s object, which lives as long as `self.inner`,
+        // which lives as long as `self`.
+        unsafe { self.inner.link_obj.get() }
+    }
+
     /// Sends a request to handler `id` at `peer` without waiting (queued if no credit is free).
     pub fn request(&self, peer: Rank, id: u16, payload: &[u8]) -> Result<Ticket, NetError> {
         if peer >= self.inner.size {
