@@ -108,14 +108,14 @@ impl Ops {
         let key = chunk & !OWN;
         let req = self.reqs.get_mut(key)?;
         let c = req.own.as_mut()?;
-        if c.error.is_none() {
-            c.error = err;
-        }
         if c.segs_left > 1 {
+            if c.error.is_none() {
+                c.error = err;
+            }
             c.segs_left -= 1;
             return None;
         }
-        let (release, cerr) = (c.holds_refs, c.error);
+        let (release, cerr) = (c.holds_refs, c.error.or(err));
         req.own = None;
         if req.error.is_none() {
             req.error = cerr;

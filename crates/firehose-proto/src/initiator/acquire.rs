@@ -246,16 +246,16 @@ impl Initiator {
             return self.release_rest(op, out, st);
         }
         // Out of the slot: its `op` says whether it is taken, the rest is read only then.
-        let f = self.front;
         self.front.op = None;
+        let Front { peer, n, ids, .. } = self.front;
         // The common hit's release: one firehose, its peer looked up once (`drop_ref` and
         // `after_release` written out for a firehose that stays, or lazily still is, in the
         // FIFO); anything else (two firehoses, a revoked one, one to queue) in `release_front`.
-        let id = f.ids[0];
-        if f.n == 1 && self.links.is_linked(id) {
+        let id = ids[0];
+        if n == 1 && self.links.is_linked(id) {
             let fh = &mut self.fhs[id as usize];
-            let p = &mut self.peers[f.peer as usize];
-            debug_assert_eq!(fh.peer, f.peer);
+            let p = &mut self.peers[peer as usize];
+            debug_assert_eq!(fh.peer, peer);
             if fh.refs > 1 {
                 fh.refs -= 1;
             } else if fh.refs == 1 && !fh.revoked {
@@ -263,29 +263,32 @@ impl Initiator {
                 p.fifo_buckets += fh.nb as u64;
                 fh.recent = true;
             } else {
-                return self.release_front(f, out, st);
+                return self.release_front(peer, n, ids, out, st);
             }
             if !p.blocked.is_empty() || p.cut.is_some() || !p.acks.is_empty() {
-                self.after_budget_change(f.peer, out, st);
+                self.after_budget_change(peer, out, st);
             }
             return Ok(());
         }
-        self.release_front(f, out, st)
+        self.release_front(peer, n, ids, out, st)
     }
 
-    /// `release` of the front slot's op `f` (taken out of the slot) past the common case.
+    /// `release` of the front slot's op (taken out of the slot: `peer`, `n` firehoses `ids`)
+    /// past the common case.
     #[inline(never)]
     fn release_front(
         &mut self,
-        f: Front,
+        peer: Rank,
+        n: u32,
+        ids: [u32; 2],
         out: &mut Outbox,
         st: &mut FirehoseStats,
     ) -> Result<(), FhError> {
-        self.drop_ref(f.ids[0]);
-        if f.n == 2 {
-            self.drop_ref(f.ids[1]);
+        self.drop_ref(ids[0]);
+        if n == 2 {
+            self.drop_ref(ids[1]);
         }
-        self.after_release(f.peer, out, st);
+        self.after_release(peer, out, st);
         Ok(())
     }
 
