@@ -759,6 +759,62 @@ fn hits_in_the_front_slot_and_the_table() {
     assert_eq!((a.ops_in_flight(), a.refs_held()), (0, 0));
 }
 
+/// Carries messages between `a` (rank 0) and `b` (rank 1) until neither has any to send.
+fn carry(a: &mut Firehose, b: &mut Firehose, pins: &mut CountPins) {
+    loop {
+        let mut n = 0;
+        while let Some((_, m)) = a.poll_transmit() {
+            b.handle_message(0, &m, pins).unwrap();
+            n += 1;
+        }
+        while let Some((_, m)) = b.poll_transmit() {
+            a.handle_message(1, &m, &mut CountPins::default()).unwrap();
+            n += 1;
+        }
+        if n == 0 {
+            return;
+        }
+    }
+}
+
+/// The front slot's release of a one-firehose hit drops that firehose's ref once: a firehose
+/// another op still holds keeps the other's ref, and one the target revoked while the front
+/// op held it is acked at the release (the target's invalidation waits until then), once.
+#[test]
+fn the_front_release_drops_its_ref_once_and_acks_a_revoked_firehose() {
+    let (mut a, mut b) = page_mode_pair(64);
+    pin_buckets(&mut a, &mut b, 2);
+    let ok = |a: &Firehose| a.check_invariants().unwrap();
+    let hit = |r: Result<Acquire, FhError>| matches!(r, Ok(Acquire::Hit(_)));
+    // Ops 1 (front slot) and 2 (table) on bucket 0's firehose.
+    assert!(hit(a.acquire(1, 1, BASE, 8, None)));
+    assert!(hit(a.acquire(2, 1, BASE + 64, 8, None)));
+    assert_eq!(a.refs_held(), 2);
+    assert_eq!(a.release(1), Ok(()));
+    assert_eq!(a.refs_held(), 1, "op 2 still holds it");
+    ok(&a);
+    assert_eq!(a.release(2), Ok(()));
+    assert_eq!(a.refs_held(), 0);
+    ok(&a);
+    // Op 3 (front slot) holds bucket 1's firehose while the target revokes it.
+    assert!(hit(a.acquire(3, 1, BASE + 4096, 8, None)));
+    let mut pins = CountPins::default();
+    let id = b.invalidate(BASE + 4096, 4096, &mut pins);
+    carry(&mut a, &mut b, &mut pins);
+    assert!(!b.invalidation_done(id), "op 3 holds the firehose");
+    ok(&a);
+    assert_eq!(a.release(3), Ok(()));
+    assert_eq!(a.release(3), Err(FhError::UnknownOp));
+    carry(&mut a, &mut b, &mut pins);
+    assert!(b.invalidation_done(id), "acked at the release");
+    ok(&a);
+    assert_eq!((a.ops_in_flight(), a.refs_held()), (0, 0));
+    // Bucket 0's firehose is still there (a hit); bucket 1's is gone (a miss).
+    assert!(hit(a.acquire(4, 1, BASE, 8, None)));
+    assert_eq!(a.release(4), Ok(()));
+    assert_eq!(a.acquire(5, 1, BASE + 4096, 8, None), Ok(Acquire::Pending));
+}
+
 /// `acquire_hit` (a driver's fast path) takes exactly `acquire`'s one-region hit into the free
 /// front slot, and on anything else returns `None` with nothing changed; what it took is
 /// released as any op.
