@@ -15,6 +15,7 @@
 //! mark the thread as inside the library, so a memory hook firing there never waits for that
 //! worker (which needs these locks).
 
+use std::num::NonZeroU64;
 use std::sync::atomic::{
     AtomicBool, AtomicU64,
     Ordering::{AcqRel, Relaxed, Release},
@@ -195,9 +196,9 @@ impl Shared {
         }
     }
 
-    fn dereg(&self, h: u64) {
+    fn dereg(&self, h: NonZeroU64) {
         if let Some(c) = &self.local {
-            if c.deregister(h).is_err() {
+            if c.deregister(h.get()).is_err() {
                 self.bad_releases.fetch_add(1, Relaxed);
             }
         }
@@ -658,7 +659,7 @@ impl Rma {
         self.sh.seg_done(chunk, err, |g| self.drain_unlock(g));
     }
 
-    fn dereg(&self, h: u64) {
+    fn dereg(&self, h: NonZeroU64) {
         self.sh.dereg(h);
     }
 
@@ -759,20 +760,22 @@ impl Rma {
             // SAFETY: forwarded contract on `local`.
             return Ok(unsafe { self.start_self(kind, raddr, local, len, implicit) });
         }
-        let cache = self.sh.local.as_ref().ok_or(RmaError::NoDevice)?;
         // A short put goes inline (the link copies it at post time): nothing to register, the
         // pin-down cache's lookup and release leave its hit path. A put's source is only read
         // by the device (no LOCAL_WRITE: a read-only buffer registers), a get's destination
-        // is written.
+        // is written. (`inline_max` is 0 without a cache: a job of one, where every op is a
+        // local copy; with more ranks `build` insists on one.)
         let (reg, lkey) = if kind == RdmaKind::Write && len <= self.inline_max {
             (None, 0)
         } else {
+            let cache = self.sh.local.as_ref().ok_or(RmaError::NoDevice)?;
             let access = match kind {
                 RdmaKind::Write => Access(0),
                 RdmaKind::Read => Access::LOCAL_WRITE,
             };
             let r = cache.register(local as usize, len, access)?;
-            (Some(r.handle), r.lkey)
+            // A live handle is never 0 (the cache's handles count slots from 1).
+            (NonZeroU64::new(r.handle), r.lkey)
         };
         let rights = match kind {
             RdmaKind::Write => Rights::WRITE,
@@ -929,7 +932,7 @@ impl Rma {
         local: *mut u8,
         len: usize,
         implicit: bool,
-        (reg, lkey): (Option<u64>, u32),
+        (reg, lkey): (Option<NonZeroU64>, u32),
     ) -> Result<u64, RmaError> {
         let rights = match kind {
             RdmaKind::Write => Rights::WRITE,
@@ -1297,7 +1300,7 @@ struct One {
     local: *mut u8,
     len: usize,
     implicit: bool,
-    reg: Option<u64>,
+    reg: Option<NonZeroU64>,
     lkey: u32,
 }
 

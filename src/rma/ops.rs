@@ -11,6 +11,7 @@ use super::done_board::DoneBoard;
 use super::slab::{Key, Slab};
 use crate::net::{Rank, RdmaKind};
 use crate::rma::RmaError;
+use std::num::NonZeroU64;
 use std::sync::Arc;
 
 /// The bit that marks an op id as a request's own chunk (`Request::own`); `Slab` indices stay
@@ -38,8 +39,9 @@ pub(super) struct Chunk {
 #[derive(Debug)]
 pub(super) struct Request {
     pub chunks_left: u32,
-    /// The pin-down cache handle of the local buffer (released when the request is done).
-    pub reg: Option<u64>,
+    /// The pin-down cache handle of the local buffer (released when the request is done; a
+    /// live handle is never 0).
+    pub reg: Option<NonZeroU64>,
     pub error: Option<RmaError>,
     /// No handle was given out: `fh_quiet` collects it.
     pub implicit: bool,
@@ -69,7 +71,7 @@ pub(super) struct Finished {
     /// The chunk held firehose references: release its op.
     pub release: bool,
     /// The request is done and this registration must be released in the cache.
-    pub dereg: Option<u64>,
+    pub dereg: Option<NonZeroU64>,
 }
 
 impl Ops {
