@@ -61,7 +61,7 @@ impl Progress for Inner {
     }
 }
 
-/// Marks an application thread as polling in a blocking wait (`Am::polling`) while it lives.
+/// Marks an application thread as polling in a wait (`Am::polling`) while it lives.
 pub struct Polling<'a>(&'a AtomicU64);
 
 impl Drop for Polling<'_> {
@@ -97,7 +97,7 @@ pub(super) struct Inner {
     pub warned_no_handler: AtomicBool,
     /// `FH_AM_MAX_QUEUED`: bytes that may wait for credits toward one peer.
     pub max_queued: AtomicUsize,
-    /// Blocking waits of application threads (`Am::polling`) begun and ended: while one runs,
+    /// Waits of application threads (`Am::polling`) begun and ended: while one runs,
     /// or while they keep coming, the waiters reap the completions of their own sends and RDMA,
     /// and the progress thread sleeps for messages only.
     pub waits_begun: AtomicU64,
@@ -517,9 +517,9 @@ impl Am {
     }
 
     /// Says, while the guard lives, that the calling thread polls this endpoint in a wait
-    /// (`wait` here; `rma`'s `wait`, `quiet`, `test`, `progress`): the progress thread then sleeps for incoming messages
-    /// only (`Link::wait_messages`) and leaves the completions of this rank's own sends and RDMA
-    /// to the waiter. Without this, each completion a waiter spins for also woke the progress
+    /// (`wait` here; `rma`'s `wait`, `quiet`, `test`, `progress`): the progress thread then
+    /// sleeps for incoming messages only (`Link::wait_messages`) and leaves the completions of
+    /// this rank's own sends and RDMA to the waiter. Without this, each completion a waiter spins for also woke the progress
     /// thread, and the two threads shared the CPU with the device's kernel work: in the
     /// Soft-RoCE VM an 8-byte put took twice as long (see docs/benchmarks.md).
     #[inline]
