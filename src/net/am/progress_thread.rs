@@ -98,26 +98,21 @@ fn poll_while_busy(
     let mut idle = 0u32;
     let mut idle_since: Option<Instant> = None;
     while !stop.load(Ordering::Acquire) {
-        match inner.progress() {
-            Ok(0) => {}
-            Ok(n) => {
-                inner.handled(n);
-                idle = 0;
-                idle_since = None;
-                busy = true;
-                // An application thread polls in a blocking wait: it handles what comes next
-                // (messages too), so this thread does not spin beside it, taking the CPU the
-                // device's kernel work needs and reaping the waiter's own completions. (`inf`
-                // was given a core: it keeps polling.)
-                if spin.is_some() && someone_waits(inner) {
-                    return;
-                }
-                continue;
-            }
-            Err(_) => return,
+        let Ok(n) = inner.progress() else { return };
+        if n > 0 {
+            inner.handled(n);
+            idle = 0;
+            idle_since = None;
+            busy = true;
         }
+        // An application thread polls in a wait: it handles what comes next (messages too),
+        // so this thread does not spin beside it, taking the CPU the device's kernel work needs
+        // and reaping the waiter's own completions. (`inf` was given a core: it keeps polling.)
         if spin.is_some() && someone_waits(inner) {
             return;
+        }
+        if n > 0 {
+            continue;
         }
         // Nothing came with this wake-up (a timeout, or another thread's poll took it): no
         // spin, back to sleep. (With `inf` the thread never sleeps, so it keeps polling.)
