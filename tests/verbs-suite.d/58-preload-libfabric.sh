@@ -19,8 +19,8 @@ export FI_UNIVERSE_SIZE=${FI_UNIVERSE_SIZE:-4}
 ITERS=${FH_FI_ITERS:-20}
 common=(-p "verbs;ofi_rxm" -e rdm -d "$FH_RDMA_DEV" -I "$ITERS" -S all -c)
 
-# run NAME ENV...: server in the background, client against it; both must exit 0.
-run() {
+# once NAME ENV...: server in the background, client against it; both must exit 0.
+once() {
     local name=$1 srv=$FH_TEST_DIR/$1.server.log cli=$FH_TEST_DIR/$1.client.log spid src crc
     shift
     env "$@" timeout 300 fi_pingpong "${common[@]}" -B "$PORT" > "$srv" 2>&1 &
@@ -34,6 +34,24 @@ run() {
     echo "--- $name: server exit $src, client exit $crc"
     tail -4 "$cli"
     [ "$src" = 0 ] && [ "$crc" = 0 ] || { echo "--- server log"; cat "$srv"; echo "--- client log"; cat "$cli"; return 1; }
+}
+
+# run NAME ENV...: once, and once more only for libfabric 1.17's own teardown race: ofi_rxm can
+# repost a receive buffer on a connection's endpoint that the peer's disconnect has just closed,
+# and the server dies with SIGSEGV in libfabric after the client saw every size pass (an upstream
+# use-after-free at connection teardown, fixed in later libfabric releases). It is timing, not
+# the shim: any other failure, or the same one twice, fails the test.
+run() {
+    local name=$1
+    once "$@" && return 0
+    if grep -q "terminated with signal 11" "$FH_TEST_DIR/$name.server.log" &&
+        grep -qE '^6m +[0-9]+ +=[0-9]+' "$FH_TEST_DIR/$name.server.log" &&
+        grep -qE '^6m +[0-9]+ +=[0-9]+' "$FH_TEST_DIR/$name.client.log"; then
+        echo "--- $name: the server crashed in libfabric after every size passed (libfabric's rxm teardown race): once more"
+        mv "$FH_TEST_DIR/$name.server.log" "$FH_TEST_DIR/$name.server.first.log"
+        once "$@" && return 0
+    fi
+    return 1
 }
 
 fails=0
