@@ -86,14 +86,24 @@ fn free_arena(p: *mut u8) {
     unsafe { libc::munmap(p as *mut c_void, ITERS * STEP) };
 }
 
+/// The arena slot of registration `i`: a new one each time, or with `repeat_every` = k > 0, every
+/// k-th registration one of 4 buffers that come back (a working set among fresh buffers).
+fn slot(i: usize, repeat_every: usize) -> usize {
+    if repeat_every > 0 && i.is_multiple_of(repeat_every) {
+        i / repeat_every % 4
+    } else {
+        i
+    }
+}
+
 /// mlock + munlock of each buffer: what registration costs without any cache.
-fn direct() -> f64 {
+fn direct(repeat_every: usize) -> f64 {
     let a = arena();
     let t0 = cpu_s();
     for i in 0..ITERS {
         // SAFETY: inside the arena.
         unsafe {
-            let p = a.add(i * STEP) as *const c_void;
+            let p = a.add(slot(i, repeat_every) * STEP) as *const c_void;
             assert_eq!(libc::mlock(p, LEN), 0, "mlock (needs root)");
             libc::munlock(p, LEN);
         }
@@ -104,10 +114,18 @@ fn direct() -> f64 {
 }
 
 /// The same buffers through the hooks' dispatch: (us per registration, breakdown, bypassed).
-fn through_shim(pd_id: usize, uffd: bool, bypass_on: bool) -> (f64, miss_cost::Breakdown, u64) {
+/// `even`: the bypass's break-even share in 1/256 (0: measured, as the shim runs).
+fn through_shim(
+    pd_id: usize,
+    uffd: bool,
+    bypass_on: bool,
+    repeat_every: usize,
+    even: u32,
+) -> (f64, miss_cost::Breakdown, u64) {
     TEST_UFFD.store(uffd, Relaxed);
     bypass::reset();
     bypass::set_enabled(bypass_on);
+    bypass::force_break_even(even);
     let mut pd = Box::new(IbvPd {
         context: pd_id as *mut c_void,
         handle: 9,
@@ -124,7 +142,7 @@ fn through_shim(pd_id: usize, uffd: bool, bypass_on: bool) -> (f64, miss_cost::B
         // SAFETY: a fake pd whose cache pins with mlock; the pass-through closure is the "real"
         // registration (mlock), undone below as the application's real ibv_dereg_mr would.
         unsafe {
-            let p = a.add(i * STEP) as *mut c_void;
+            let p = a.add(slot(i, repeat_every) * STEP) as *mut c_void;
             let mr = register_for_test(pdp, p, LEN, p as u64, 1 | 2 | 4, || {
                 assert_eq!(libc::mlock(p, LEN), 0);
                 dummy
@@ -190,28 +208,43 @@ fn miss_bench() {
         if st.uffd { "on" } else { "REFUSED" }
     );
     // Rounds alternate the modes (the host is shared: the fastest of 5 rounds, the least disturbed).
+    // Two workloads: every buffer new; and 1 in 4 registrations one of 4 buffers that come back,
+    // where the bypass's share decides (the fixed 1 in 8 it had, and the measured break-even).
     let modes = [
-        ("cache, uffd on, FH_BYPASS=off", 0xD1, true, false),
-        ("cache, uffd off, FH_BYPASS=off", 0xD2, false, false),
-        ("cache, uffd on, FH_BYPASS=auto", 0xD3, true, true),
+        ("cache, uffd on, FH_BYPASS=off", 0xD1, true, false, 0, 32),
+        ("cache, uffd off, FH_BYPASS=off", 0xD2, false, false, 0, 32),
+        ("cache, uffd on, FH_BYPASS=auto", 0xD3, true, true, 0, 0),
+        ("1 in 4 repeats, no cache", 0, false, false, 4, 0),
+        ("1 in 4 repeats, bypass at 1 in 8", 0xD5, true, true, 4, 32),
+        ("1 in 4 repeats, FH_BYPASS=auto", 0xD6, true, true, 4, 0),
     ];
-    let mut base = Vec::new();
     let mut runs: Vec<Vec<(f64, miss_cost::Breakdown, u64)>> = vec![Vec::new(); modes.len()];
     for _ in 0..5 {
-        base.push(direct());
-        for (i, &(_, id, uffd, byp)) in modes.iter().enumerate() {
-            runs[i].push(through_shim(id, uffd, byp));
+        for (i, &(_, id, uffd, byp, rep, even)) in modes.iter().enumerate() {
+            runs[i].push(if id == 0 {
+                (direct(rep), miss_cost::Breakdown::default(), 0)
+            } else {
+                through_shim(id, uffd, byp, rep, even)
+            });
         }
     }
     let fastest = |v: &mut Vec<f64>| {
         v.sort_by(f64::total_cmp);
         v[0]
     };
+    let mut base: Vec<f64> = (0..5).map(|_| direct(0)).collect();
     let base = fastest(&mut base);
     println!("  no cache (mlock+munlock)          {base:8.2} CPU us/reg  1.00x");
-    for (i, (name, ..)) in modes.iter().enumerate() {
+    let mut base_rep = base;
+    for (i, &(name, id, _, _, rep, _)) in modes.iter().enumerate() {
         let mut us: Vec<f64> = runs[i].iter().map(|r| r.0).collect();
         let m = fastest(&mut us);
+        if id == 0 {
+            base_rep = m;
+            println!("  {name:33} {m:8.2} CPU us/reg  1.00x");
+            continue;
+        }
+        let against = if rep > 0 { base_rep } else { base };
         // The breakdown of the fastest round.
         let r = runs[i]
             .iter()
@@ -219,7 +252,7 @@ fn miss_bench() {
             .expect("the fastest is a round");
         println!(
             "  {name:33} {m:8.2} CPU us/reg  {:.2}x of no cache's time; {} bypassed",
-            m / base,
+            m / against,
             r.2
         );
         if let Some(l) = miss_cost::lines(&r.1) {
