@@ -56,7 +56,8 @@ const ERRORS: [RmaError; 22] = {
     ]
 };
 
-fn encode(r: Result<(), RmaError>) -> u64 {
+#[inline(always)]
+pub(super) fn encode(r: Result<(), RmaError>) -> u64 {
     match r {
         Ok(()) => 0,
         Err(e) => u64::from(e as u8) + 1,
@@ -71,6 +72,11 @@ fn decode(w: u64) -> Result<(), RmaError> {
             .copied()
             .unwrap_or(RmaError::Unsupported)),
     }
+}
+
+/// The result of `encode`'s code (a parked completion's, `engine`).
+pub(super) fn decode_code(c: u64) -> Result<(), RmaError> {
+    decode(c << RESULT_SHIFT)
 }
 
 const PAGE: usize = 256;
@@ -140,6 +146,36 @@ impl DoneBoard {
                 u64::from(gen) | encode(r) << RESULT_SHIFT,
                 Ordering::Release,
             );
+        }
+    }
+
+    /// Whether slot `key` can have a word (a slot beyond the board has none, whatever was
+    /// allocated).
+    #[inline(always)]
+    pub(super) fn covers(key: Key) -> bool {
+        split(key).1 < PAGES * PAGE
+    }
+
+    /// `set_done` for a result (`encode`'s `code`) two parties publish, whichever comes first (a parked fast
+    /// completion and the flush of it, `engine`): written unless the word already holds this
+    /// generation's result (collected or not) or a newer one's (generations compared with
+    /// wrap-around), so a result is still handed out once. Called with or without the table's
+    /// lock; the word exists (`covers`, filled slot).
+    #[inline]
+    pub(super) fn publish(&self, key: Key, code: u64) {
+        let (gen, idx) = split(key);
+        let Some(w) = self.word(idx) else {
+            return;
+        };
+        let new = u64::from(gen) | code << RESULT_SHIFT;
+        let mut v = w.load(Ordering::Acquire);
+        // Until the word holds this result or a newer one (it changes only by publishing and
+        // collecting).
+        while ((v as u32).wrapping_sub(gen) as i32) < 0 {
+            match w.compare_exchange(v, new, Ordering::Release, Ordering::Acquire) {
+                Ok(_) => return,
+                Err(now) => v = now,
+            }
         }
     }
 

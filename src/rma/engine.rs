@@ -7,8 +7,24 @@
 //! endpoint's own locks (Firehose messages are sent *under* `engine`, because the algorithm
 //! relies on them leaving in the order it produced them). The op tables share the algorithm's
 //! lock: a hit put needs both at its start and at its completion (table entry, then firehose
-//! acquire or release), one critical section each. RDMA is posted, events are handled and
+//! acquire or release), one critical section each; a fast op (below) only at its start. RDMA is posted, events are handled and
 //! cache calls are made without the lock; waiters spin on the done board, not on the lock.
+//!
+//! Fast ops and the parked release: a one-segment hit in the algorithm's front slot, explicit and
+//! with no local registration (a blocking inline put), is posted with `FAST` in its RDMA
+//! token. Its completion does not take the engine lock: it *parks* the op (`Shared::parked`,
+//! one word: a fast op holds the front slot, so there is at most one) and publishes the result
+//! on the done board, where the waiter takes it. The op's table entry and its firehose release
+//! are carried out by the next holder of the engine lock, first thing (`Shared::lock`, the
+//! only way to the lock): every critical section (a start, a message, a revoke, an
+//! invalidation, `quiet`, a lost peer, the table checks of a wait) sees the table and the
+//! references as if the completion had taken the lock itself, and each parked op is ended
+//! exactly once (`unpark` swaps the word). Deferring is only safe while nothing waits for that
+//! release (blocked ops, a quota cut, acks, a revoked firehose: `Firehose::front_awaited`): a
+//! start makes an op fast only when nothing does, and every critical section that may change
+//! it says it again in `Shared::eager` (`settle`); while it is set a fast completion takes the
+//! lock itself, as before. (`settle` sets it, then ends a parked op; a completion parks, then
+//! reads it; both sequentially consistent, so one of the two sees the other.)
 //!
 //! Remote invalidation (`super::revoke`): the `fh-revoke` worker drives the algorithm through
 //! `RmaDriver` (invalidate, progress, `invalidation_done`); every public entry and `with_core`
@@ -18,15 +34,15 @@
 use std::num::NonZeroU64;
 use std::sync::atomic::{
     AtomicBool, AtomicU64,
-    Ordering::{AcqRel, Relaxed, Release},
+    Ordering::{AcqRel, Relaxed, Release, SeqCst},
 };
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
 use super::agree::{self, Agreed};
-use super::done_board::{DoneBoard, Slot};
+use super::done_board::{self, DoneBoard, Slot};
 use super::expose::{ExposeMode, Exposed, Exposure};
-use super::ops::{Chunk, Finished, Ops, Request, OWN};
+use super::ops::{Chunk, Finished, Ops, Request, FAST, OWN};
 use super::probe::{Due, WaitClock};
 use super::revoke::{self, Revocation, RevokeSettings, RevokeStats};
 use super::self_copy::{self, Dir};
@@ -163,9 +179,115 @@ struct Shared {
     bad_releases: AtomicU64,
     /// Registers the caller's buffers (`None` in a job of one: every op is a local copy).
     local: Option<Arc<Cache>>,
+    /// `engine.ops.board`: a fast completion publishes its result there without the lock.
+    board: Arc<DoneBoard>,
+    /// The parked fast op (module docs): its Firehose op id once its segment completed, until
+    /// the next holder of the engine lock ends it (`unpark`); 0: none.
+    parked: AtomicU64,
+    /// The parked op's result (`done_board::encode`), written before `parked`.
+    parked_err: AtomicU64,
+    /// Something waits for the front slot's release (`Firehose::front_awaited`, as the last
+    /// critical section that could change it found it: `settle`): a fast completion then ends
+    /// its op under the lock at once.
+    eager: AtomicBool,
 }
 
 impl Shared {
+    /// The engine lock, the parked op (if any) ended first: the one way to the lock (`start`
+    /// takes it directly and ends the parked op its own way).
+    #[inline(always)]
+    fn lock(&self) -> LockGuard<'_, Engine> {
+        let mut g = self.engine.lock();
+        self.unpark(&mut g);
+        g
+    }
+
+    /// Ends the parked op, if any (under the engine lock, `e` its content). Once: the word is
+    /// swapped out (`take_parked`).
+    #[inline]
+    fn unpark(&self, e: &mut Engine) {
+        let op = self.take_parked();
+        if op != 0 {
+            self.end(&mut e.fh, &mut e.ops, op);
+        }
+    }
+
+    /// The parked op, taken out of its word (0: none); under the engine lock, whose holder
+    /// then ends it (`end`, or `start`'s own way).
+    #[inline(always)]
+    fn take_parked(&self) -> u64 {
+        // Sequentially consistent: `settle`'s side of the exchange with `fast_done`.
+        if self.parked.load(SeqCst) == 0 {
+            return 0;
+        }
+        self.parked.swap(0, SeqCst)
+    }
+
+    /// Ends parked op `op` (taken): its table entry as its completion would have ended it,
+    /// and its firehose release.
+    #[inline]
+    fn end(&self, fh: &mut Firehose, ops: &mut Ops, op: u64) {
+        let r = done_board::decode_code(self.parked_err.load(Relaxed));
+        ops.finish_parked(op, r.err());
+        self.release(fh, op);
+    }
+
+    /// The firehose release of parked op `op`. Cannot fail: the op holds its reference until
+    /// here (counted if it ever does, for `check_idle`).
+    #[inline]
+    fn release(&self, fh: &mut Firehose, op: u64) {
+        if fh.release(op).is_err() {
+            self.bad_releases.fetch_add(1, Relaxed);
+        }
+    }
+
+    /// After a critical section that may have changed what waits for the front slot's release
+    /// (a message, an acquire past the hit, a lost peer, an invalidation, a release): `eager`
+    /// says it again; when set, a parked op is ended now (its completion may have parked before
+    /// it could see `eager`).
+    #[inline]
+    fn settle(&self, e: &mut Engine) {
+        if e.fh.front_awaited() {
+            self.eager.store(true, SeqCst);
+            self.unpark(e);
+        } else if self.eager.load(Relaxed) {
+            self.eager.store(false, Relaxed);
+        }
+    }
+
+    /// The completion of fast op `op` (`FAST` was in its token): parks it and publishes its
+    /// result on the board, without the engine lock (module docs); if something waits for its
+    /// release (`eager`), ends it under the lock at once.
+    #[inline(always)]
+    fn fast_done(&self, op: u64, err: Option<RmaError>, drain: impl FnOnce(LockGuard<'_, Engine>)) {
+        // Never taken: a fast op holds the front slot, which only the end of the op parked
+        // before it frees. If it were, the locked completion.
+        if self.parked.load(Relaxed) != 0 {
+            debug_assert!(false, "two fast ops parked");
+            return self.seg_done(op, err, drain);
+        }
+        let code = done_board::encode(err.map_or(Ok(()), Err));
+        self.parked_err.store(code, Relaxed);
+        self.parked.store(op, SeqCst);
+        // After parking: a waiter that took the result and starts again finds it parked.
+        self.board.publish(op & !OWN, code);
+        if self.eager.load(SeqCst) {
+            self.end_parked(drain);
+        }
+    }
+
+    /// `fast_done` while something waits for the release (out of line, rare).
+    #[cold]
+    #[inline(never)]
+    fn end_parked(&self, drain: impl FnOnce(LockGuard<'_, Engine>)) {
+        let _inside = crate::rt::inside::enter();
+        let mut g = self.lock();
+        self.settle(&mut g);
+        if g.fh.has_output() {
+            drain(g);
+        }
+    }
+
     /// One RDMA segment of chunk `chunk` completed: `Rma::finish` written out for the hit
     /// path's completion, the one critical section of a put or get after its start. `drain`
     /// gets the lock when the algorithm left output (it must send under it, then release it).
@@ -177,7 +299,7 @@ impl Shared {
         drain: impl FnOnce(LockGuard<'_, Engine>),
     ) {
         let _inside = crate::rt::inside::enter();
-        let mut g = self.engine.lock();
+        let mut g = self.lock();
         let Engine { fh, ops, .. } = &mut *g;
         let done = ops.seg_done(chunk, err);
         if let Some(Finished { release: true, .. }) = done {
@@ -210,7 +332,7 @@ struct PinsGo(Arc<Shared>);
 
 impl Drop for PinsGo {
     fn drop(&mut self) {
-        let pins = self.0.engine.lock().pins.take();
+        let pins = self.0.lock().pins.take();
         drop(pins);
     }
 }
@@ -447,6 +569,10 @@ impl Rma {
             engine: Lock::new(Engine { fh, ops, pins }),
             bad_releases: AtomicU64::new(0),
             local,
+            board: done.clone(),
+            parked: AtomicU64::new(0),
+            parked_err: AtomicU64::new(0),
+            eager: AtomicBool::new(false),
         });
         let rma = Arc::new(Rma {
             small_put_max,
@@ -491,7 +617,11 @@ impl Rma {
         let sh = self.sh.clone();
         am.set_rdma_handler(Some(Box::new(move |_peer, token, result| {
             let err = result.err().map(|e| link_status(&e));
-            sh.seg_done(token, err, |g| drain_weak(&w, g));
+            if token & FAST != 0 {
+                sh.fast_done(token & !FAST, err, |g| drain_weak(&w, g));
+            } else {
+                sh.seg_done(token, err, |g| drain_weak(&w, g));
+            }
         })));
         // Only recorded here (the endpoint may call it inside a send made under `engine`);
         // `progress` tells the algorithm.
@@ -546,12 +676,12 @@ impl Rma {
         let s = self.peers.settings();
         let mut clock = WaitClock::new(s.probe, s.timeout);
         loop {
-            if self.sh.engine.lock().fh.invalidation_done(id) {
+            if self.sh.lock().fh.invalidation_done(id) {
                 return Ok(());
             }
             let n = self.progress()?;
             if let Due::Expired = clock.tick(Instant::now) {
-                let late = self.sh.engine.lock().fh.invalidation_holders(id);
+                let late = self.sh.lock().fh.invalidation_holders(id);
                 for p in late {
                     self.peers.am().give_up(p);
                 }
@@ -577,14 +707,15 @@ impl Rma {
         f: impl FnOnce(&mut Firehose, &mut dyn RegionPins, &mut Ops) -> R,
     ) -> R {
         let _inside = crate::rt::inside::enter();
-        let mut g = self.sh.engine.lock();
+        let mut g = self.sh.lock();
         let Engine { fh, ops, pins } = &mut *g;
         let r = match pins {
             Some(p) => f(fh, p.as_mut(), ops),
             None => f(fh, &mut NoPins, ops),
         };
+        self.sh.settle(&mut g);
         // A hit or a release usually leaves nothing to send or handle.
-        if fh.has_output() {
+        if g.fh.has_output() {
             self.drain_unlock(g);
         }
         r
@@ -667,7 +798,7 @@ impl Rma {
     /// a `Ready` event, the chunk waited in the table.
     fn post_segs(&self, op: u64, segs: &[Seg]) {
         let c = {
-            let mut g = self.sh.engine.lock();
+            let mut g = self.sh.lock();
             let Some(c) = g.ops.chunk_mut(op) else {
                 return; // cannot happen: a chunk leaves the table only when it is over
             };
@@ -785,9 +916,23 @@ impl Rma {
             // One chunk, kept in the request's own entry (`Request::own`, op id `req | OWN`):
             // one table entry, and one critical section that records it, acquires its firehoses
             // and reuses the entry a previous wait collected.
+            //
+            // The parked op (module docs) is ended here as `Shared::lock` would, unless its
+            // result was collected (`reap`): then its entry goes to this op as it is, and its
+            // firehose reference too if this op hits the same firehose (`pass_front`).
             let mut g = self.sh.engine.lock();
+            let collected = self.reap.swap(0, AcqRel);
+            let mut parked = self.sh.take_parked();
             let Engine { fh, ops, .. } = &mut *g;
-            let (req, entry) = ops.begin(self.reap.swap(0, AcqRel));
+            let (req, entry) = if parked != 0 && parked & !OWN == collected {
+                ops.renew_parked(collected)
+            } else {
+                if parked != 0 {
+                    self.sh.end(fh, ops, parked);
+                    parked = 0;
+                }
+                ops.begin(collected)
+            };
             let op = req | OWN;
             // The entry as a hit holds it, written while the values are at hand (nothing reads
             // the table before the lock is given back; past the hit, `start_one` rewrites it).
@@ -811,7 +956,22 @@ impl Rma {
             };
             // The common hit (one firehose covers the op) without the general acquire's
             // result: its one segment, posted at once.
-            let Some(seg) = fh.acquire_hit(op, peer, raddr, len, rights) else {
+            // `passed`: the parked op's reference passed to this op, which `pass_front` does
+            // only when nothing waits for its release.
+            let hit = if parked == 0 {
+                fh.acquire_hit(op, peer, raddr, len, rights)
+                    .map(|s| (s, false))
+            } else {
+                match fh.pass_front(parked, op, peer, raddr, len, rights) {
+                    Some(seg) => Some((seg, true)),
+                    None => {
+                        self.sh.release(fh, parked);
+                        fh.acquire_hit(op, peer, raddr, len, rights)
+                            .map(|s| (s, false))
+                    }
+                }
+            };
+            let Some((seg, passed)) = hit else {
                 let one = One {
                     req,
                     kind,
@@ -827,6 +987,11 @@ impl Rma {
                 unsafe { self.start_one(g, one) };
                 return Ok(req);
             };
+            // Fast (its completion parks: module docs) when nothing waits for its release.
+            let fast = reg.is_none()
+                && !implicit
+                && DoneBoard::covers(req)
+                && (passed || !fh.front_awaited());
             if fh.has_output() {
                 self.drain_unlock(g);
             } else {
@@ -839,7 +1004,7 @@ impl Rma {
                 len: seg.len,
                 remote_addr: seg.raddr,
                 rkey: seg.rkey,
-                token: op,
+                token: if fast { op | FAST } else { op },
             };
             self.counters.rdma_posted.fetch_add(1, Relaxed);
             // SAFETY: as in `post_seg` (the segment is the whole op).
@@ -905,7 +1070,8 @@ impl Rma {
             done: false,
             own: Some(chunk),
         };
-        if fh.has_output() {
+        self.sh.settle(&mut g);
+        if g.fh.has_output() {
             self.drain_unlock(g);
         } else {
             drop(g);
@@ -1023,7 +1189,7 @@ impl Rma {
 
     /// A request that finished at once (a local copy).
     fn done_request(&self, r: Result<(), RmaError>, implicit: bool) -> u64 {
-        let mut g = self.sh.engine.lock();
+        let mut g = self.sh.lock();
         let ops = &mut g.ops;
         if implicit {
             if let Err(e) = r {
@@ -1051,7 +1217,7 @@ impl Rma {
             self.reap_later(req);
             return Ok(Some(r));
         }
-        if let Some(r) = self.sh.engine.lock().ops.take_if_done(req)? {
+        if let Some(r) = self.sh.lock().ops.take_if_done(req)? {
             return Ok(Some(r));
         }
         self.progress_inside()?;
@@ -1059,7 +1225,7 @@ impl Rma {
             self.reap_later(req);
             return Ok(Some(r));
         }
-        self.sh.engine.lock().ops.take_if_done(req)
+        self.sh.lock().ops.take_if_done(req)
     }
 
     /// After `DoneBoard::collect` handed this thread the result of `req`: its table entry goes
@@ -1077,7 +1243,7 @@ impl Rma {
     #[cold]
     #[inline(never)]
     fn reap_now(&self, old: u64) {
-        self.sh.engine.lock().ops.reap(old);
+        self.sh.lock().ops.reap(old);
     }
 
     /// Progresses until the request is done; returns its result (the handle is then spent).
@@ -1149,7 +1315,7 @@ impl Rma {
                     .poll(self, Some(req))?;
                 polls += 1;
             }
-            if let Some(r) = self.sh.engine.lock().ops.take_if_done(req)? {
+            if let Some(r) = self.sh.lock().ops.take_if_done(req)? {
                 return b.as_ref().map_or(r, |b| b.result(r));
             }
             if polls == 0 {
@@ -1168,7 +1334,7 @@ impl Rma {
         let mut b = Bounded::new(self);
         loop {
             {
-                let mut g = self.sh.engine.lock();
+                let mut g = self.sh.lock();
                 let ops = &mut g.ops;
                 if ops.running() == 0 {
                     return b.result(ops.implicit_error.take().map_or(Ok(()), Err));
@@ -1206,7 +1372,7 @@ impl Rma {
 
     /// Peers that running chunks wait on.
     fn waited_peers(&self) -> Vec<Rank> {
-        let g = self.sh.engine.lock();
+        let g = self.sh.lock();
         let ops = &g.ops;
         let mut v: Vec<Rank> = ops.chunks().map(|c| c.peer).collect();
         v.sort_unstable();
@@ -1218,7 +1384,7 @@ impl Rma {
     /// chunks with no RDMA posted (a move unanswered, or blocked behind one). A chunk with RDMA
     /// posted waits for the link, not for the peer's CPU: its completion comes by itself.
     fn silent_peers(&self, req: Option<u64>) -> Vec<Rank> {
-        let g = self.sh.engine.lock();
+        let g = self.sh.lock();
         let ops = &g.ops;
         let mut v: Vec<Rank> = ops
             .chunks()
@@ -1234,7 +1400,7 @@ impl Rma {
     /// and tests, e.g. to replay a key from another rank.
     #[doc(hidden)]
     pub fn firehoses_on(&self, peer: Rank) -> Vec<(u64, u64, u32, Rights)> {
-        self.sh.engine.lock().fh.firehoses_on(peer)
+        self.sh.lock().fh.firehoses_on(peer)
     }
 
     /// For tests: `Ok` when nothing is left of past operations (call once every request is
@@ -1243,7 +1409,7 @@ impl Rma {
     /// release), and the algorithm's own bookkeeping consistent. Otherwise what is left.
     #[doc(hidden)]
     pub fn check_idle(&self) -> Result<(), String> {
-        let g = self.sh.engine.lock();
+        let g = self.sh.lock();
         let (chunks, running) = (g.ops.chunks().count(), g.ops.running());
         let (fh_ops, refs) = (g.fh.ops_in_flight(), g.fh.refs_held());
         let bad = self.sh.bad_releases.load(Relaxed);
@@ -1257,7 +1423,7 @@ impl Rma {
     }
 
     pub fn stats(&self) -> RmaStats {
-        let fh = self.sh.engine.lock().fh.stats();
+        let fh = self.sh.lock().fh.stats();
         RmaStats {
             fh,
             puts: self.counters.puts.load(Relaxed),
@@ -1316,7 +1482,7 @@ impl revoke::Driver for RmaDriver {
 
     fn is_done(&self, id: InvalId) -> Option<bool> {
         let r = self.0.upgrade()?;
-        let done = r.sh.engine.lock().fh.invalidation_done(id);
+        let done = r.sh.lock().fh.invalidation_done(id);
         Some(done)
     }
 
@@ -1355,7 +1521,7 @@ impl revoke::Driver for RmaDriver {
 
     fn give_up_holders(&self, id: InvalId) -> Option<usize> {
         let r = self.0.upgrade()?;
-        let late = r.sh.engine.lock().fh.invalidation_holders(id);
+        let late = r.sh.lock().fh.invalidation_holders(id);
         // Not under `engine`: a loss is recorded and told to the algorithm by the next progress
         // (the holder then counts as having acked).
         for &p in &late {

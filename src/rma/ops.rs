@@ -18,6 +18,11 @@ use std::sync::Arc;
 /// below it.
 pub(super) const OWN: u64 = 1 << 31;
 
+/// The bit that marks an RDMA token as a fast op's (`engine`: a one-segment hit in the
+/// Firehose front slot, explicit, with no local registration), whose completion parks instead
+/// of taking the engine lock. Never part of a Firehose op id.
+pub(super) const FAST: u64 = 1 << 30;
+
 /// One Firehose op: a piece of a request.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Chunk {
@@ -138,6 +143,30 @@ impl Ops {
         Some(Finished { release, dereg })
     }
 
+    /// A parked fast op's end (`engine`: its one segment completed with `err`, its firehose
+    /// released by the caller): `seg_done` of its own chunk, for a request that is explicit and
+    /// holds no registration, its result published on the board once (the completion publishes
+    /// it too, whichever comes first: `DoneBoard::publish`).
+    #[inline]
+    pub(super) fn finish_parked(&mut self, op: Key, err: Option<RmaError>) {
+        let key = op & !OWN;
+        let Some(req) = self.reqs.get_mut(key) else {
+            return; // cannot happen: the entry stays until its result is collected
+        };
+        debug_assert!(req.own.is_some() && !req.implicit && req.reg.is_none());
+        req.own = None;
+        if req.error.is_none() {
+            req.error = err;
+        }
+        req.chunks_left = 0;
+        req.done = true;
+        self.running -= 1;
+        self.board.publish(
+            key,
+            super::done_board::encode(req.error.map_or(Ok(()), Err)),
+        );
+    }
+
     /// Chunk `chunk` is over (all its segments done, or failed before any was posted).
     #[inline]
     pub(super) fn finish_chunk(&mut self, chunk: Key, err: Option<RmaError>) -> Option<Finished> {
@@ -225,6 +254,33 @@ impl Ops {
             },
         );
         if fresh {
+            self.board.ensure(key);
+        }
+        (key, entry)
+    }
+
+    /// `begin` for the entry of parked op `op` whose result a wait collected (`engine`): the
+    /// entry goes to the new request as it is, under a new key, its end skipped (its result was
+    /// published and taken; it stays counted as running, now for the new request). For the
+    /// caller to fill in, in the same critical section, and to release the parked op's
+    /// firehose.
+    #[inline(always)]
+    pub(super) fn renew_parked(&mut self, op: Key) -> (Key, &mut Request) {
+        let (key, entry, fresh) = self.reqs.renew_or_insert(
+            op & !OWN,
+            |r| !r.done && r.own.is_some(),
+            || Request {
+                chunks_left: 1,
+                reg: None,
+                error: None,
+                implicit: false,
+                done: false,
+                own: None,
+            },
+        );
+        debug_assert!(!fresh, "a parked op keeps its entry");
+        if fresh {
+            self.running += 1;
             self.board.ensure(key);
         }
         (key, entry)

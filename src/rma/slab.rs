@@ -53,11 +53,12 @@ impl<T> Slab<T> {
         let idx = match self.free.pop() {
             Some(i) => i,
             None => {
-                // Indices stay below bit 31 (`ops::OWN` marks op ids with it).
+                // Indices stay below bit 30 (`ops::OWN` and `ops::FAST` mark op ids and RDMA
+                // tokens with bits 31 and 30).
                 let i = u32::try_from(self.slots.len())
                     .ok()
-                    .filter(|&i| i < 1 << 31)
-                    .expect("2^31 live operations");
+                    .filter(|&i| i < 1 << 30)
+                    .expect("2^30 live operations");
                 self.slots.push(Slot { gen: 1, val: None });
                 i
             }

@@ -172,6 +172,26 @@ impl Firehose {
         Some(seg)
     }
 
+    /// `release(old)` then `acquire_hit(op, ...)`, for a driver that ends the op in the front
+    /// slot just before it starts the next: when `op` hits the firehose `old` held, alone, with
+    /// nothing waiting for `old`'s release, its reference passes to `op` (the same state as
+    /// the two calls, in fewer steps) and `op`'s one segment is returned. `None` changes
+    /// nothing: make the two calls.
+    #[inline]
+    pub fn pass_front(
+        &mut self,
+        old: OpId,
+        op: OpId,
+        peer: Rank,
+        raddr: u64,
+        len: usize,
+        rights: Rights,
+    ) -> Option<Seg> {
+        let seg = self.init.pass_front(old, op, peer, raddr, len, rights)?;
+        self.stats.hits += 1;
+        Some(seg)
+    }
+
     #[inline(always)]
     pub fn release(&mut self, op: OpId) -> Result<(), FhError> {
         let r = self.init.release(op, &mut self.out, &mut self.stats);
@@ -180,6 +200,17 @@ impl Firehose {
             self.stats.failures += self.init.take_failures();
         }
         r
+    }
+
+    /// Whether something waits for the release of the op in the front slot (the one-region
+    /// hit `acquire_hit` took): its peer has blocked ops, an unsettled quota cut or acks to
+    /// send, or one of its firehoses was revoked (the target waits for the ack that the last
+    /// release sends). A driver that delays the release of a finished hit (until it next calls
+    /// in here anyway) must not delay it while this says so: the waiting would then last until
+    /// that next call. No front op: `false`.
+    #[inline(always)]
+    pub fn front_awaited(&self) -> bool {
+        self.init.front_awaited()
     }
 
     pub fn poll_event(&mut self) -> Option<Event> {

@@ -882,3 +882,68 @@ fn the_fast_hit_is_the_front_slot_hit_and_nothing_else() {
     ok(&a);
     assert_eq!((a.ops_in_flight(), a.refs_held()), (0, 0));
 }
+
+/// `pass_front` (a driver ending the front slot's op as it starts the next) leaves what
+/// `release` then `acquire_hit` leave: the reference passes to the new op on the same
+/// firehose (refs, invariants, hits, and the eviction order: the firehose counts as released
+/// last), and it steps aside, changing nothing, for another firehose, an old op that is not
+/// in the front slot, or a revoked firehose (whose release must send the ack; `front_awaited`
+/// says so meanwhile).
+#[test]
+fn passing_the_front_slot_is_a_release_then_a_hit() {
+    use firehose_proto::Rights;
+    let w = Rights::WRITE;
+    // F = 2 regions of one bucket: A (bucket 0) and B (bucket 1) pinned, A first.
+    let (mut a, mut b) = page_mode_pair(2);
+    pin_buckets(&mut a, &mut b, 2);
+    let ok = |a: &Firehose| a.check_invariants().unwrap();
+    let hits = a.stats().hits;
+    assert!(a.acquire_hit(1, 1, BASE, 8, w).is_some());
+    assert!(!a.front_awaited());
+    // Not the front op, another firehose: nothing changes.
+    assert_eq!(a.pass_front(9, 2, 1, BASE, 8, w), None);
+    assert_eq!(a.pass_front(1, 2, 1, BASE + 4096, 8, w), None);
+    assert_eq!(
+        (a.refs_held(), a.ops_in_flight(), a.stats().hits),
+        (1, 1, hits + 1)
+    );
+    // Op 1's reference passes to op 2 (A again).
+    let seg = a.pass_front(1, 2, 1, BASE + 16, 8, w).expect("passed");
+    assert_eq!((seg.raddr, seg.len), (BASE + 16, 8));
+    assert_eq!(
+        (a.refs_held(), a.ops_in_flight(), a.stats().hits),
+        (1, 1, hits + 2)
+    );
+    ok(&a);
+    assert_eq!(a.release(1), Err(FhError::UnknownOp), "op 1 is over");
+    assert_eq!(a.release(2), Ok(()));
+    assert_eq!((a.refs_held(), a.ops_in_flight()), (0, 0));
+    ok(&a);
+    // A was released last: C's miss evicts B, and A still hits.
+    assert_eq!(
+        a.acquire(3, 1, BASE + 2 * 4096, 8, None),
+        Ok(Acquire::Pending)
+    );
+    until_ready(&mut a, &mut b, 3);
+    a.release(3).unwrap();
+    assert!(a.acquire_hit(4, 1, BASE, 8, w).is_some(), "A kept");
+    a.release(4).unwrap();
+    assert!(
+        a.acquire_hit(5, 1, BASE + 4096, 8, w).is_none(),
+        "B evicted"
+    );
+    ok(&a);
+    // A revoked while op 6 holds it: awaited, not passed; the release acks it.
+    assert!(a.acquire_hit(6, 1, BASE, 8, w).is_some());
+    let mut pins = CountPins::default();
+    let id = b.invalidate(BASE, 4096, &mut pins);
+    carry(&mut a, &mut b, &mut pins);
+    assert!(a.front_awaited(), "the target waits for the release");
+    assert_eq!(a.pass_front(6, 7, 1, BASE, 8, w), None);
+    assert_eq!(a.release(6), Ok(()));
+    assert!(!a.front_awaited());
+    carry(&mut a, &mut b, &mut pins);
+    assert!(b.invalidation_done(id));
+    ok(&a);
+    assert_eq!((a.refs_held(), a.ops_in_flight()), (0, 0));
+}

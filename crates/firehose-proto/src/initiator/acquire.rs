@@ -148,6 +148,62 @@ impl Initiator {
         Some(Seg { raddr, len, rkey })
     }
 
+    /// `release(old)` then `acquire_hit(op, ...)` in one, when `old` holds the front slot alone
+    /// on one firehose and `op` hits that same firehose alone, with nothing waiting for the
+    /// release: the reference passes from `old` to `op` (what the two calls leave: the
+    /// firehose marked recently used if `old` held its last reference, one more use, a hit
+    /// counted by the caller). Anything else returns `None` having changed nothing: make the
+    /// two calls.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    pub fn pass_front(
+        &mut self,
+        old: OpId,
+        op: OpId,
+        peer: Rank,
+        raddr: u64,
+        len: usize,
+        rights: Rights,
+    ) -> Option<Seg> {
+        let Front {
+            op: held, n, ids, ..
+        } = self.front;
+        if held != Some(old)
+            || n != 1
+            || rights.0.wrapping_sub(1) > 2
+            || len.wrapping_sub(1) >= self.max_op_len
+            || peer == self.me
+        {
+            return None;
+        }
+        raddr.checked_add(len as u64)?;
+        let (b, last) = self.bucket_span(raddr, len);
+        let p = self.peers.get(peer as usize)?;
+        // `old`'s release would do more than drop its reference (`release`'s common case).
+        if p.lost || !p.blocked.is_empty() || p.cut.is_some() || !p.acks.is_empty() {
+            return None;
+        }
+        let id = p.map.get(b)?;
+        if id != ids[0] || !self.links.is_linked(id) {
+            return None;
+        }
+        let fh = &mut self.fhs[id as usize];
+        if fh.start + fh.nb as u64 <= last || !fh.rights.covers(rights) || fh.revoked {
+            return None;
+        }
+        if !self.ops.is_empty() && self.ops.contains_key(&op) {
+            return None;
+        }
+        debug_assert_eq!(fh.peer, peer);
+        if fh.refs == 1 {
+            fh.recent = true;
+        }
+        fh.uses += u8::from(fh.uses != u8::MAX);
+        let rkey = fh.rkey;
+        self.front.op = Some(op);
+        Some(Seg { raddr, len, rkey })
+    }
+
     /// `acquire` past the checks and the one-region hit: a hit over several regions, or a miss.
     #[allow(clippy::too_many_arguments)]
     #[inline(never)]
@@ -271,6 +327,21 @@ impl Initiator {
             return Ok(());
         }
         self.release_front(peer, n, ids, out, st)
+    }
+
+    /// `Firehose::front_awaited`.
+    #[inline(always)]
+    pub fn front_awaited(&self) -> bool {
+        if self.front.op.is_none() {
+            return false;
+        }
+        let Front { peer, n, ids, .. } = self.front;
+        let p = &self.peers[peer as usize];
+        !p.blocked.is_empty()
+            || p.cut.is_some()
+            || !p.acks.is_empty()
+            || self.fhs[ids[0] as usize].revoked
+            || (n == 2 && self.fhs[ids[1] as usize].revoked)
     }
 
     /// `release` of the front slot's op (taken out of the slot: `peer`, `n` firehoses `ids`)

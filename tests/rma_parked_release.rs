@@ -1,0 +1,248 @@
+//! The parked release of a fast op (`rma::engine`'s module docs): the completion of a blocking
+//! inline put that hit in the front slot publishes its result and leaves its table entry and
+//! its firehose release to the next holder of the engine lock. Held to:
+//! - every holder sees the ended state: `check_idle` right after each wait finds no request
+//!   running and no reference held, whatever ran before (fast puts, puts behind them in the
+//!   table, gets, implicit puts, `test`), and no release failed (each ended exactly once);
+//! - a revoke of the region a parked put used is acked at once (the message's critical section
+//!   ends the parked op before it reads the references), and one that crosses a fast put in
+//!   flight is acked by that put's completion (which then does not park), both well within
+//!   the holder bound.
+
+use firehose::net::settings::NetSettings;
+use firehose::net::{Link, Peers, RdmaKind};
+use firehose::pin::null::NullPinner;
+use firehose::rma::expose::ExposeMode;
+use firehose::rma::sim_pins::SimPins;
+use firehose::rma::Rma;
+use firehose::rma::RmaError;
+use firehose_proto::Rights;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+#[path = "common/rma_job.rs"]
+#[allow(dead_code)]
+mod rma_job;
+use rma_job::{fh_config, sim_net, unbounded_cache, Servers, BUCKET};
+
+/// Rank 0 and rank 1 over the simulator (inline writes up to 256 bytes: an 8-byte put is fast
+/// when it hits), with a holder bound short enough for a missed ack to fail a test quickly.
+fn job(mode: ExposeMode) -> Vec<Arc<Rma>> {
+    job_m(mode, 64, 8)
+}
+
+/// `job` with Firehose's M of `m_buckets` and regions of up to `region_buckets`.
+fn job_m(mode: ExposeMode, m_buckets: usize, region_buckets: u32) -> Vec<Arc<Rma>> {
+    let net = sim_net(2, 11, 256);
+    let settings = NetSettings {
+        timeout: Some(Duration::from_secs(3)),
+        probe: Duration::from_millis(50),
+        ..NetSettings::default()
+    };
+    (0..2)
+        .map(|r| {
+            let link: Arc<dyn Link> = net.link(r);
+            let peers = Arc::new(Peers::from_link(link, settings).unwrap());
+            let cache = unbounded_cache(Arc::new(NullPinner));
+            let c = fh_config(r, 2, m_buckets, 16, region_buckets);
+            let pins = Box::new(SimPins::new(net.clone(), r));
+            Rma::with_pins_exposed(peers, Some(cache), c, pins, mode).unwrap()
+        })
+        .collect()
+}
+
+/// A page-aligned target of `len` bytes.
+struct Mem(Vec<u8>, usize);
+
+impl Mem {
+    fn new(len: usize) -> Mem {
+        let v = vec![0u8; len + BUCKET];
+        let off = (BUCKET - v.as_ptr() as usize % BUCKET) % BUCKET;
+        Mem(v, off)
+    }
+    fn addr(&self) -> u64 {
+        self.0.as_ptr() as u64 + self.1 as u64
+    }
+    fn byte(&self, off: usize) -> u8 {
+        // SAFETY: inside the buffer; no op runs on it when it is read (volatile: the simulator
+        // writes through raw pointers).
+        unsafe { std::ptr::read_volatile(self.0.as_ptr().add(self.1 + off)) }
+    }
+}
+
+fn start(rma: &Rma, kind: RdmaKind, raddr: u64, local: &mut [u8], implicit: bool) -> u64 {
+    // SAFETY: every caller keeps `local` alive and untouched until the op is done.
+    unsafe { rma.start(kind, 1, raddr, local.as_mut_ptr(), local.len(), implicit) }.unwrap()
+}
+
+#[test]
+fn every_lock_holder_sees_the_parked_release_ended_once() {
+    let rmas = job(ExposeMode::All);
+    let _serve = Servers::start([rmas[1].clone()]);
+    let (a, mem) = (&rmas[0], Mem::new(64 << 10));
+    let mut src = [7u8; 8];
+    // The first put misses; the next hit.
+    let h = start(a, RdmaKind::Write, mem.addr(), &mut src, false);
+    a.wait(h).unwrap();
+    let hits = a.stats().fh.hits;
+    for i in 0..200u64 {
+        let off = (i as usize * 8) % (32 << 10);
+        let raddr = mem.addr() + off as u64;
+        src = [i as u8; 8];
+        match i % 5 {
+            // A blocking fast put: parked at its completion, ended by the next holder.
+            0 | 1 => {
+                let h = start(a, RdmaKind::Write, raddr, &mut src, false);
+                a.wait(h).unwrap();
+            }
+            // Two in flight: the first in the front slot (fast), the second in the table.
+            2 => {
+                let mut s2 = [i as u8 ^ 0xff; 8];
+                let h1 = start(a, RdmaKind::Write, raddr, &mut src, false);
+                let h2 = start(a, RdmaKind::Write, raddr + 8, &mut s2, false);
+                while a.test(h1).unwrap().is_none() {}
+                a.wait(h2).unwrap();
+                assert_eq!(mem.byte(off + 8), i as u8 ^ 0xff);
+            }
+            // A get (registers its destination: never fast) after a fast put.
+            3 => {
+                let h = start(a, RdmaKind::Write, raddr, &mut src, false);
+                a.wait(h).unwrap();
+                let mut dst = [0u8; 8];
+                let h = start(a, RdmaKind::Read, raddr, &mut dst, false);
+                a.wait(h).unwrap();
+                assert_eq!(dst, src);
+            }
+            // Implicit (never fast), collected by quiet.
+            _ => {
+                start(a, RdmaKind::Write, raddr, &mut src, true);
+                a.quiet().unwrap();
+            }
+        }
+        assert_eq!(mem.byte(off), i as u8, "op {i}");
+        // Nothing running, no reference held, no release failed: the parked op was ended, once.
+        a.check_idle()
+            .unwrap_or_else(|e| panic!("after op {i}: {e}"));
+    }
+    assert!(a.stats().fh.hits >= hits + 200, "the puts hit");
+}
+
+/// The region rank 0's last (parked) put used is revoked while rank 0 starts nothing: its
+/// progress alone handles the revoke, whose critical section ends the parked op first, so the
+/// reference is gone and the ack leaves at once.
+#[test]
+fn a_revoke_after_a_parked_put_is_acked_at_once() {
+    let rmas = job(ExposeMode::Declared);
+    let (a, t) = (rmas[0].clone(), rmas[1].clone());
+    let mem = Mem::new(64 << 10);
+    t.expose(mem.addr(), 64 << 10, Rights::BOTH).unwrap();
+    let serve = Servers::start([t.clone()]);
+    let mut src = [3u8; 8];
+    for _ in 0..2 {
+        let h = start(&a, RdmaKind::Write, mem.addr(), &mut src, false);
+        a.wait(h).unwrap();
+    }
+    drop(serve);
+    let hits = a.stats().fh.hits;
+    src = [4u8; 8];
+    let h = start(&a, RdmaKind::Write, mem.addr(), &mut src, false);
+    a.wait(h).unwrap();
+    assert_eq!(a.stats().fh.hits, hits + 1, "a hit");
+    // Rank 0 only progresses (as a progress thread would): no start, no table check.
+    let _serve0 = Servers::start([a.clone()]);
+    let t0 = Instant::now();
+    assert_eq!(t.unexpose(mem.addr(), 64 << 10), Ok(()));
+    assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+    assert_eq!(mem.byte(0), 4);
+    let _serve1 = Servers::start([t.clone()]);
+    assert_eq!(
+        {
+            let mut s = [5u8; 8];
+            let h = start(&a, RdmaKind::Write, mem.addr(), &mut s, false);
+            a.wait(h)
+        },
+        Err(RmaError::RemoteDenied)
+    );
+    a.check_idle().unwrap();
+}
+
+/// A revoke sent while rank 0's fast put is in flight is acked by rank 0's wait for that put
+/// alone (whichever comes first, the put's completion or the message), though rank 0 then starts
+/// nothing and no other thread progresses it.
+#[test]
+fn a_revoke_crossing_a_fast_put_is_acked_by_its_completion() {
+    let rmas = job(ExposeMode::Declared);
+    let (a, t) = (rmas[0].clone(), rmas[1].clone());
+    let mem = Mem::new(64 << 10);
+    t.expose(mem.addr(), 64 << 10, Rights::BOTH).unwrap();
+    let serve = Servers::start([t.clone()]);
+    let mut src = [3u8; 8];
+    for _ in 0..2 {
+        let h = start(&a, RdmaKind::Write, mem.addr(), &mut src, false);
+        a.wait(h).unwrap();
+    }
+    drop(serve);
+    src = [6u8; 8];
+    // Posted, not yet polled (the simulator runs it in rank 0's next poll).
+    let h = start(&a, RdmaKind::Write, mem.addr(), &mut src, false);
+    let revokes = t.stats().fh.revokes;
+    let unexpose = {
+        let t = t.clone();
+        let addr = mem.addr();
+        std::thread::spawn(move || {
+            let t0 = Instant::now();
+            (t.unexpose(addr, 64 << 10), t0.elapsed())
+        })
+    };
+    // The revoke is on its way to rank 0 before rank 0 polls.
+    let until = Instant::now() + Duration::from_secs(2);
+    while t.stats().fh.revokes == revokes {
+        assert!(Instant::now() < until, "no revoke sent");
+        std::thread::yield_now();
+    }
+    a.wait(h).unwrap();
+    assert_eq!(mem.byte(0), 6);
+    let (r, took) = unexpose.join().unwrap();
+    assert_eq!(r, Ok(()), "acked by the put's completion ({took:?})");
+    assert!(took < Duration::from_secs(2), "{took:?}");
+    a.check_idle().unwrap();
+}
+
+/// An op that blocks for want of quota while a fast put holds the only firehose (M: one bucket
+/// per peer): the put's completion must not park it (the blocked op waits for that release),
+/// so progress alone (no lock taken by the caller: no start, no table check) lets the blocked
+/// get go on and finish.
+#[test]
+fn a_fast_completion_does_not_park_while_an_op_waits_for_its_release() {
+    let rmas = job_m(ExposeMode::All, 2, 2);
+    let _serve = Servers::start([rmas[1].clone()]);
+    let a = &rmas[0];
+    let mut mem = Mem::new(128 << 10);
+    let far = 64 << 10;
+    // The get straddles two buckets: with the put's one, more than the quota.
+    let far = far + BUCKET - 4;
+    mem.0[mem.1 + far] = 0x77;
+    let mut src = [1u8; 8];
+    for _ in 0..2 {
+        let h = start(a, RdmaKind::Write, mem.addr(), &mut src, false);
+        a.wait(h).unwrap();
+    }
+    let blocked = a.stats().fh.misses;
+    // The fast put (posted, not polled), then a get elsewhere: a miss, blocked (the one region
+    // the quota allows is held by the put).
+    src = [2u8; 8];
+    let h1 = start(a, RdmaKind::Write, mem.addr(), &mut src, false);
+    let mut dst = [0u8; 8];
+    let h2 = start(a, RdmaKind::Read, mem.addr() + far as u64, &mut dst, false);
+    assert_eq!(a.stats().fh.misses, blocked + 1);
+    let until = Instant::now() + Duration::from_secs(2);
+    // SAFETY: `dst` is written by the simulator only; read volatile.
+    while unsafe { std::ptr::read_volatile(dst.as_ptr()) } != 0x77 {
+        assert!(Instant::now() < until, "the blocked get never went on");
+        a.progress().unwrap();
+    }
+    a.wait(h1).unwrap();
+    a.wait(h2).unwrap();
+    assert_eq!(mem.byte(0), 2);
+    a.check_idle().unwrap();
+}
