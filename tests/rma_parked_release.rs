@@ -3,12 +3,14 @@
 //! its firehose release to the next holder of the engine lock. Held to:
 //! - every holder sees the ended state: `check_idle` right after each wait finds no request
 //!   running and no reference held, whatever ran before (fast puts, puts behind them in the
-//!   table, gets, implicit puts, `test`), and no release failed (each ended exactly once);
+//!   table, gets, implicit puts, `test`), and no release failed (each ended exactly once), and
+//!   no registration is left in use (a fast get's is released by its completion);
 //! - a revoke of the region a parked put used is acked at once (the message's critical section
 //!   ends the parked op before it reads the references), and one that crosses a fast put in
 //!   flight is acked by that put's completion (which then does not park), both well within
 //!   the holder bound.
 
+use firehose::cache::Cache;
 use firehose::net::settings::NetSettings;
 use firehose::net::{Link, Peers, RdmaKind};
 use firehose::pin::null::NullPinner;
@@ -28,11 +30,16 @@ use rma_job::{fh_config, sim_net, unbounded_cache, Servers, BUCKET};
 /// Rank 0 and rank 1 over the simulator (inline writes up to 256 bytes: an 8-byte put is fast
 /// when it hits), with a holder bound short enough for a missed ack to fail a test quickly.
 fn job(mode: ExposeMode) -> Vec<Arc<Rma>> {
-    job_m(mode, 64, 8)
+    job_m(mode, 64, 8).0
 }
 
 /// `job` with Firehose's M of `m_buckets` and regions of up to `region_buckets`.
-fn job_m(mode: ExposeMode, m_buckets: usize, region_buckets: u32) -> Vec<Arc<Rma>> {
+/// Also each rank's pin-down cache.
+fn job_m(
+    mode: ExposeMode,
+    m_buckets: usize,
+    region_buckets: u32,
+) -> (Vec<Arc<Rma>>, Vec<Arc<Cache>>) {
     let net = sim_net(2, 11, 256);
     let settings = NetSettings {
         timeout: Some(Duration::from_secs(3)),
@@ -46,9 +53,10 @@ fn job_m(mode: ExposeMode, m_buckets: usize, region_buckets: u32) -> Vec<Arc<Rma
             let cache = unbounded_cache(Arc::new(NullPinner));
             let c = fh_config(r, 2, m_buckets, 16, region_buckets);
             let pins = Box::new(SimPins::new(net.clone(), r));
-            Rma::with_pins_exposed(peers, Some(cache), c, pins, mode).unwrap()
+            let rma = Rma::with_pins_exposed(peers, Some(cache.clone()), c, pins, mode);
+            (rma.unwrap(), cache)
         })
-        .collect()
+        .unzip()
 }
 
 /// A page-aligned target of `len` bytes.
@@ -77,7 +85,7 @@ fn start(rma: &Rma, kind: RdmaKind, raddr: u64, local: &mut [u8], implicit: bool
 
 #[test]
 fn every_lock_holder_sees_the_parked_release_ended_once() {
-    let rmas = job(ExposeMode::All);
+    let (rmas, caches) = job_m(ExposeMode::All, 64, 8);
     let _serve = Servers::start([rmas[1].clone()]);
     let (a, mem) = (&rmas[0], Mem::new(64 << 10));
     let mut src = [7u8; 8];
@@ -104,7 +112,7 @@ fn every_lock_holder_sees_the_parked_release_ended_once() {
                 a.wait(h2).unwrap();
                 assert_eq!(mem.byte(off + 8), i as u8 ^ 0xff);
             }
-            // A get (registers its destination: never fast) after a fast put.
+            // A get (fast too: its registration is released by its completion) after a put.
             3 => {
                 let h = start(a, RdmaKind::Write, raddr, &mut src, false);
                 a.wait(h).unwrap();
@@ -123,6 +131,8 @@ fn every_lock_holder_sees_the_parked_release_ended_once() {
         // Nothing running, no reference held, no release failed: the parked op was ended, once.
         a.check_idle()
             .unwrap_or_else(|e| panic!("after op {i}: {e}"));
+        // Every registration released (a get's by its completion, once).
+        assert_eq!(caches[0].stats().in_use, 0, "after op {i}");
     }
     assert!(a.stats().fh.hits >= hits + 200, "the puts hit");
 }
@@ -214,7 +224,7 @@ fn a_revoke_crossing_a_fast_put_is_acked_by_its_completion() {
 /// get go on and finish.
 #[test]
 fn a_fast_completion_does_not_park_while_an_op_waits_for_its_release() {
-    let rmas = job_m(ExposeMode::All, 2, 2);
+    let rmas = job_m(ExposeMode::All, 2, 2).0;
     let _serve = Servers::start([rmas[1].clone()]);
     let a = &rmas[0];
     let mut mem = Mem::new(128 << 10);

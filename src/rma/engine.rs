@@ -7,24 +7,27 @@
 //! endpoint's own locks (Firehose messages are sent *under* `engine`, because the algorithm
 //! relies on them leaving in the order it produced them). The op tables share the algorithm's
 //! lock: a hit put needs both at its start and at its completion (table entry, then firehose
-//! acquire or release), one critical section each; a fast op (below) only at its start. RDMA is posted, events are handled and
-//! cache calls are made without the lock; waiters spin on the done board, not on the lock.
+//! acquire or release), one critical section each; a fast op (below) only at its start. RDMA
+//! is posted, events are handled and cache calls are made without the lock; waiters spin on
+//! the done board, not on the lock.
 //!
-//! Fast ops and the parked release: a one-segment hit in the algorithm's front slot, explicit and
-//! with no local registration (a blocking inline put), is posted with `FAST` in its RDMA
-//! token. Its completion does not take the engine lock: it *parks* the op (`Shared::parked`,
-//! one word: a fast op holds the front slot, so there is at most one) and publishes the result
-//! on the done board, where the waiter takes it. The op's table entry and its firehose release
-//! are carried out by the next holder of the engine lock, first thing (`Shared::lock`, the
-//! only way to the lock): every critical section (a start, a message, a revoke, an
-//! invalidation, `quiet`, a lost peer, the table checks of a wait) sees the table and the
-//! references as if the completion had taken the lock itself, and each parked op is ended
-//! exactly once (`unpark` swaps the word). Deferring is only safe while nothing waits for that
-//! release (blocked ops, a quota cut, acks, a revoked firehose: `Firehose::front_awaited`): a
-//! start makes an op fast only when nothing does, and every critical section that may change
-//! it says it again in `Shared::eager` (`settle`); while it is set a fast completion takes the
-//! lock itself, as before. (`settle` sets it, then ends a parked op; a completion parks, then
-//! reads it; both sequentially consistent, so one of the two sees the other.)
+//! Fast ops and the parked release: a one-segment hit in the algorithm's front slot, explicit
+//! (a blocking put or get, typically), is posted with `FAST` in its RDMA token. Its completion
+//! does not take the engine lock: it *parks* the op (`Shared::parked`, one word: a fast op
+//! holds the front slot, so there is at most one), publishes the result on the done board,
+//! where the waiter takes it, and releases a get's registration (kept in `Shared::fast_reg`
+//! meanwhile, not in the entry). The op's table entry and its firehose release are carried out
+//! by the next holder of the engine lock, first thing (`Shared::lock`, the only way to the
+//! lock; `start` ends it its own way, passing the entry and the firehose reference on to the
+//! new op when it can): every critical section (a start, a message, a revoke, an invalidation,
+//! `quiet`, a lost peer, the table checks of a wait) sees the table and the references as if
+//! the completion had taken the lock itself, and each parked op is ended exactly once (the
+//! word is swapped out). Deferring is only safe while nothing waits for that release (blocked
+//! ops, a quota cut, acks, a revoked firehose: `Firehose::front_awaited`): a start makes an op
+//! fast only when nothing does, and every critical section that may change it says it again
+//! in `Shared::eager` (`settle`); while it is set a fast completion takes the lock itself, as
+//! before. (`settle` sets it, then ends a parked op; a completion parks, then reads it; both
+//! sequentially consistent, so one of the two sees the other.)
 //!
 //! Remote invalidation (`super::revoke`): the `fh-revoke` worker drives the algorithm through
 //! `RmaDriver` (invalidate, progress, `invalidation_done`); every public entry and `with_core`
@@ -186,6 +189,11 @@ struct Shared {
     parked: AtomicU64,
     /// The parked op's result (`done_board::encode`), written before `parked`.
     parked_err: AtomicU64,
+    /// The registration of the fast op when it is a get (0: none, or a put): it leaves the
+    /// op's table entry at the start and is released by the completion, after the result is
+    /// published, as `seg_done` releases an entry's (taken before the op is parked: the next
+    /// fast op may set it once the parked op is passed on).
+    fast_reg: AtomicU64,
     /// Something waits for the front slot's release (`Firehose::front_awaited`, as the last
     /// critical section that could change it found it: `settle`): a fast completion then ends
     /// its op under the lock at once.
@@ -260,12 +268,13 @@ impl Shared {
     /// release (`eager`), ends it under the lock at once.
     #[inline(always)]
     fn fast_done(&self, op: u64, err: Option<RmaError>, drain: impl FnOnce(LockGuard<'_, Engine>)) {
-        // Never taken: a fast op holds the front slot, which only the end of the op parked
-        // before it frees. If it were, the locked completion.
-        if self.parked.load(Relaxed) != 0 {
-            debug_assert!(false, "two fast ops parked");
-            return self.seg_done(op, err, drain);
-        }
+        // Empty: a fast op holds the front slot, which only the end of the op parked before it
+        // frees (each start takes the parked op first).
+        debug_assert_eq!(self.parked.load(Relaxed), 0, "two fast ops parked");
+        let reg = match self.fast_reg.load(Relaxed) {
+            0 => 0,
+            _ => self.fast_reg.swap(0, AcqRel),
+        };
         let code = done_board::encode(err.map_or(Ok(()), Err));
         self.parked_err.store(code, Relaxed);
         self.parked.store(op, SeqCst);
@@ -273,6 +282,9 @@ impl Shared {
         self.board.publish(op & !OWN, code);
         if self.eager.load(SeqCst) {
             self.end_parked(drain);
+        }
+        if let Some(h) = NonZeroU64::new(reg) {
+            self.dereg(h);
         }
     }
 
@@ -335,6 +347,13 @@ impl Drop for PinsGo {
         let pins = self.0.lock().pins.take();
         drop(pins);
     }
+}
+
+/// The RDMA handler's completion of a segment that is not a fast op's (out of line: the fast
+/// completion stays small).
+#[inline(never)]
+fn locked_done(sh: &Shared, w: &Weak<Rma>, token: u64, err: Option<RmaError>) {
+    sh.seg_done(token, err, |g| drain_weak(w, g));
 }
 
 /// The RDMA handler's way to the output of a completion (out of line, rare): through the `Rma`
@@ -572,6 +591,7 @@ impl Rma {
             board: done.clone(),
             parked: AtomicU64::new(0),
             parked_err: AtomicU64::new(0),
+            fast_reg: AtomicU64::new(0),
             eager: AtomicBool::new(false),
         });
         let rma = Arc::new(Rma {
@@ -620,7 +640,7 @@ impl Rma {
             if token & FAST != 0 {
                 sh.fast_done(token & !FAST, err, |g| drain_weak(&w, g));
             } else {
-                sh.seg_done(token, err, |g| drain_weak(&w, g));
+                locked_done(&sh, &w, token, err);
             }
         })));
         // Only recorded here (the endpoint may call it inside a send made under `engine`);
@@ -844,6 +864,22 @@ impl Rma {
         }
     }
 
+    /// `start`'s post refused: as `seg_failed`; a fast op's registration (`fast_reg`, if it is
+    /// a get) is released here, its completion will not come (out of line).
+    #[cold]
+    #[inline(never)]
+    fn post_failed(&self, op: u64, fast: bool, e: LinkError) {
+        let h = if fast {
+            self.sh.fast_reg.swap(0, AcqRel)
+        } else {
+            0
+        };
+        self.seg_failed(op, e);
+        if let Some(h) = NonZeroU64::new(h) {
+            self.dereg(h);
+        }
+    }
+
     /// A post the link refused: the segment is done with its error (out of line).
     #[cold]
     #[inline(never)]
@@ -987,11 +1023,15 @@ impl Rma {
                 unsafe { self.start_one(g, one) };
                 return Ok(req);
             };
-            // Fast (its completion parks: module docs) when nothing waits for its release.
-            let fast = reg.is_none()
-                && !implicit
-                && DoneBoard::covers(req)
-                && (passed || !fh.front_awaited());
+            // Fast (its completion parks: module docs) when nothing waits for its release. A
+            // fast get's registration goes from its entry to `fast_reg`.
+            let fast = !implicit && DoneBoard::covers(req) && (passed || !fh.front_awaited());
+            if fast {
+                if let Some(h) = reg {
+                    entry.reg = None;
+                    self.sh.fast_reg.store(h.get(), Release);
+                }
+            }
             if fh.has_output() {
                 self.drain_unlock(g);
             } else {
@@ -1009,7 +1049,7 @@ impl Rma {
             self.counters.rdma_posted.fetch_add(1, Relaxed);
             // SAFETY: as in `post_seg` (the segment is the whole op).
             if let Err(e) = unsafe { self.peers.am().link_obj().rdma(peer, rop) } {
-                self.seg_failed(op, e);
+                self.post_failed(op, fast, e);
             }
             return Ok(req);
         }

@@ -268,7 +268,7 @@ impl Ops {
     pub(super) fn renew_parked(&mut self, op: Key) -> (Key, &mut Request) {
         let (key, entry, fresh) = self.reqs.renew_or_insert(
             op & !OWN,
-            |r| !r.done && r.own.is_some(),
+            |_| true,
             || Request {
                 chunks_left: 1,
                 reg: None,

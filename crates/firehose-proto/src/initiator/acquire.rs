@@ -168,11 +168,11 @@ impl Initiator {
         let Front {
             op: held, n, ids, ..
         } = self.front;
+        // (Not this rank: the firehose found below is `old`'s, on another rank.)
         if held != Some(old)
             || n != 1
             || rights.0.wrapping_sub(1) > 2
             || len.wrapping_sub(1) >= self.max_op_len
-            || peer == self.me
         {
             return None;
         }
@@ -188,13 +188,14 @@ impl Initiator {
             return None;
         }
         let fh = &mut self.fhs[id as usize];
-        if fh.start + fh.nb as u64 <= last || !fh.rights.covers(rights) || fh.revoked {
+        // (Not revoked: a revoked firehose leaves the bucket map.)
+        if fh.start + fh.nb as u64 <= last || !fh.rights.covers(rights) {
             return None;
         }
         if !self.ops.is_empty() && self.ops.contains_key(&op) {
             return None;
         }
-        debug_assert_eq!(fh.peer, peer);
+        debug_assert!(fh.peer == peer && !fh.revoked && peer != self.me);
         if fh.refs == 1 {
             fh.recent = true;
         }
