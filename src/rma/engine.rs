@@ -240,6 +240,40 @@ impl Shared {
         self.release(fh, op);
     }
 
+    /// `start`'s way to its entry when it does not take over the parked op's: ends the parked
+    /// op `parked` (0: none), then `Ops::begin` (out of line: a blocking op takes over).
+    #[inline(never)]
+    fn end_and_begin<'a>(
+        &self,
+        fh: &mut Firehose,
+        ops: &'a mut Ops,
+        parked: u64,
+        collected: u64,
+    ) -> (u64, &'a mut Request) {
+        if parked != 0 {
+            self.end(fh, ops, parked);
+        }
+        ops.begin(collected)
+    }
+
+    /// `start`'s hit when the parked op's reference could not pass to it: the parked op's
+    /// release, then `acquire_hit` (out of line).
+    #[allow(clippy::too_many_arguments)]
+    #[inline(never)]
+    fn release_then_hit(
+        &self,
+        fh: &mut Firehose,
+        parked: u64,
+        op: u64,
+        peer: Rank,
+        raddr: u64,
+        len: usize,
+        rights: Rights,
+    ) -> Option<Seg> {
+        self.release(fh, parked);
+        fh.acquire_hit(op, peer, raddr, len, rights)
+    }
+
     /// The firehose release of parked op `op`. Cannot fail: the op holds its reference until
     /// here (counted if it ever does, for `check_idle`).
     #[inline]
@@ -963,33 +997,43 @@ impl Rma {
             let (req, entry) = if parked != 0 && parked & !OWN == collected {
                 ops.renew_parked(collected)
             } else {
-                if parked != 0 {
-                    self.sh.end(fh, ops, parked);
-                    parked = 0;
-                }
-                ops.begin(collected)
+                let parked = std::mem::take(&mut parked);
+                self.sh.end_and_begin(fh, ops, parked, collected)
             };
             let op = req | OWN;
             // The entry as a hit holds it, written while the values are at hand (nothing reads
             // the table before the lock is given back; past the hit, `start_one` rewrites it).
-            *entry = Request {
-                chunks_left: 1,
-                reg,
-                error: None,
-                implicit,
-                done: false,
-                own: Some(Chunk {
-                    req,
-                    peer,
-                    kind,
-                    local: local as u64,
-                    lkey,
-                    raddr,
-                    segs_left: 1,
-                    holds_refs: true,
-                    error: None,
-                }),
-            };
+            // The parked op's holds it already but for what this op changes.
+            match &mut entry.own {
+                Some(c) if parked != 0 => {
+                    debug_assert!(entry.chunks_left == 1 && entry.error.is_none() && !entry.done);
+                    debug_assert!(c.segs_left == 1 && c.holds_refs && c.error.is_none());
+                    entry.reg = reg;
+                    entry.implicit = implicit;
+                    (c.req, c.peer, c.kind, c.local, c.lkey, c.raddr) =
+                        (req, peer, kind, local as u64, lkey, raddr);
+                }
+                _ => {
+                    *entry = Request {
+                        chunks_left: 1,
+                        reg,
+                        error: None,
+                        implicit,
+                        done: false,
+                        own: Some(Chunk {
+                            req,
+                            peer,
+                            kind,
+                            local: local as u64,
+                            lkey,
+                            raddr,
+                            segs_left: 1,
+                            holds_refs: true,
+                            error: None,
+                        }),
+                    }
+                }
+            }
             // The common hit (one firehose covers the op) without the general acquire's
             // result: its one segment, posted at once.
             // `passed`: the parked op's reference passed to this op, which `pass_front` does
@@ -1000,11 +1044,10 @@ impl Rma {
             } else {
                 match fh.pass_front(parked, op, peer, raddr, len, rights) {
                     Some(seg) => Some((seg, true)),
-                    None => {
-                        self.sh.release(fh, parked);
-                        fh.acquire_hit(op, peer, raddr, len, rights)
-                            .map(|s| (s, false))
-                    }
+                    None => self
+                        .sh
+                        .release_then_hit(fh, parked, op, peer, raddr, len, rights)
+                        .map(|s| (s, false)),
                 }
             };
             let Some((seg, passed)) = hit else {
@@ -1025,7 +1068,8 @@ impl Rma {
             };
             // Fast (its completion parks: module docs) when nothing waits for its release. A
             // fast get's registration goes from its entry to `fast_reg`.
-            let fast = !implicit && DoneBoard::covers(req) && (passed || !fh.front_awaited());
+            // (Passed on: its slot has a word, the parked op's had.)
+            let fast = !implicit && (passed || (DoneBoard::covers(req) && !fh.front_awaited()));
             if fast {
                 if let Some(h) = reg {
                     entry.reg = None;
