@@ -22,7 +22,7 @@
 //! new op when it can): every critical section (a start, a message, a revoke, an invalidation,
 //! `quiet`, a lost peer, the table checks of a wait) sees the table and the references as if
 //! the completion had taken the lock itself, and each parked op is ended exactly once (the
-//! word is swapped out). Deferring is only safe while nothing waits for that release (blocked
+//! holder that finds it clears the word). Deferring is only safe while nothing waits for that release (blocked
 //! ops, a quota cut, acks, a revoked firehose: `Firehose::front_awaited`): a start makes an op
 //! fast only when nothing does, and every critical section that may change it says it again
 //! in `Shared::eager` (`settle`); while it is set a fast completion takes the lock itself, as
@@ -211,7 +211,7 @@ impl Shared {
     }
 
     /// Ends the parked op, if any (under the engine lock, `e` its content). Once: the word is
-    /// swapped out (`take_parked`).
+    /// cleared (`take_parked`).
     #[inline]
     fn unpark(&self, e: &mut Engine) {
         let op = self.take_parked();
@@ -225,10 +225,14 @@ impl Shared {
     #[inline(always)]
     fn take_parked(&self) -> u64 {
         // Sequentially consistent: `settle`'s side of the exchange with `fast_done`.
-        if self.parked.load(SeqCst) == 0 {
-            return 0;
+        let op = self.parked.load(SeqCst);
+        if op != 0 {
+            // A plain store (no exchange): nothing else writes a non-zero word back to 0
+            // (holders of the lock only), and no completion writes it until a start has taken
+            // this op (the next fast op needs the front slot this one holds).
+            self.parked.store(0, Relaxed);
         }
-        self.parked.swap(0, SeqCst)
+        op
     }
 
     /// Ends parked op `op` (taken): its table entry as its completion would have ended it,
@@ -305,10 +309,12 @@ impl Shared {
         // Empty: a fast op holds the front slot, which only the end of the op parked before it
         // frees (each start takes the parked op first).
         debug_assert_eq!(self.parked.load(Relaxed), 0, "two fast ops parked");
-        let reg = match self.fast_reg.load(Relaxed) {
-            0 => 0,
-            _ => self.fast_reg.swap(0, AcqRel),
-        };
+        // Only this completion clears it (or a refused post, which has none), and no start sets
+        // it before this op is parked: a load and a store, no exchange.
+        let reg = self.fast_reg.load(std::sync::atomic::Ordering::Acquire);
+        if reg != 0 {
+            self.fast_reg.store(0, Relaxed);
+        }
         let code = done_board::encode(err.map_or(Ok(()), Err));
         self.parked_err.store(code, Relaxed);
         self.parked.store(op, SeqCst);
