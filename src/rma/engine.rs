@@ -22,11 +22,11 @@
 //! new op when it can): every critical section (a start, a message, a revoke, an invalidation,
 //! `quiet`, a lost peer, the table checks of a wait) sees the table and the references as if
 //! the completion had taken the lock itself, and each parked op is ended exactly once (the
-//! holder that finds it clears the word). Deferring is only safe while nothing waits for that release (blocked
-//! ops, a quota cut, acks, a revoked firehose: `Firehose::front_awaited`): a start makes an op
-//! fast only when nothing does, and every critical section that may change it says it again
-//! in `Shared::eager` (`settle`); while it is set a fast completion takes the lock itself, as
-//! before. (`settle` sets it, then ends a parked op; a completion parks, then reads it; both
+//! holder that finds it clears the word). Deferring is only safe while nothing waits for that
+//! release (blocked ops, a quota cut, acks, a revoked firehose: `Firehose::front_awaited`): a
+//! start makes an op fast only when nothing does, and every critical section that may change
+//! it says it again in `Shared::eager` (`settle`); while it is set a fast completion takes the
+//! lock itself, as before. (`settle` sets it, then ends a parked op; a completion parks, then reads it; both
 //! sequentially consistent, so one of the two sees the other.)
 //!
 //! Remote invalidation (`super::revoke`): the `fh-revoke` worker drives the algorithm through
