@@ -157,9 +157,9 @@ impl DoneBoard {
     }
 
     /// `set_done` for a result (`encode`'s `code`) two parties publish, whichever comes first (a
-    /// parked fast completion and the flush of it, `engine`): written unless the word already holds this
-    /// generation's result (collected or not) or a newer one's (generations compared with
-    /// wrap-around), so a result is still handed out once. Called with or without the table's
+    /// parked fast completion and the flush of it, `engine`): written unless the word already
+    /// holds this generation's result (collected or not) or a newer one's (generations compared
+    /// with wrap-around), so a result is still handed out once. Called with or without the table's
     /// lock; the word exists (`covers`, filled slot).
     #[inline]
     pub(super) fn publish(&self, key: Key, code: u64) {

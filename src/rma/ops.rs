@@ -55,6 +55,20 @@ pub(super) struct Request {
     pub own: Option<Chunk>,
 }
 
+impl Request {
+    /// A new entry before its start fills it in: one chunk to go, nothing held.
+    fn blank() -> Request {
+        Request {
+            chunks_left: 1,
+            reg: None,
+            error: None,
+            implicit: false,
+            done: false,
+            own: None,
+        }
+    }
+}
+
 #[derive(Debug, Default)]
 pub(super) struct Ops {
     // Slabs, not hash maps: a put or get of one chunk touches `reqs` at its start and at its
@@ -241,18 +255,9 @@ impl Ops {
     #[inline(always)]
     pub(super) fn begin(&mut self, collected: Key) -> (Key, &mut Request) {
         self.running += 1;
-        let (key, entry, fresh) = self.reqs.renew_or_insert(
-            collected,
-            |r| r.done,
-            || Request {
-                chunks_left: 1,
-                reg: None,
-                error: None,
-                implicit: false,
-                done: false,
-                own: None,
-            },
-        );
+        let (key, entry, fresh) = self
+            .reqs
+            .renew_or_insert(collected, |r| r.done, Request::blank);
         if fresh {
             self.board.ensure(key);
         }
@@ -266,18 +271,9 @@ impl Ops {
     /// firehose.
     #[inline(always)]
     pub(super) fn renew_parked(&mut self, op: Key) -> (Key, &mut Request) {
-        let (key, entry, fresh) = self.reqs.renew_or_insert(
-            op & !OWN,
-            |_| true,
-            || Request {
-                chunks_left: 1,
-                reg: None,
-                error: None,
-                implicit: false,
-                done: false,
-                own: None,
-            },
-        );
+        let (key, entry, fresh) = self
+            .reqs
+            .renew_or_insert(op & !OWN, |_| true, Request::blank);
         debug_assert!(!fresh, "a parked op keeps its entry");
         if fresh {
             self.running += 1;
