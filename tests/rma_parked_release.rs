@@ -137,11 +137,9 @@ fn every_lock_holder_sees_the_parked_release_ended_once() {
     assert!(a.stats().fh.hits >= hits + 200, "the puts hit");
 }
 
-/// The region rank 0's last (parked) put used is revoked while rank 0 starts nothing: its
-/// progress alone handles the revoke, whose critical section ends the parked op first, so the
-/// reference is gone and the ack leaves at once.
-#[test]
-fn a_revoke_after_a_parked_put_is_acked_at_once() {
+/// Rank 1 exposes 64 KiB, and rank 0 puts into it twice (its firehose then held, the front
+/// slot's put fast), rank 1 served meanwhile and left alone after: (rank 0, rank 1, the memory).
+fn warmed_puts() -> (Arc<Rma>, Arc<Rma>, Mem) {
     let rmas = job(ExposeMode::Declared);
     let (a, t) = (rmas[0].clone(), rmas[1].clone());
     let mem = Mem::new(64 << 10);
@@ -153,8 +151,17 @@ fn a_revoke_after_a_parked_put_is_acked_at_once() {
         a.wait(h).unwrap();
     }
     drop(serve);
+    (a, t, mem)
+}
+
+/// The region rank 0's last (parked) put used is revoked while rank 0 starts nothing: its
+/// progress alone handles the revoke, whose critical section ends the parked op first, so the
+/// reference is gone and the ack leaves at once.
+#[test]
+fn a_revoke_after_a_parked_put_is_acked_at_once() {
+    let (a, t, mem) = warmed_puts();
     let hits = a.stats().fh.hits;
-    src = [4u8; 8];
+    let mut src = [4u8; 8];
     let h = start(&a, RdmaKind::Write, mem.addr(), &mut src, false);
     a.wait(h).unwrap();
     assert_eq!(a.stats().fh.hits, hits + 1, "a hit");
@@ -181,18 +188,8 @@ fn a_revoke_after_a_parked_put_is_acked_at_once() {
 /// nothing and no other thread progresses it.
 #[test]
 fn a_revoke_crossing_a_fast_put_is_acked_by_its_completion() {
-    let rmas = job(ExposeMode::Declared);
-    let (a, t) = (rmas[0].clone(), rmas[1].clone());
-    let mem = Mem::new(64 << 10);
-    t.expose(mem.addr(), 64 << 10, Rights::BOTH).unwrap();
-    let serve = Servers::start([t.clone()]);
-    let mut src = [3u8; 8];
-    for _ in 0..2 {
-        let h = start(&a, RdmaKind::Write, mem.addr(), &mut src, false);
-        a.wait(h).unwrap();
-    }
-    drop(serve);
-    src = [6u8; 8];
+    let (a, t, mem) = warmed_puts();
+    let mut src = [6u8; 8];
     // Posted, not yet polled (the simulator runs it in rank 0's next poll).
     let h = start(&a, RdmaKind::Write, mem.addr(), &mut src, false);
     let revokes = t.stats().fh.revokes;
