@@ -631,6 +631,13 @@ typedef struct fh_rma_stats {
     uint64_t windows_bound;
     uint64_t windows_dropped;
     uint64_t windows_failed;
+    /**
+     * Gets of at most 256 bytes that read into one of the library's registered bounce slots
+     * (copied to the destination when they complete; no registration of the destination), and
+     * those that found all 64 slots in use (their destination was registered instead).
+     */
+    uint64_t gets_bounced;
+    uint64_t gets_bounce_full;
 } fh_rma_stats;
 
 #ifdef __cplusplus
@@ -971,7 +978,9 @@ enum fh_status fh_put(struct fh_ctx *ctx,
 
 /**
  * Copies `len` bytes from `remote_addr` in the process of `rank` into `dst` and returns when
- * they are there. Errors as `fh_put`; on error `dst` may hold part of the data.
+ * they are there. Errors as `fh_put`; on error `dst` may hold part of the data. A get of at
+ * most 256 bytes reads into one of the library's registered bounce slots and is copied into
+ * `dst` when it succeeded (`dst` needs no registration; on error it is left as it was).
  *
  * # Safety
  * `ctx` is NULL or live; `dst` is writable for `len` bytes during the call.

@@ -4,7 +4,8 @@
 //! - every holder sees the ended state: `check_idle` right after each wait finds no request
 //!   running and no reference held, whatever ran before (fast puts, puts behind them in the
 //!   table, gets, implicit puts, `test`), and no release failed (each ended exactly once), and
-//!   no registration is left in use (a fast get's is released by its completion);
+//!   no registration is left in use (a fast get's is released by its completion, a short
+//!   get's bounce slot given back);
 //! - a revoke of the region a parked put used is acked at once (the message's critical section
 //!   ends the parked op before it reads the references), and one that crosses a fast put in
 //!   flight is acked by that put's completion (which then does not park), both well within
@@ -112,7 +113,9 @@ fn every_lock_holder_sees_the_parked_release_ended_once() {
                 a.wait(h2).unwrap();
                 assert_eq!(mem.byte(off + 8), i as u8 ^ 0xff);
             }
-            // A get (fast too: its registration is released by its completion) after a put.
+            // Gets (fast too) after a put: a short one through a bounce slot (copied and the
+            // slot given back by its completion), and one of 512 bytes whose registration its
+            // completion releases.
             3 => {
                 let h = start(a, RdmaKind::Write, raddr, &mut src, false);
                 a.wait(h).unwrap();
@@ -120,6 +123,11 @@ fn every_lock_holder_sees_the_parked_release_ended_once() {
                 let h = start(a, RdmaKind::Read, raddr, &mut dst, false);
                 a.wait(h).unwrap();
                 assert_eq!(dst, src);
+                let mut long = [0u8; 512];
+                let h = start(a, RdmaKind::Read, raddr, &mut long, false);
+                a.wait(h).unwrap();
+                assert_eq!(long[..8], src);
+                assert!((0..512).all(|k| long[k] == mem.byte(off + k)), "op {i}");
             }
             // Implicit (never fast), collected by quiet.
             _ => {

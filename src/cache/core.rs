@@ -196,6 +196,12 @@ impl Cache {
         })
     }
 
+    /// The backend this cache pins with: for a library buffer that lives as long as its user
+    /// and must not count among the cache's registrations (`rma::bounce`).
+    pub(crate) fn pinner(&self) -> &Arc<dyn Pinner> {
+        &self.pinner
+    }
+
     pub fn limits(&self) -> Limits {
         Limits {
             max_pinned: self.max_pinned.load(Ordering::Relaxed),

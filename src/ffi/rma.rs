@@ -89,6 +89,11 @@ pub struct fh_rma_stats {
     pub windows_bound: u64,
     pub windows_dropped: u64,
     pub windows_failed: u64,
+    /// Gets of at most 256 bytes that read into one of the library's registered bounce slots
+    /// (copied to the destination when they complete; no registration of the destination), and
+    /// those that found all 64 slots in use (their destination was registered instead).
+    pub gets_bounced: u64,
+    pub gets_bounce_full: u64,
 }
 
 impl From<&crate::rma::RmaStats> for fh_rma_stats {
@@ -129,6 +134,8 @@ impl From<&crate::rma::RmaStats> for fh_rma_stats {
             windows_bound: s.windows.bound,
             windows_dropped: s.windows.dropped,
             windows_failed: s.windows.failed,
+            gets_bounced: s.gets_bounced,
+            gets_bounce_full: s.gets_bounce_full,
         }
     }
 }
@@ -201,7 +208,9 @@ pub unsafe extern "C" fn fh_put(
 }
 
 /// Copies `len` bytes from `remote_addr` in the process of `rank` into `dst` and returns when
-/// they are there. Errors as `fh_put`; on error `dst` may hold part of the data.
+/// they are there. Errors as `fh_put`; on error `dst` may hold part of the data. A get of at
+/// most 256 bytes reads into one of the library's registered bounce slots and is copied into
+/// `dst` when it succeeded (`dst` needs no registration; on error it is left as it was).
 ///
 /// # Safety
 /// `ctx` is NULL or live; `dst` is writable for `len` bytes during the call.

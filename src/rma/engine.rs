@@ -43,6 +43,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
 use super::agree::{self, Agreed};
+use super::bounce::{self, Bounce};
 use super::done_board::{self, DoneBoard, Slot};
 use super::expose::{ExposeMode, Exposed, Exposure};
 use super::ops::{Chunk, Finished, Ops, Request, FAST, OWN};
@@ -89,6 +90,10 @@ pub struct RmaStats {
     pub revoke: RevokeStats,
     /// Memory windows (`FH_MW`; all zero when off).
     pub windows: WindowStats,
+    /// Short gets that read into a bounce slot (no local registration), and short gets that
+    /// found every slot taken (their buffer was registered instead).
+    pub gets_bounced: u64,
+    pub gets_bounce_full: u64,
 }
 
 struct Engine {
@@ -198,6 +203,9 @@ struct Shared {
     /// critical section that could change it found it: `settle`): a fast completion then ends
     /// its op under the lock at once.
     eager: AtomicBool,
+    /// Bounce slots for short gets (`bounce`; `None` in a job of one or if the pool could not
+    /// be registered). The table's copy (`Ops::bounce`) is the same pool.
+    bounce: Option<Arc<Bounce>>,
 }
 
 impl Shared {
@@ -314,6 +322,7 @@ impl Shared {
         let reg = self.fast_reg.load(std::sync::atomic::Ordering::Acquire);
         if reg != 0 {
             self.fast_reg.store(0, Relaxed);
+            self.fast_get_copy(reg, err.is_none());
         }
         let code = done_board::encode(err.map_or(Ok(()), Err));
         self.parked_err.store(code, Relaxed);
@@ -325,6 +334,18 @@ impl Shared {
         }
         if let Some(h) = NonZeroU64::new(reg) {
             self.dereg(h);
+        }
+    }
+
+    /// A fast get ended (`ok`: it succeeded) holding registration `reg`: a bounced get's
+    /// bytes reach the caller here, before anyone can see the result (the parked op's end
+    /// publishes it too). Out of line and cold: the fast put's completion stays as small as it
+    /// was (inline, or merely out of line, it added ~10 instructions to every put).
+    #[cold]
+    #[inline(never)]
+    fn fast_get_copy(&self, reg: u64, ok: bool) {
+        if let (Some(h), Some(b)) = (NonZeroU64::new(reg), &self.bounce) {
+            b.finish(h, ok);
         }
     }
 
@@ -370,11 +391,15 @@ impl Shared {
         }
     }
 
+    /// Releases a request's registration: a bounce slot back to its pool, else the cache's.
     fn dereg(&self, h: NonZeroU64) {
-        if let Some(c) = &self.local {
-            if c.deregister(h.get()).is_err() {
-                self.bad_releases.fetch_add(1, Relaxed);
-            }
+        let ok = match (&self.bounce, &self.local) {
+            (Some(b), _) if Bounce::owns(h) => b.put_back(h),
+            (_, Some(c)) => c.deregister(h.get()).is_ok(),
+            (_, None) => true,
+        };
+        if !ok {
+            self.bad_releases.fetch_add(1, Relaxed);
         }
     }
 }
@@ -621,7 +646,16 @@ impl Rma {
         } else {
             usize::MAX
         };
-        let ops = Ops::default();
+        // Short gets' bounce slots: the library's own memory, never a peer's target.
+        let bounce = match &local {
+            Some(c) if size > 1 => Bounce::new(c.pinner().clone()).map(Arc::new),
+            _ => None,
+        };
+        if let Some(b) = &bounce {
+            let (a, l) = b.range();
+            exposure.add_library(a, l);
+        }
+        let ops = Ops::with_bounce(bounce.clone());
         let done = ops.board.clone();
         let small_put_max = fh.config().small_put_max;
         let sh = Arc::new(Shared {
@@ -632,6 +666,7 @@ impl Rma {
             parked: AtomicU64::new(0),
             parked_err: AtomicU64::new(0),
             fast_reg: AtomicU64::new(0),
+            bounce,
             eager: AtomicBool::new(false),
         });
         let rma = Arc::new(Rma {
@@ -972,8 +1007,14 @@ impl Rma {
         // by the device (no LOCAL_WRITE: a read-only buffer registers), a get's destination
         // is written. (`inline_max` is 0 without a cache: a job of one, where every op is a
         // local copy; with more ranks `build` insists on one.)
+        // A short get reads into a bounce slot (`bounce`): nothing to register either; the
+        // completion copies the bytes over. `local` is then the slot for everything below.
+        let mut local = local;
         let (reg, lkey) = if kind == RdmaKind::Write && len <= self.inline_max {
             (None, 0)
+        } else if let Some((h, slot, lkey)) = self.bounce_slot(kind, local, len) {
+            local = slot as *mut u8;
+            (Some(h), lkey)
         } else {
             let cache = self.sh.local.as_ref().ok_or(RmaError::NoDevice)?;
             let access = match kind {
@@ -1105,6 +1146,21 @@ impl Rma {
         }
         // SAFETY: forwarded contract on `local`.
         unsafe { self.start_chunks(kind, peer, raddr, local, len, implicit, (reg, lkey)) }
+    }
+
+    /// A bounce slot for a get of at most `bounce::SLOT` bytes into `local` (`None`: a put, a
+    /// longer get, no pool, or every slot taken: the buffer is registered instead).
+    #[inline(always)]
+    fn bounce_slot(
+        &self,
+        kind: RdmaKind,
+        local: *mut u8,
+        len: usize,
+    ) -> Option<(NonZeroU64, u64, u32)> {
+        if kind != RdmaKind::Read || len > bounce::SLOT {
+            return None;
+        }
+        self.sh.bounce.as_ref()?.take(local, len)
     }
 
     /// `start` of one chunk past the common hit (out of line): the general acquire (a miss, a
@@ -1503,10 +1559,11 @@ impl Rma {
         let (chunks, running) = (g.ops.chunks().count(), g.ops.running());
         let (fh_ops, refs) = (g.fh.ops_in_flight(), g.fh.refs_held());
         let bad = self.sh.bad_releases.load(Relaxed);
-        if chunks + running + fh_ops > 0 || refs > 0 || bad > 0 {
+        let bounced = self.sh.bounce.as_ref().map_or(0, |b| b.in_use());
+        if chunks + running + fh_ops > 0 || refs > 0 || bad > 0 || bounced > 0 {
             return Err(format!(
                 "chunks {chunks}, running requests {running}, Firehose ops {fh_ops}, \
-                 firehose refs {refs}, failed releases {bad}"
+                 firehose refs {refs}, failed releases {bad}, bounce slots taken {bounced}"
             ));
         }
         g.fh.check_invariants()
@@ -1514,7 +1571,11 @@ impl Rma {
 
     pub fn stats(&self) -> RmaStats {
         let fh = self.sh.lock().fh.stats();
+        let (gets_bounced, gets_bounce_full) =
+            self.sh.bounce.as_ref().map_or((0, 0), |b| b.counts());
         RmaStats {
+            gets_bounced,
+            gets_bounce_full,
             fh,
             puts: self.counters.puts.load(Relaxed),
             gets: self.counters.gets.load(Relaxed),

@@ -11,6 +11,9 @@
 //!
 //! `agree`: the settings every rank must share, compared at `fh_init`.
 //!
+//! `bounce`: registered slots that short gets read into (copied to the caller's buffer when
+//! they end), so a short get, like a short inline put, needs no local registration.
+//!
 //! `expose`: what peers may pin, read and write here (`FH_EXPOSE`, `fh_expose`), checked
 //! before every pin and every put written by the target itself.
 //!
@@ -24,6 +27,7 @@
 //! so the whole driver runs natively with ranks as threads and no device.
 
 pub mod agree;
+mod bounce;
 mod done_board;
 pub(crate) mod engine;
 mod error;

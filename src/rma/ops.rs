@@ -7,6 +7,7 @@
 //! entry (`Request::own`): one table entry per op, whose Firehose op id is the request's key
 //! with `OWN` set. Longer requests keep theirs in `chunks`, keyed by their op ids.
 
+use super::bounce::Bounce;
 use super::done_board::DoneBoard;
 use super::slab::{Key, Slab};
 use crate::net::{Rank, RdmaKind};
@@ -83,6 +84,9 @@ pub(super) struct Ops {
     /// Which explicit requests are done, readable without this table's lock (waiters spin on
     /// it); written here, when a request ends.
     pub board: Arc<DoneBoard>,
+    /// The bounce slots of short gets: a request that holds one has its bytes copied to the
+    /// caller's buffer where it ends, before its result is published.
+    pub bounce: Option<Arc<Bounce>>,
 }
 
 /// What finishing a chunk left to do outside the table's lock.
@@ -94,6 +98,14 @@ pub(super) struct Finished {
 }
 
 impl Ops {
+    /// An empty table whose short gets use `bounce`'s slots.
+    pub(super) fn with_bounce(bounce: Option<Arc<Bounce>>) -> Ops {
+        Ops {
+            bounce,
+            ..Ops::default()
+        }
+    }
+
     /// The running chunk of op id `op`.
     #[inline]
     pub(super) fn chunk_mut(&mut self, op: Key) -> Option<&mut Chunk> {
@@ -145,6 +157,9 @@ impl Ops {
         req.chunks_left = 0;
         req.done = true;
         self.running -= 1;
+        if let (Some(b), Some(h)) = (&self.bounce, req.reg) {
+            b.finish(h, req.error.is_none());
+        }
         let dereg = req.reg.take();
         if req.implicit {
             let r = self.reqs.remove(key).expect("present");
@@ -201,6 +216,9 @@ impl Ops {
         if req.chunks_left == 0 {
             req.done = true;
             self.running -= 1;
+            if let (Some(b), Some(h)) = (&self.bounce, req.reg) {
+                b.finish(h, req.error.is_none());
+            }
             dereg = req.reg.take();
             if !req.implicit {
                 self.board.set_done(c.req, req.error.map_or(Ok(()), Err));

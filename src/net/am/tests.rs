@@ -268,9 +268,10 @@ fn sleeps_for_messages_only(spin: Duration) {
     let b = Am::new(link.clone(), s).unwrap();
     b.register_request(1, |_, p, r| r.reply(p).unwrap());
     let counts = || (link.waits.load(Relaxed), link.message_waits.load(Relaxed));
-    // The thread sleeps a tick (10 ms) at most before it looks again: 30 ms covers a sleep that
-    // began before the change.
-    let settle = || std::thread::sleep(Duration::from_millis(30));
+    // The thread sleeps a tick (10 ms) at most before it looks again: 100 ms covers a sleep that
+    // began before the change, with room for a loaded host (30 ms failed once beside a
+    // parallel test run on two cores).
+    let settle = || std::thread::sleep(Duration::from_millis(100));
     {
         let _polling = b.polling();
         settle();
