@@ -7,7 +7,9 @@
 //!   segments, completed through the table rather than the fast path); every slot is given
 //!   back (`check_idle`) and no registration is left (the cache's `in_use`);
 //! - a short get that fails (its post refused by the device) changes nothing in the
-//!   destination, reports the failure, gives its slot back, and the next get works.
+//!   destination, reports the failure, gives its slot back, and the next get works;
+//! - a short get into memory that is not writable faults in the calling thread, at the call
+//!   (as `memcpy` would), not later in the thread that completes it.
 
 use firehose::cache::Cache;
 use firehose::net::sim::{PostFault, SimNet};
@@ -194,4 +196,40 @@ fn a_failed_short_get_leaves_the_destination_alone() {
     }
     assert!(a.stats().gets_bounced >= bounced + 6, "every one bounced");
     assert_eq!(j.caches[0].stats().in_use, 0);
+}
+
+#[test]
+fn a_short_get_into_read_only_memory_faults_in_the_callers_thread() {
+    let j = Job::new(9);
+    // SAFETY: a fresh anonymous page, read-only.
+    let page = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            4096,
+            libc::PROT_READ,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(page, libc::MAP_FAILED);
+    // SAFETY: the child only starts the get (which must fault at once) and exits; nothing it
+    // does needs another thread of the parent.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        // SAFETY: the read-only page, 64 bytes of it: the call touches it and must fault here.
+        let dst = unsafe { std::slice::from_raw_parts_mut(page.cast::<u8>(), 64) };
+        let r = start_get(&j, 0, dst);
+        // Reached only if the destination was not touched.
+        unsafe { libc::_exit(if r.is_ok() { 3 } else { 4 }) };
+    }
+    let mut status = 0;
+    // SAFETY: our child.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert!(
+        libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGSEGV,
+        "the child faulted in the call (status {status:#x}; exit 3: the get was started)"
+    );
+    // SAFETY: the page mapped above.
+    unsafe { libc::munmap(page, 4096) };
 }

@@ -210,7 +210,8 @@ pub unsafe extern "C" fn fh_put(
 /// Copies `len` bytes from `remote_addr` in the process of `rank` into `dst` and returns when
 /// they are there. Errors as `fh_put`; on error `dst` may hold part of the data. A get of at
 /// most 256 bytes reads into one of the library's registered bounce slots and is copied into
-/// `dst` when it succeeded (`dst` needs no registration; on error it is left as it was).
+/// `dst` when it succeeded (`dst` needs no registration; on error it is left as it was;
+/// `dst` must be writable, as for `memcpy`: it is touched at the call).
 ///
 /// # Safety
 /// `ctx` is NULL or live; `dst` is writable for `len` bytes during the call.

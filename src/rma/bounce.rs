@@ -98,11 +98,26 @@ impl Bounce {
         (self.base as u64, SLOTS * SLOT)
     }
 
-    /// A slot for a get of `len <= SLOT` bytes into `dest`: its handle, the address the READ
-    /// lands at and its key; `None` when every slot is taken.
+    /// A slot for a get of `len` (1 to `SLOT`) bytes into `dest`: its handle, the address the
+    /// READ lands at and its key; `None` when every slot is taken.
+    ///
+    /// `dest` is touched here, in the caller's thread: a destination that is not writable
+    /// faults now, as `memcpy` into it would, and not later in whichever thread completes the
+    /// get (a registration would have refused it; with no registration this is the check).
+    ///
+    /// # Safety
+    /// `dest` is the get's destination: `len` bytes the caller gave to this get (fh_get's
+    /// contract), nobody else's to write until it ends.
     #[inline]
-    pub(super) fn take(&self, dest: *mut u8, len: usize) -> Option<(NonZeroU64, u64, u32)> {
-        debug_assert!(len <= SLOT);
+    pub(super) unsafe fn take(&self, dest: *mut u8, len: usize) -> Option<(NonZeroU64, u64, u32)> {
+        debug_assert!((1..=SLOT).contains(&len));
+        // SAFETY: the first and last byte of the destination (at most two pages: `len <=
+        // SLOT`), each written back with its own value; the get owns them (contract).
+        unsafe {
+            for p in [dest, dest.add(len - 1)] {
+                std::ptr::write_volatile(p, std::ptr::read_volatile(p));
+            }
+        }
         let mut m = self.taken.load(Ordering::Relaxed);
         loop {
             let free = !m;

@@ -1012,7 +1012,7 @@ impl Rma {
         let mut local = local;
         let (reg, lkey) = if kind == RdmaKind::Write && len <= self.inline_max {
             (None, 0)
-        } else if let Some((h, slot, lkey)) = self.bounce_slot(kind, local, len) {
+        } else if let Some((h, slot, lkey)) = unsafe { self.bounce_slot(kind, local, len) } {
             local = slot as *mut u8;
             (Some(h), lkey)
         } else {
@@ -1150,8 +1150,11 @@ impl Rma {
 
     /// A bounce slot for a get of at most `bounce::SLOT` bytes into `local` (`None`: a put, a
     /// longer get, no pool, or every slot taken: the buffer is registered instead).
+    ///
+    /// # Safety
+    /// As `start` (`local` is the get's destination, `len > 0`).
     #[inline(always)]
-    fn bounce_slot(
+    unsafe fn bounce_slot(
         &self,
         kind: RdmaKind,
         local: *mut u8,
@@ -1160,7 +1163,8 @@ impl Rma {
         if kind != RdmaKind::Read || len > bounce::SLOT {
             return None;
         }
-        self.sh.bounce.as_ref()?.take(local, len)
+        // SAFETY: `local` is this get's destination of `len` (> 0) bytes (`start`'s contract).
+        unsafe { self.sh.bounce.as_ref()?.take(local, len) }
     }
 
     /// `start` of one chunk past the common hit (out of line): the general acquire (a miss, a
