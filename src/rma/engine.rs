@@ -311,7 +311,9 @@ impl Shared {
 
     /// The completion of fast op `op` (`FAST` was in its token): parks it and publishes its
     /// result on the board, without the engine lock (module docs); if something waits for its
-    /// release (`eager`), ends it under the lock at once.
+    /// release (`eager`), ends it under the lock at once. A get's completion, which also has
+    /// its registration to release (and a bounced get's bytes to copy first), goes out of line
+    /// (`fast_get_done`): nothing of it is live across a call in a put's.
     #[inline(always)]
     fn fast_done(&self, op: u64, err: Option<RmaError>, drain: impl FnOnce(LockGuard<'_, Engine>)) {
         // Empty: a fast op holds the front slot, which only the end of the op parked before it
@@ -320,10 +322,34 @@ impl Shared {
         // Only this completion clears it (or a refused post, which has none), and no start sets
         // it before this op is parked: a load and a store, no exchange.
         let reg = self.fast_reg.load(std::sync::atomic::Ordering::Acquire);
-        if reg != 0 {
-            self.fast_reg.store(0, Relaxed);
-            self.fast_get_copy(reg, err.is_none());
+        match NonZeroU64::new(reg) {
+            None => self.park(op, err, drain),
+            Some(h) => self.fast_get_done(op, err, h, drain),
         }
+    }
+
+    /// `fast_done` of a get holding registration `h` (out of line: see there).
+    #[inline(never)]
+    fn fast_get_done(
+        &self,
+        op: u64,
+        err: Option<RmaError>,
+        h: NonZeroU64,
+        drain: impl FnOnce(LockGuard<'_, Engine>),
+    ) {
+        self.fast_reg.store(0, Relaxed);
+        // A bounced get's bytes reach the caller before anyone can see the result (the parked
+        // op's end publishes it too).
+        if let Some(b) = &self.bounce {
+            b.finish(h, err.is_none());
+        }
+        self.park(op, err, drain);
+        self.dereg(h);
+    }
+
+    /// Parks fast op `op` with its result and publishes it (`fast_done`).
+    #[inline(always)]
+    fn park(&self, op: u64, err: Option<RmaError>, drain: impl FnOnce(LockGuard<'_, Engine>)) {
         let code = done_board::encode(err.map_or(Ok(()), Err));
         self.parked_err.store(code, Relaxed);
         self.parked.store(op, SeqCst);
@@ -331,21 +357,6 @@ impl Shared {
         self.board.publish(op & !OWN, code);
         if self.eager.load(SeqCst) {
             self.end_parked(drain);
-        }
-        if let Some(h) = NonZeroU64::new(reg) {
-            self.dereg(h);
-        }
-    }
-
-    /// A fast get ended (`ok`: it succeeded) holding registration `reg`: a bounced get's
-    /// bytes reach the caller here, before anyone can see the result (the parked op's end
-    /// publishes it too). Out of line and cold: the fast put's completion stays as small as it
-    /// was (inline, or merely out of line, it added ~10 instructions to every put).
-    #[cold]
-    #[inline(never)]
-    fn fast_get_copy(&self, reg: u64, ok: bool) {
-        if let (Some(h), Some(b)) = (NonZeroU64::new(reg), &self.bounce) {
-            b.finish(h, ok);
         }
     }
 
