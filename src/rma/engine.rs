@@ -1023,6 +1023,7 @@ impl Rma {
         let mut local = local;
         let (reg, lkey) = if kind == RdmaKind::Write && len <= self.inline_max {
             (None, 0)
+        // SAFETY: `local` is the caller's buffer of `len` (> 0) bytes (this function's contract).
         } else if let Some((h, slot, lkey)) = unsafe { self.bounce_slot(kind, local, len) } {
             local = slot as *mut u8;
             (Some(h), lkey)
