@@ -154,20 +154,10 @@ impl Ops {
             req.error = cerr;
         }
         debug_assert_eq!(req.chunks_left, 1);
-        req.chunks_left = 0;
-        req.done = true;
-        self.running -= 1;
-        if let (Some(b), Some(h)) = (&self.bounce, req.reg) {
-            b.finish(h, req.error.is_none());
-        }
-        let dereg = req.reg.take();
-        if req.implicit {
-            let r = self.reqs.remove(key).expect("present");
-            if self.implicit_error.is_none() {
-                self.implicit_error = r.error;
-            }
-        } else {
-            self.board.set_done(key, req.error.map_or(Ok(()), Err));
+        let implicit = req.implicit;
+        let dereg = end_request(req, key, &mut self.running, &self.bounce, &self.board);
+        if implicit {
+            self.drop_implicit(key);
         }
         Some(Finished { release, dereg })
     }
@@ -214,20 +204,10 @@ impl Ops {
         req.chunks_left -= 1;
         let mut dereg = None;
         if req.chunks_left == 0 {
-            req.done = true;
-            self.running -= 1;
-            if let (Some(b), Some(h)) = (&self.bounce, req.reg) {
-                b.finish(h, req.error.is_none());
-            }
-            dereg = req.reg.take();
-            if !req.implicit {
-                self.board.set_done(c.req, req.error.map_or(Ok(()), Err));
-            }
-            if req.implicit {
-                let r = self.reqs.remove(c.req).expect("present");
-                if self.implicit_error.is_none() {
-                    self.implicit_error = r.error;
-                }
+            let implicit = req.implicit;
+            dereg = end_request(req, c.req, &mut self.running, &self.bounce, &self.board);
+            if implicit {
+                self.drop_implicit(c.req);
             }
         }
         Some(Finished {
@@ -320,4 +300,39 @@ impl Ops {
     pub(super) fn running(&self) -> usize {
         self.running
     }
+
+    /// Removes ended implicit request `key`; its error stays for the next `fh_quiet`.
+    #[inline]
+    fn drop_implicit(&mut self, key: Key) {
+        let r = self.reqs.remove(key).expect("present");
+        if self.implicit_error.is_none() {
+            self.implicit_error = r.error;
+        }
+    }
+}
+
+/// The end of request `key` (entry `req`, its error final), which both of `Ops`' chunk ends
+/// reach when they end its last chunk: it is done; a bounced get's bytes go to the caller's
+/// buffer, only if it succeeded, before anyone can see the result; an explicit request's
+/// result is published on `board`. Returns the registration to release. An implicit
+/// request's entry is the caller's to drop (`Ops::drop_implicit`): `req` borrows the table.
+/// (A parked fast op ends in `Ops::finish_parked`: no registration, no slot, explicit.)
+#[inline(always)]
+fn end_request(
+    req: &mut Request,
+    key: Key,
+    running: &mut usize,
+    bounce: &Option<Arc<Bounce>>,
+    board: &DoneBoard,
+) -> Option<NonZeroU64> {
+    req.chunks_left = 0;
+    req.done = true;
+    *running -= 1;
+    if let (Some(b), Some(h)) = (bounce, req.reg) {
+        b.finish(h, req.error.is_none());
+    }
+    if !req.implicit {
+        board.set_done(key, req.error.map_or(Ok(()), Err));
+    }
+    req.reg.take()
 }

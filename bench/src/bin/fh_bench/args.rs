@@ -60,8 +60,11 @@ pub struct Args {
     pub app_chunk: usize,
     /// Timed batches per latency point (typical = median of the batch means).
     pub batches: usize,
-    /// Only these transports (names as in the tables); empty: all four.
+    /// Only these transports (names as in the tables); empty: all four (`rma`: floor and
+    /// firehose).
     pub series: Vec<String>,
+    /// `rma`: only these of its four points (`RMA_POINTS`); empty: all (a profile of one).
+    pub rma_points: Vec<String>,
     pub json: bool,
     /// Also write the JSON document to this file (the tables still go to stdout).
     pub json_out: Option<std::path::PathBuf>,
@@ -74,6 +77,7 @@ usage: mpirun -np 2 fh_bench [--test lat,bw,peak] [--sweep 128k,256k,...] [--ite
                              [--series floor,firehose,...] [--quick] [--json] [--json-out FILE]
        mpirun -np 4 fh_bench --test app [--app-keys 262144] [--app-reps 3] [--app-chunk 64k]
        mpirun -np 2 fh_bench --test rma [--iters 2000] [--warmup 500] [--bw-msgs 256] [--window 16]
+                                        [--series floor,firehose] [--rma-points put-lat,...,get-bw]
   Firehose puts (rma::Rma) side by side with Rendezvous no-unpin, Rendezvous with-unpin and the
   registered-once floor, all on the same net::Peers endpoint (rank 0 -> rank 1; Bell & Bonachea
   2003, Figs. 3-5 and Table 3). FH_M and FH_MAXVICTIM set the sweep (default: 0.25x..4x of M).
@@ -86,9 +90,14 @@ usage: mpirun -np 2 fh_bench [--test lat,bw,peak] [--sweep 128k,256k,...] [--ite
         256 KiB of rank 1's buffer: 8-byte blocking put and get latency (hits: the bytes warmed
         first), --bw-size put and get bandwidth with --window in flight. Nothing is tuned: run it
         with the library's defaults (no FH_M, FH_PROGRESS_THREAD or FH_AM_SPIN_US set).
+        --rma-points (put-lat, put-bw, get-lat, get-bw) and --series keep a part of it, for a
+        profile of one point and one way.
   --json: one JSON document (rank 0 prints); --json-out FILE: the tables on stdout and the
   document in FILE.
 ";
+
+/// The points of `rma`, in the order they run.
+pub const RMA_POINTS: [&str; 4] = ["put-lat", "put-bw", "get-lat", "get-bw"];
 
 fn tests(list: &str) -> Result<Vec<Test>, lexopt::Error> {
     list.split(',')
@@ -142,6 +151,7 @@ fn from_parser(mut p: lexopt::Parser) -> Result<Option<Args>, lexopt::Error> {
         app_chunk: 64 << 10,
         batches: 5,
         series: Vec::new(),
+        rma_points: Vec::new(),
         json: false,
         json_out: None,
     };
@@ -184,6 +194,16 @@ fn from_parser(mut p: lexopt::Parser) -> Result<Option<Args>, lexopt::Error> {
                     a.series.push(x.to_string());
                 }
             }
+            Long("rma-points") => {
+                for x in p.value()?.string()?.split(',') {
+                    if !RMA_POINTS.contains(&x) {
+                        return Err(
+                            format!("--rma-points: {x:?} is not one of {RMA_POINTS:?}").into()
+                        );
+                    }
+                    a.rma_points.push(x.to_string());
+                }
+            }
             Long("json") => a.json = true,
             Long("json-out") => a.json_out = Some(p.value()?.into()),
             Short('h') | Long("help") => return Ok(None),
@@ -224,6 +244,9 @@ mod tests {
         assert_eq!(a.sweep, vec![65536, 1 << 20]);
         assert!(a.json);
         assert!(parse(["--test", "fig9"]).is_err());
+        let a = parse(["--test", "rma", "--rma-points", "get-lat,put-bw"]).unwrap();
+        assert_eq!(a.rma_points, ["get-lat", "put-bw"]);
+        assert!(parse(["--rma-points", "get"]).is_err());
         assert!(parse(["--sweep", "0"]).is_err());
         assert!(parse(["--window", "0"]).is_err());
         assert!(parse(["--bw-size", "12"]).is_err());

@@ -10,7 +10,7 @@
 //! latency, `--bw-size` get bandwidth. At each point both ways warm up (one op at every 4 KiB
 //! of the 256 KiB, so every Firehose region is held and every timed op is a hit, then
 //! `--warmup` random ops), then their timed `--batches` batches run interleaved, as the sweeps'
-//! (sweep.rs).
+//! (sweep.rs). `--rma-points` and `--series` keep some of them (a profile of one point).
 //!
 //! - `firehose`: `rma::Rma::start` + `wait` (fh_put / fh_get's engine): the local side through
 //!   the pin-down cache (a short put inline), the remote side through Firehose.
@@ -26,7 +26,7 @@ use std::time::Instant;
 use firehose::internals::net::RdmaKind;
 use firehose_proto::FirehoseStats;
 
-use crate::args::{Args, Test};
+use crate::args::{Args, Test, RMA_POINTS};
 use crate::clock::{ns_per_tick, Clock, Kind};
 use crate::report::{Report, Row};
 use crate::served::{self, Exposed, STOP};
@@ -100,10 +100,17 @@ pub fn run(ctx: &Ctx, a: &Args, rep: &mut Report) {
     }
     let mut remote = vec![Vec::<Exposed>::new(); ctx.peers.size() as usize];
     remote[1] = vec![target];
-    let mut ways = [
-        Way::Floor(Floor::new(ctx, a.window, remote)),
-        Way::Firehose(Firehose::new(ctx, a.window)),
-    ];
+    let wanted = |name: &str| a.series.is_empty() || a.series.iter().any(|s| s == name);
+    let mut ways = Vec::new();
+    if wanted("floor") {
+        ways.push(Way::Floor(Floor::new(ctx, a.window, remote)));
+    }
+    if wanted("firehose") {
+        ways.push(Way::Firehose(Firehose::new(ctx, a.window)));
+    }
+    if ways.is_empty() {
+        fail("rma: --series names neither floor nor firehose");
+    }
     let mut rng = Rng::with_seed(0x5EED_0000 + Test::Rma as u64);
     let points = [
         (RdmaKind::Write, true),
@@ -118,6 +125,9 @@ pub fn run(ctx: &Ctx, a: &Args, rep: &mut Report) {
         n: if latency { a.iters } else { a.bw_msgs },
     });
     for (i, p) in points.iter().enumerate() {
+        if !(a.rma_points.is_empty() || a.rma_points.iter().any(|x| x == RMA_POINTS[i])) {
+            continue;
+        }
         for row in measure(ctx, a, &mut ways, target.addr, ws, p, &mut rng, i) {
             rep.add(Test::Rma, row);
         }
@@ -144,7 +154,7 @@ fn slot(ws: usize, size: usize, rng: &mut Rng) -> u64 {
 fn measure(
     ctx: &Ctx,
     a: &Args,
-    ways: &mut [Way; 2],
+    ways: &mut [Way],
     base: u64,
     ws: usize,
     p: &Point,
@@ -172,12 +182,12 @@ fn measure(
         (p.n / (2 * a.window)).clamp(a.batches, 8).min(p.n).max(1)
     };
     let per = (p.n / batches).max(1);
-    let mut samples: [Vec<f64>; 2] = Default::default();
-    let mut issue: [Vec<f64>; 2] = Default::default();
+    let mut samples: Vec<Vec<f64>> = vec![Vec::new(); ways.len()];
+    let mut issue: Vec<Vec<f64>> = vec![Vec::new(); ways.len()];
     let mut fh = FirehoseStats::default();
     for b in 0..batches {
-        for j in 0..2 {
-            let i = (point + b + j) % 2;
+        for j in 0..ways.len() {
+            let i = (point + b + j) % ways.len();
             let w = &mut ways[i];
             let before = ctx.rma.stats().fh;
             if p.latency {
@@ -218,10 +228,8 @@ fn measure(
         }
     }
     let remote = served::stats(ctx.peers.am(), 1);
-    let [s0, s1] = samples;
-    let [i0, i1] = issue;
     ways.iter()
-        .zip([(s0, i0), (s1, i1)])
+        .zip(samples.into_iter().zip(issue))
         .map(|(w, (s, iss))| {
             let f = w.is_firehose();
             Row::new(
