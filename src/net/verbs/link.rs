@@ -24,6 +24,7 @@
 //! `RdmaDone` and `Recv` events come from two CQs and are not ordered against each other.
 
 use std::collections::VecDeque;
+use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::time::{Duration, Instant};
@@ -367,19 +368,25 @@ impl VerbsLink {
             return 0;
         }
         // Up to a batch taken under one lock (not a lock for the length and one per entry);
-        // the rest stays counted in `rdma_queued` for the next poll.
-        let mut batch: [Option<RdmaDone>; POLL_BATCH] = Default::default();
+        // the rest stays counted in `rdma_queued` for the next poll. Uninitialised slots: the
+        // usual batch is one entry, and an array of `Option`s cost ~300 instructions per call
+        // to fill, move into its iterator and drop (callgrind, in the VM).
+        let mut batch: [MaybeUninit<RdmaDone>; POLL_BATCH] =
+            [const { MaybeUninit::uninit() }; POLL_BATCH];
+        let mut k = 0;
         {
             let mut q = lock(&self.rdma_done);
-            for slot in batch.iter_mut() {
-                *slot = q.pop_front();
-                if slot.is_none() {
-                    break;
-                }
+            while k < POLL_BATCH {
+                let Some(d) = q.pop_front() else { break };
+                batch[k].write(d);
+                k += 1;
             }
         }
         let mut n = 0;
-        for (peer, token, result) in batch.into_iter().flatten() {
+        for slot in &batch[..k] {
+            // SAFETY: the first `k` slots were written above; each is read once, here. (If a
+            // callback panics, the entries after it are leaked, not dropped twice.)
+            let (peer, token, result) = unsafe { slot.assume_init_read() };
             self.rdma_queued.fetch_sub(1, Ordering::AcqRel);
             on_event(LinkEvent::RdmaDone {
                 peer,
