@@ -9,7 +9,10 @@
 //! - a revoke of the region a parked put used is acked at once (the message's critical section
 //!   ends the parked op before it reads the references), and one that crosses a fast put in
 //!   flight is acked by that put's completion (which then does not park), both well within
-//!   the holder bound.
+//!   the holder bound;
+//! - an op is not fast while another waits for its release: blocked after it started (its
+//!   completion sees `eager`), or before it, into an empty front slot (`start` checks
+//!   `front_awaited`); progress alone then lets the blocked op go on.
 
 use firehose::cache::Cache;
 use firehose::net::settings::NetSettings;
@@ -259,5 +262,92 @@ fn a_fast_completion_does_not_park_while_an_op_waits_for_its_release() {
     a.wait(h1).unwrap();
     a.wait(h2).unwrap();
     assert_eq!(mem.byte(0), 2);
+    a.check_idle().unwrap();
+}
+
+/// A hit that takes an empty front slot while an op is already blocked for want of quota on
+/// that peer is not fast (`start`'s `front_awaited` check): the blocked op waits for its
+/// release too, so its completion must release under the lock. Driven by hand (the
+/// simulator's `Manual` delivery, one RDMA op at a time): an implicit put W takes the front
+/// slot and a put X the table, both on the one region the quota allows; W completes alone (the
+/// front slot is empty again, X still holds the region); a get elsewhere blocks; then a put H
+/// hits the region into the empty front slot. Past that, only progress runs (no start, no
+/// test, no wait: no caller takes the engine lock), and the blocked get must still go on.
+#[test]
+fn a_hit_into_an_empty_front_slot_is_not_fast_while_an_op_is_blocked() {
+    use firehose::net::sim::{Delivery, SimConfig, SimNet};
+    let net = SimNet::new(SimConfig {
+        slots: NetSettings::default().recv_depth,
+        ..SimConfig::new(2, 13, Delivery::Manual)
+    });
+    net.set_max_inline_write(256);
+    let settings = NetSettings {
+        timeout: Some(Duration::from_secs(3)),
+        probe: Duration::from_millis(50),
+        ..NetSettings::default()
+    };
+    let rmas: Vec<Arc<Rma>> = (0..2)
+        .map(|r| {
+            let link: Arc<dyn Link> = net.link(r);
+            let peers = Arc::new(Peers::from_link(link, settings).unwrap());
+            let cache = unbounded_cache(Arc::new(NullPinner));
+            let pins = Box::new(SimPins::new(net.clone(), r));
+            let c = fh_config(r, 2, 2, 16, 2);
+            Rma::with_pins_exposed(peers, Some(cache), c, pins, ExposeMode::All).unwrap()
+        })
+        .collect();
+    let (a, t) = (&rmas[0], &rmas[1]);
+    // Everything moves only here: one step of the network, then both ranks' progress.
+    let drive = |what: &str, done: &dyn Fn() -> bool| {
+        let until = Instant::now() + Duration::from_secs(2);
+        while !done() {
+            assert!(Instant::now() < until, "{what}");
+            net.step();
+            a.progress().unwrap();
+            t.progress().unwrap();
+        }
+    };
+    let mut mem = Mem::new(128 << 10);
+    // The get straddles two buckets: with the put's region, more than the quota.
+    let far = (64 << 10) + BUCKET - 4;
+    mem.0[mem.1 + far] = 0x77;
+    // Warm: the region of `mem.addr()` held (a miss, then a hit).
+    let mut src = [1u8; 8];
+    for _ in 0..2 {
+        let h = start(a, RdmaKind::Write, mem.addr(), &mut src, false);
+        drive("warm-up put", &|| a.test(h).unwrap().is_some());
+    }
+    drive("messages left over", &|| net.in_flight() == 0);
+    let mut w = [2u8; 8];
+    let mut x = [3u8; 8];
+    start(a, RdmaKind::Write, mem.addr(), &mut w, true);
+    let hx = start(a, RdmaKind::Write, mem.addr() + 8, &mut x, false);
+    assert_eq!(net.in_flight(), 2, "W and X posted");
+    // W's WRITE (first on the pair's FIFO) arrives; rank 0's progress ends W (implicit: under
+    // the lock), which frees the front slot. X still holds the region.
+    assert!(net.step());
+    a.progress().unwrap();
+    assert_eq!(mem.byte(0), 2);
+    assert_eq!(net.in_flight(), 1, "X still in flight");
+    // The get misses and blocks: nothing is sent for it.
+    let misses = a.stats().fh.misses;
+    let mut dst = [0u8; 8];
+    let hb = start(a, RdmaKind::Read, mem.addr() + far as u64, &mut dst, false);
+    assert_eq!(a.stats().fh.misses, misses + 1);
+    assert_eq!(net.in_flight(), 1, "the get is blocked, not sent");
+    // H hits the held region into the empty front slot.
+    let hits = a.stats().fh.hits;
+    let mut hsrc = [4u8; 8];
+    let hh = start(a, RdmaKind::Write, mem.addr() + 16, &mut hsrc, false);
+    assert_eq!(a.stats().fh.hits, hits + 1, "H is a hit");
+    // Progress alone: X's and H's releases must let the get go on.
+    // SAFETY: `dst` is written by the simulator only; read volatile.
+    drive("the blocked get never went on", &|| unsafe {
+        std::ptr::read_volatile(dst.as_ptr()) == 0x77
+    });
+    for h in [hx, hb, hh] {
+        drive("a request never ended", &|| a.test(h).unwrap().is_some());
+    }
+    assert_eq!((mem.byte(8), mem.byte(16)), (3, 4));
     a.check_idle().unwrap();
 }
