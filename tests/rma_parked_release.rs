@@ -16,6 +16,7 @@
 
 use firehose::cache::Cache;
 use firehose::net::settings::NetSettings;
+use firehose::net::sim::{Delivery, SimConfig, SimNet};
 use firehose::net::{Link, Peers, RdmaKind};
 use firehose::pin::null::NullPinner;
 use firehose::rma::expose::ExposeMode;
@@ -44,7 +45,16 @@ fn job_m(
     m_buckets: usize,
     region_buckets: u32,
 ) -> (Vec<Arc<Rma>>, Vec<Arc<Cache>>) {
-    let net = sim_net(2, 11, 256);
+    job_on(&sim_net(2, 11, 256), mode, m_buckets, region_buckets)
+}
+
+/// `job_m` over `net` (two ranks).
+fn job_on(
+    net: &SimNet,
+    mode: ExposeMode,
+    m_buckets: usize,
+    region_buckets: u32,
+) -> (Vec<Arc<Rma>>, Vec<Arc<Cache>>) {
     let settings = NetSettings {
         timeout: Some(Duration::from_secs(3)),
         probe: Duration::from_millis(50),
@@ -275,27 +285,12 @@ fn a_fast_completion_does_not_park_while_an_op_waits_for_its_release() {
 /// test, no wait: no caller takes the engine lock), and the blocked get must still go on.
 #[test]
 fn a_hit_into_an_empty_front_slot_is_not_fast_while_an_op_is_blocked() {
-    use firehose::net::sim::{Delivery, SimConfig, SimNet};
     let net = SimNet::new(SimConfig {
         slots: NetSettings::default().recv_depth,
         ..SimConfig::new(2, 13, Delivery::Manual)
     });
     net.set_max_inline_write(256);
-    let settings = NetSettings {
-        timeout: Some(Duration::from_secs(3)),
-        probe: Duration::from_millis(50),
-        ..NetSettings::default()
-    };
-    let rmas: Vec<Arc<Rma>> = (0..2)
-        .map(|r| {
-            let link: Arc<dyn Link> = net.link(r);
-            let peers = Arc::new(Peers::from_link(link, settings).unwrap());
-            let cache = unbounded_cache(Arc::new(NullPinner));
-            let pins = Box::new(SimPins::new(net.clone(), r));
-            let c = fh_config(r, 2, 2, 16, 2);
-            Rma::with_pins_exposed(peers, Some(cache), c, pins, ExposeMode::All).unwrap()
-        })
-        .collect();
+    let rmas = job_on(&net, ExposeMode::All, 2, 2).0;
     let (a, t) = (&rmas[0], &rmas[1]);
     // Everything moves only here: one step of the network, then both ranks' progress.
     let drive = |what: &str, done: &dyn Fn() -> bool| {
