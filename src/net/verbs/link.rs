@@ -179,62 +179,71 @@ impl VerbsLink {
         let Some(_g) = try_lock(&self.send_reap) else {
             return Ok(());
         };
-        let mut batch = [Completion::default(); POLL_BATCH];
         loop {
-            let n = self.send_cq.poll_batch(&mut batch).map_err(dev)?;
-            self.send_reaped.fetch_add(n as u64, Ordering::AcqRel);
-            for c in &batch[..n] {
-                let Some((kind, peer, low)) = wr_id::decode(c.wr_id) else {
-                    self.drop_one();
-                    continue;
-                };
-                let Ok(p) = self.peer(peer) else {
-                    self.drop_one();
-                    continue;
-                };
-                let seq = wr_id::full_seq(p.completed.load(Ordering::Acquire), low);
-                if kind == WrKind::Rdma {
-                    // Read the token before `completed` moves past `seq` (which frees its slot).
-                    let result = if c.is_success() {
-                        Ok(())
-                    } else if c.status == ibv_wc_status::IBV_WC_REM_ACCESS_ERR {
-                        Err(LinkError::RemoteAccess(peer))
-                    } else if c.status == ibv_wc_status::IBV_WC_WR_FLUSH_ERR {
-                        Err(LinkError::PeerLost(peer))
-                    } else {
-                        Err(LinkError::Device(format!(
-                            "RDMA to rank {peer}: {}",
-                            c.status_text()
-                        )))
-                    };
-                    if let Err(e) = &result {
-                        self.lose(peer, e.clone());
-                    }
-                    lock(&self.rdma_done).push_back((peer, p.token(seq), result));
-                    self.rdma_queued.fetch_add(1, Ordering::AcqRel);
-                    if c.is_success() {
-                        p.complete_through(seq);
-                    }
-                    continue;
-                }
-                if c.is_success() {
-                    p.complete_through(seq);
-                } else {
-                    // RETRY_EXC_ERR (peer gone), then WR_FLUSH_ERR for everything behind it.
-                    let what = if kind == WrKind::Probe {
-                        "probe"
-                    } else {
-                        "send"
-                    };
-                    self.lose(
-                        peer,
-                        LinkError::Device(format!("{what} to rank {peer}: {}", c.status_text())),
-                    );
-                }
+            let n = self
+                .send_cq
+                .poll_each(POLL_BATCH, |c| self.reap_one(c))
+                .map_err(dev)?;
+            if n > 0 {
+                // Counted after handling: a poller that sees a completion not yet counted reaps
+                // once more for nothing (never the other way round, see `post`).
+                self.send_reaped.fetch_add(n as u64, Ordering::AcqRel);
             }
             if n < POLL_BATCH {
                 return Ok(());
             }
+        }
+    }
+
+    /// One send-queue completion (under `send_reap`): the peer's `completed` counter, an RDMA
+    /// op's result onto `rdma_done`, or the peer lost.
+    fn reap_one(&self, c: &Completion) {
+        let Some((kind, peer, low)) = wr_id::decode(c.wr_id) else {
+            self.drop_one();
+            return;
+        };
+        let Ok(p) = self.peer(peer) else {
+            self.drop_one();
+            return;
+        };
+        let seq = wr_id::full_seq(p.completed.load(Ordering::Acquire), low);
+        if kind == WrKind::Rdma {
+            // Read the token before `completed` moves past `seq` (which frees its slot).
+            let result = if c.is_success() {
+                Ok(())
+            } else if c.status == ibv_wc_status::IBV_WC_REM_ACCESS_ERR {
+                Err(LinkError::RemoteAccess(peer))
+            } else if c.status == ibv_wc_status::IBV_WC_WR_FLUSH_ERR {
+                Err(LinkError::PeerLost(peer))
+            } else {
+                Err(LinkError::Device(format!(
+                    "RDMA to rank {peer}: {}",
+                    c.status_text()
+                )))
+            };
+            if let Err(e) = &result {
+                self.lose(peer, e.clone());
+            }
+            lock(&self.rdma_done).push_back((peer, p.token(seq), result));
+            self.rdma_queued.fetch_add(1, Ordering::AcqRel);
+            if c.is_success() {
+                p.complete_through(seq);
+            }
+            return;
+        }
+        if c.is_success() {
+            p.complete_through(seq);
+        } else {
+            // RETRY_EXC_ERR (peer gone), then WR_FLUSH_ERR for everything behind it.
+            let what = if kind == WrKind::Probe {
+                "probe"
+            } else {
+                "send"
+            };
+            self.lose(
+                peer,
+                LinkError::Device(format!("{what} to rank {peer}: {}", c.status_text())),
+            );
         }
     }
 
@@ -443,10 +452,12 @@ impl VerbsLink {
                 if !stash.is_empty() {
                     return Ok(());
                 }
-                let mut batch = [Completion::default(); POLL_BATCH];
-                let k = self.recv_cq.poll_batch(&mut batch).map_err(dev)?;
+                // At most `POLL_BATCH` into an empty stash of that capacity: no allocation.
+                let k = self
+                    .recv_cq
+                    .poll_each(POLL_BATCH, |c| stash.push(*c))
+                    .map_err(dev)?;
                 if k > 0 {
-                    stash.extend_from_slice(&batch[..k]);
                     return Ok(());
                 }
             }
@@ -652,12 +663,11 @@ impl Link for VerbsLink {
                 n += self.deliver(&c, on_event);
             }
             stash.clear();
-            let mut batch = [Completion::default(); POLL_BATCH];
             for _ in 0..MAX_BATCHES_PER_POLL {
-                let k = self.recv_cq.poll_batch(&mut batch).map_err(dev)?;
-                for c in &batch[..k] {
-                    n += self.deliver(c, on_event);
-                }
+                let k = self
+                    .recv_cq
+                    .poll_each(POLL_BATCH, |c| n += self.deliver(c, on_event))
+                    .map_err(dev)?;
                 if k < POLL_BATCH {
                     break;
                 }
