@@ -173,16 +173,27 @@ impl VerbsLink {
         }
     }
 
-    /// Drain the send CQ: advance completed counters, turn error completions into lost peers.
-    /// Skips (returns at once) when another thread is already doing it.
+    /// Drain the send CQ: advance completed counters, turn error completions into lost peers,
+    /// queue RDMA results on `rdma_done` for the next `poll`. Skips (returns at once) when
+    /// another thread is already doing it.
     fn reap_send(&self) -> Result<(), LinkError> {
+        self.reap_send_with(|d| self.queue_rdma(d))
+    }
+
+    /// `reap_send`, handing each RDMA op's result to `rdma` (called under `send_reap`: it must
+    /// not call back into the link).
+    fn reap_send_with(&self, mut rdma: impl FnMut(RdmaDone)) -> Result<(), LinkError> {
         let Some(_g) = try_lock(&self.send_reap) else {
             return Ok(());
         };
         loop {
             let n = self
                 .send_cq
-                .poll_each(POLL_BATCH, |c| self.reap_one(c))
+                .poll_each(POLL_BATCH, |c| {
+                    if let Some(d) = self.reap_one(c) {
+                        rdma(d);
+                    }
+                })
                 .map_err(dev)?;
             if n > 0 {
                 // Counted after handling: a poller that sees a completion not yet counted reaps
@@ -195,16 +206,16 @@ impl VerbsLink {
         }
     }
 
-    /// One send-queue completion (under `send_reap`): the peer's `completed` counter, an RDMA
-    /// op's result onto `rdma_done`, or the peer lost.
-    fn reap_one(&self, c: &Completion) {
+    /// One send-queue completion (under `send_reap`): the peer's `completed` counter, or the
+    /// peer lost; an RDMA op's result is returned, for its caller to report.
+    fn reap_one(&self, c: &Completion) -> Option<RdmaDone> {
         let Some((kind, peer, low)) = wr_id::decode(c.wr_id) else {
             self.drop_one();
-            return;
+            return None;
         };
         let Ok(p) = self.peer(peer) else {
             self.drop_one();
-            return;
+            return None;
         };
         let seq = wr_id::full_seq(p.completed.load(Ordering::Acquire), low);
         if kind == WrKind::Rdma {
@@ -224,12 +235,11 @@ impl VerbsLink {
             if let Err(e) = &result {
                 self.lose(peer, e.clone());
             }
-            lock(&self.rdma_done).push_back((peer, p.token(seq), result));
-            self.rdma_queued.fetch_add(1, Ordering::AcqRel);
+            let done = (peer, p.token(seq), result);
             if c.is_success() {
                 p.complete_through(seq);
             }
-            return;
+            return Some(done);
         }
         if c.is_success() {
             p.complete_through(seq);
@@ -244,6 +254,27 @@ impl VerbsLink {
                 peer,
                 LinkError::Device(format!("{what} to rank {peer}: {}", c.status_text())),
             );
+        }
+        None
+    }
+
+    /// An RDMA result reaped outside `poll` (or beyond its batch): kept for the next `poll`.
+    fn queue_rdma(&self, d: RdmaDone) {
+        lock(&self.rdma_done).push_back(d);
+        self.rdma_queued.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Hands one RDMA result to `on_event`, then counts its op as no longer outstanding (only
+    /// then: the peer's `PeerLost` must not overtake this report).
+    fn report_rdma(&self, d: RdmaDone, on_event: &mut dyn FnMut(LinkEvent<'_>)) {
+        let (peer, token, result) = d;
+        on_event(LinkEvent::RdmaDone {
+            peer,
+            token,
+            result,
+        });
+        if let Ok(p) = self.peer(peer) {
+            p.rdma_outstanding.fetch_sub(1, Ordering::AcqRel);
         }
     }
 
@@ -395,20 +426,40 @@ impl VerbsLink {
         for slot in &batch[..k] {
             // SAFETY: the first `k` slots were written above; each is read once, here. (If a
             // callback panics, the entries after it are leaked, not dropped twice.)
-            let (peer, token, result) = unsafe { slot.assume_init_read() };
+            let d = unsafe { slot.assume_init_read() };
             self.rdma_queued.fetch_sub(1, Ordering::AcqRel);
-            on_event(LinkEvent::RdmaDone {
-                peer,
-                token,
-                result,
-            });
-            // Counted down only now: the peer's `PeerLost` must not overtake this report.
-            if let Ok(p) = self.peer(peer) {
-                p.rdma_outstanding.fetch_sub(1, Ordering::AcqRel);
-            }
+            self.report_rdma(d, on_event);
             n += 1;
         }
         n
+    }
+
+    /// Reaps the send CQ (`poll`'s look) and reports the RDMA results it finds from this call's
+    /// own batch, not through the `rdma_done` queue: no lock and no queue for the usual one
+    /// result per op. Past a batch, the rest are queued and reported after it. The results are
+    /// reported even if the CQ poll then fails (its error comes after them).
+    fn reap_and_report(&self, on_event: &mut dyn FnMut(LinkEvent<'_>)) -> Result<usize, LinkError> {
+        let mut batch: [MaybeUninit<RdmaDone>; POLL_BATCH] =
+            [const { MaybeUninit::uninit() }; POLL_BATCH];
+        let mut k = 0;
+        let reaped = self.reap_send_with(|d| {
+            if k < POLL_BATCH {
+                batch[k].write(d);
+                k += 1;
+            } else {
+                self.queue_rdma(d);
+            }
+        });
+        for slot in &batch[..k] {
+            // SAFETY: the first `k` slots were written above; each is read once, here. (If a
+            // callback panics, the entries after it are leaked, not dropped twice.)
+            self.report_rdma(unsafe { slot.assume_init_read() }, on_event);
+        }
+        let mut n = k;
+        if k == POLL_BATCH {
+            n += self.deliver_rdma(on_event);
+        }
+        reaped.map(|()| n)
     }
 
     /// Where the send-ring slot of work request `seq` to `peer` starts in `send_buf`.
@@ -651,10 +702,11 @@ impl Link for VerbsLink {
         // shifts when the periodic look happens.
         let k = self.polls.load(Ordering::Relaxed);
         self.polls.store(k.wrapping_add(1), Ordering::Relaxed);
-        if due || k % SEND_CQ_POLL_EVERY == 0 {
-            self.reap_send()?;
-        }
+        // Results queued by other paths (reaped before this poll's) first.
         let mut n = self.deliver_rdma(on_event);
+        if due || k % SEND_CQ_POLL_EVERY == 0 {
+            n += self.reap_and_report(on_event)?;
+        }
         // The stash lock also serialises receive polls: slots are delivered and re-posted by one
         // thread at a time (a nested `poll` from a callback finds it taken and skips receives).
         if let Some(mut stash) = try_lock(&self.recv_stash) {
