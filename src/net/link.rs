@@ -23,8 +23,9 @@
 //!   completion. (Not so across pairs, nor for a WRITE posted after the SEND.)
 //! - A READ's data is valid in the local buffer only once its `RdmaDone` has been reported; a
 //!   READ does not order with later WRITEs to the same remote bytes except through completions.
-//! - `RdmaDone` events of one peer are reported in posting order by each polling thread; two
-//!   threads polling at once may interleave what each took (each op's report stands alone).
+//! - `RdmaDone` events of one peer are reported in posting order by each `poll` call; two polls
+//!   at once (two threads, or a poll nested in a callback) may interleave what each took (each
+//!   op's report stands alone).
 //! - Every operation `rdma` accepted (`Ok`) is reported exactly once, success or error; one it
 //!   refused (`Err`) is never reported. Operations still outstanding when the peer is lost are
 //!   reported failed, before that peer's `PeerLost` (verbs: unless the device never flushes

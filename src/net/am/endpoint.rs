@@ -447,7 +447,7 @@ impl Am {
     /// AM (Firehose's driver) learns that a `Link::rdma` it posted finished: it runs inside
     /// `progress` of whatever thread (or the progress thread) polled, with no endpoint lock held,
     /// so it may post more RDMA or send messages. A peer's completions come in posting order (as
-    /// one thread polls them: see `net::link`) and before that peer's loss fails the AM requests
+    /// one poll takes them: see `net::link`) and before that peer's loss fails the AM requests
     /// waiting on it.
     pub fn set_rdma_handler(&self, f: Option<Box<RdmaFn>>) {
         self.inner.handlers.set_rdma(f.map(Arc::from));

@@ -15,9 +15,10 @@
 //! completion frees room like a signaled send). Its wr_id is kind `Rdma` with the sequence
 //! number; the caller's token waits in the peer's token table (peer.rs). Only `poll` delivers
 //! `RdmaDone`s: those it reaps itself straight from its own batch, those `send`/`rdma` reaped
-//! while waiting for room (queued in `rdma_done`) before them. One thread's reports keep CQ
-//! order, which is posting order per peer (RC); two threads polling at once may interleave
-//! theirs (nothing above relies on the order across ops). An error completion
+//! while waiting for room (queued in `rdma_done`) before them. One `poll`'s reports keep CQ
+//! order, which is posting order per peer (RC); two polls at once (two threads, or a poll
+//! nested in a callback) may interleave theirs (nothing above relies on the order across ops).
+//! An error completion
 //! kills the QP (`RemoteAccess` for REM_ACCESS_ERR, else a device error), later ops on it come
 //! back as WR_FLUSH_ERR and are reported `PeerLost`. The peer's own `PeerLost` is held back until
 //! all its ops have been reported (at most `RDMA_FLUSH_GRACE`, for a device that never flushes).
