@@ -434,16 +434,33 @@ impl VerbsLink {
                 k += 1;
             }
         }
-        let mut n = 0;
-        for slot in &batch[..k] {
-            // SAFETY: the first `k` slots were written above; each is read once, here. (If a
-            // callback panics, the entries after it are leaked, not dropped twice.)
+        // SAFETY: the first `k` slots were written above, and `batch` is not read again.
+        unsafe { self.report_batch(&batch[..k], true, on_event) }
+    }
+
+    /// Reports a batch of RDMA results in order; `queued`: they came off the `rdma_done`
+    /// queue, whose count drops as each is reported. Returns how many.
+    ///
+    /// # Safety
+    /// Every slot of `batch` is initialised, and the caller never reads them again (each
+    /// result is moved out here once; if a callback panics, the rest are leaked, not dropped
+    /// twice).
+    #[inline(always)]
+    unsafe fn report_batch(
+        &self,
+        batch: &[MaybeUninit<RdmaDone>],
+        queued: bool,
+        on_event: &mut dyn FnMut(LinkEvent<'_>),
+    ) -> usize {
+        for slot in batch {
+            // SAFETY: initialised and read once (this function's contract).
             let d = unsafe { slot.assume_init_read() };
-            self.rdma_queued.fetch_sub(1, Ordering::AcqRel);
+            if queued {
+                self.rdma_queued.fetch_sub(1, Ordering::AcqRel);
+            }
             self.report_rdma(d, on_event);
-            n += 1;
         }
-        n
+        batch.len()
     }
 
     /// Reaps the send CQ (`poll`'s look) and reports the RDMA results it finds from this call's
@@ -462,12 +479,8 @@ impl VerbsLink {
                 self.queue_rdma(d);
             }
         });
-        for slot in &batch[..k] {
-            // SAFETY: the first `k` slots were written above; each is read once, here. (If a
-            // callback panics, the entries after it are leaked, not dropped twice.)
-            self.report_rdma(unsafe { slot.assume_init_read() }, on_event);
-        }
-        let mut n = k;
+        // SAFETY: the first `k` slots were written above, and `batch` is not read again.
+        let mut n = unsafe { self.report_batch(&batch[..k], false, on_event) };
         if k == POLL_BATCH {
             n += self.deliver_rdma(on_event);
         }
