@@ -223,6 +223,33 @@ static void st_sysfail(int path, int tid, const char *call, long rc, int err) {
                 strerror(err));
 }
 
+/* After a failed call on [a, a + len): the mappings of /proc/self/smaps that overlap it, with
+ * their VmFlags (lo: mlock()ed, uf*: watched by userfaultfd), once per run. An mremap fails with
+ * EFAULT when its range spans two mappings, and these lines say what split it. Stdio here is
+ * fine: the failure is already counted, and the hooks never see reads of a file. */
+static atomic_int st_maps_dumped;
+
+static void st_dump_maps(const void *a, size_t len) {
+    if (atomic_exchange(&st_maps_dumped, 1)) return;
+    FILE *f = fopen("/proc/self/smaps", "r");
+    if (!f) return;
+    uintptr_t lo = (uintptr_t)a, hi = lo + len;
+    char line[512], head[512] = "";
+    int in = 0;
+    fprintf(stderr, "  mappings over [%p, +%zu):\n", a, len);
+    while (fgets(line, sizeof line, f)) {
+        unsigned long s, e;
+        if (sscanf(line, "%lx-%lx ", &s, &e) == 2) {
+            in = s < hi && e > lo;
+            if (in) snprintf(head, sizeof head, "%s", line);
+        } else if (in && strncmp(line, "VmFlags:", 8) == 0) {
+            head[strcspn(head, "\n")] = 0;
+            fprintf(stderr, "    %s |%s", head, line + 8);
+        }
+    }
+    fclose(f);
+}
+
 static void st_behaviour(int path, int tid, const char *what, const void *addr) {
     unsigned long n = atomic_fetch_add(&st_cur->sysfail, 1);
     if (n < 5)
@@ -589,6 +616,7 @@ static void st_round(struct st_thread *t, int path) {
         if (r != q) {
             st_sysfail(path, tid, path == P_MREMAP ? "mremap(MAYMOVE|FIXED)" : "syscall(SYS_mremap)",
                        (long)r, err);
+            st_dump_maps(a, cut);
             if (into_hole) q = NULL; /* nothing of ours there */
             goto cleanup;
         }

@@ -19,6 +19,7 @@ use crate::helper::{self, Helper, HelperConfig, Placement};
 use crate::monitor::{self, MemoryListener, Subscription, UffdWatcher};
 use crate::pin::fork_mode::ForkMode;
 use crate::pin::Pinner;
+use crate::rt::race_once::RaceOnce;
 
 /// What a cache is made of.
 pub struct Parts {
@@ -73,10 +74,29 @@ impl fmt::Display for AssembleError {
 
 impl std::error::Error for AssembleError {}
 
+/// The backend's own listener (`Pinner::memory_listener`: the mlock backend's count of locked
+/// pages), subscribed once per process and never dropped: the count it feeds is the process's,
+/// and outlives every cache. Without a slot the backend goes without (the mlock count then keeps
+/// a pin whose memory went away counted until that pin is undone, as before the feed), and the
+/// next cache assembled tries again.
+fn subscribe_backend(l: Arc<dyn MemoryListener>) {
+    // Not `OnceLock`: a thread forked while another was making it would wait for it for good.
+    static SUBSCRIBED: RaceOnce<Subscription> = RaceOnce::new();
+    if SUBSCRIBED.get().is_some() {
+        return;
+    }
+    let s = monitor::subscribe(l);
+    if s.is_active() {
+        // Two caches assembled at once may both subscribe: the loser's drops (unsubscribes).
+        SUBSCRIBED.get_or_init(|| s);
+    }
+}
+
 /// Build the cache. `AssembleError::TooManyCaches` when it cannot be subscribed to memory events (a
 /// cache nobody invalidates would serve stale registrations; it pinned nothing yet, so dropping
 /// it releases nothing).
 pub fn assemble(p: Parts) -> Result<Assembled, AssembleError> {
+    let backend_listener = p.pinner.memory_listener();
     // Always flagged: the helper's front and the shim both tell a miss from a hit this way.
     let pinner = helper::wrap_backend(p.pinner);
     let watcher: Option<Arc<dyn RangeWatcher>> = if p.uffd_watch {
@@ -90,6 +110,10 @@ pub fn assemble(p: Parts) -> Result<Assembled, AssembleError> {
         let s = monitor::subscribe(cache.clone() as Arc<dyn MemoryListener>);
         if !s.is_active() {
             return Err(AssembleError::TooManyCaches);
+        }
+        // After the cache's own: the cache never fails for the backend's sake.
+        if let Some(l) = backend_listener {
+            subscribe_backend(l);
         }
         Some(s)
     } else {

@@ -7,6 +7,7 @@ use std::cell::Cell;
 use std::sync::Arc;
 
 use crate::pin::{Access, PinError, Pinned, Pinner};
+use crate::rt::seam::MemoryListener;
 
 thread_local! {
     static PINNED: Cell<bool> = const { Cell::new(false) };
@@ -46,5 +47,8 @@ impl Pinner for FlaggingPinner {
     }
     fn name(&self) -> &'static str {
         self.0.name()
+    }
+    fn memory_listener(&self) -> Option<Arc<dyn MemoryListener>> {
+        self.0.memory_listener()
     }
 }

@@ -2,7 +2,8 @@
 //!
 //! Owns: the `Pinner` trait, the backends, the mlock pinner's process-wide count of locked pages
 //! (with its fork hook), what a cache does across `fork` (`fork_mode.rs`).
-//! May call: `rt`, libibverbs (`verbs`), libc. Nothing above: the cache calls it, never back.
+//! May call: `rt` (the mlock count hears memory events through `rt::seam`), libibverbs
+//! (`verbs`), libc. Nothing above: the cache calls it, never back.
 //!
 //! `verbs` registers with `ibv_reg_mr` (real lkey/rkey), `mlock` pins with mlock(2) on hosts with no
 //! RDMA device (keys are local-only cookies), `counting` is a test double that records every call.
@@ -12,6 +13,10 @@ pub mod fork_mode;
 pub mod mlock;
 pub mod null;
 pub mod verbs;
+
+use std::sync::Arc;
+
+use crate::rt::seam::MemoryListener;
 
 /// Access rights, bit-compatible with `enum ibv_access_flags` so they pass straight to verbs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -95,6 +100,12 @@ pub trait Pinner: Send + Sync {
     fn unpin(&self, pinned: Pinned, addr: usize, len: usize);
     /// Short backend name for stats and logs ("verbs", "mlock", "counting").
     fn name(&self) -> &'static str;
+    /// Memory events this backend must hear, whatever caches come and go: whoever assembles a
+    /// cache subscribes it once per process (`assembly`). The mlock backend's count of locked
+    /// pages learns there which pins' memory went away (`mlock::GoneFeed`). None by default.
+    fn memory_listener(&self) -> Option<Arc<dyn MemoryListener>> {
+        None
+    }
 }
 
 #[cfg(test)]

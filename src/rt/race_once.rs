@@ -17,6 +17,13 @@ impl<T: Send + Sync + 'static> RaceOnce<T> {
         RaceOnce(AtomicPtr::new(std::ptr::null_mut()))
     }
 
+    /// The value if one was published (never makes one: one atomic load, fine in a hook).
+    pub fn get(&self) -> Option<&'static T> {
+        let p = self.0.load(Ordering::Acquire);
+        // SAFETY: published by `get_or_init` from a leaked Box, never freed.
+        (!p.is_null()).then(|| unsafe { &*p })
+    }
+
     /// The value, made by `make` if nobody has published one yet. After the first publish, one
     /// atomic load.
     pub fn get_or_init(&self, make: impl FnOnce() -> T) -> &'static T {
