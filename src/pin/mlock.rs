@@ -130,6 +130,11 @@ pub struct GoneFeed;
 
 impl GoneFeed {
     fn push(s: usize, e: usize, before: usize) {
+        // (In a forked child a parent thread may have left a pop half done: a push could wait
+        // for that slot for good.)
+        if GONE_DEAD.load(Ordering::Acquire) {
+            return;
+        }
         if let Some(q) = GONE.get() {
             if q.push((s, e, before)).is_err() {
                 GONE_FULL.store(true, Ordering::Relaxed);
