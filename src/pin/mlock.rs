@@ -302,20 +302,28 @@ fn range_is_mapped(addr: usize, len: usize) -> bool {
 mod tests {
     use super::*;
 
-    fn map(len: usize) -> usize {
-        // SAFETY: anonymous private mapping, no preconditions.
+    /// A fresh anonymous mapping of `len` bytes: anywhere (`at` 0), or straight over `at`
+    /// (MAP_FIXED: the old mapping there and its locks go, with no window for another thread).
+    fn map_at(at: usize, len: usize) -> usize {
+        let fixed = if at == 0 { 0 } else { libc::MAP_FIXED };
+        // SAFETY: an anonymous private mapping; with `at`, over a mapping of the calling test.
         let p = unsafe {
             libc::mmap(
-                std::ptr::null_mut(),
+                at as *mut libc::c_void,
                 len,
                 libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | fixed,
                 -1,
                 0,
             )
         };
         assert_ne!(p, libc::MAP_FAILED);
+        assert!(at == 0 || p as usize == at);
         p as usize
+    }
+
+    fn map(len: usize) -> usize {
+        map_at(0, len)
     }
 
     #[test]
@@ -381,21 +389,9 @@ mod tests {
         (0..len / 4096).any(|i| locked_now(addr + i * 4096, 4096))
     }
 
-    /// New memory straight over `[a, a + len)` (the old mapping and its locks go, as in a
-    /// munmap followed by an mmap at the same address, without a window for another thread).
+    /// New memory straight over `[a, a + len)` (as a munmap and an mmap at the same address).
     fn replace(a: usize, len: usize) {
-        // SAFETY: replaces our own mapping with a fresh anonymous one.
-        let p = unsafe {
-            libc::mmap(
-                a as *mut libc::c_void,
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
-                -1,
-                0,
-            )
-        };
-        assert_eq!(p as usize, a);
+        map_at(a, len);
     }
 
     /// What a patched munmap/mmap(MAP_FIXED) tells the feed around its system call.
