@@ -18,21 +18,15 @@
 #include <errno.h>
 #include <sys/syscall.h>
 
+static void note_locked(void *ctx, const char *head, const char *flags) {
+    (void)head;
+    if (strstr(flags, " lo")) *(int *)ctx = 1;
+}
+
 /* Whether any page of [a, a + len) lies in a locked mapping ("lo" in smaps' VmFlags). */
 static int any_locked(const char *a, size_t len) {
-    FILE *f = fopen("/proc/self/smaps", "r");
-    CHECK(f != NULL);
-    uintptr_t lo = (uintptr_t)a, hi = lo + len;
-    char line[512];
-    int in = 0, locked = 0;
-    while (fgets(line, sizeof line, f)) {
-        unsigned long s, e;
-        if (sscanf(line, "%lx-%lx ", &s, &e) == 2)
-            in = s < hi && e > lo;
-        else if (in && strncmp(line, "VmFlags:", 8) == 0 && strstr(line, " lo"))
-            locked = 1;
-    }
-    fclose(f);
+    int locked = 0;
+    CHECK(fh_test_smaps_flags(a, len, note_locked, &locked) >= 0);
     return locked;
 }
 

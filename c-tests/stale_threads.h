@@ -229,25 +229,15 @@ static void st_sysfail(int path, int tid, const char *call, long rc, int err) {
  * fine: the failure is already counted, and the hooks never see reads of a file. */
 static atomic_int st_maps_dumped;
 
+static void st_print_map(void *ctx, const char *head, const char *flags) {
+    (void)ctx;
+    fprintf(stderr, "    %s |%s", head, flags);
+}
+
 static void st_dump_maps(const void *a, size_t len) {
     if (atomic_exchange(&st_maps_dumped, 1)) return;
-    FILE *f = fopen("/proc/self/smaps", "r");
-    if (!f) return;
-    uintptr_t lo = (uintptr_t)a, hi = lo + len;
-    char line[512], head[512] = "";
-    int in = 0;
     fprintf(stderr, "  mappings over [%p, +%zu):\n", a, len);
-    while (fgets(line, sizeof line, f)) {
-        unsigned long s, e;
-        if (sscanf(line, "%lx-%lx ", &s, &e) == 2) {
-            in = s < hi && e > lo;
-            if (in) snprintf(head, sizeof head, "%s", line);
-        } else if (in && strncmp(line, "VmFlags:", 8) == 0) {
-            head[strcspn(head, "\n")] = 0;
-            fprintf(stderr, "    %s |%s", head, line + 8);
-        }
-    }
-    fclose(f);
+    fh_test_smaps_flags(a, len, st_print_map, NULL);
 }
 
 static void st_behaviour(int path, int tid, const char *what, const void *addr) {

@@ -101,6 +101,34 @@ static inline long fh_test_status_kib(const char *name) {
     return kib;
 }
 
+/* Calls `f(ctx, head, flags)` for each mapping of /proc/self/smaps that overlaps [a, a + len):
+ * `head` its first line (range, perms, ..., no newline), `flags` the rest of its "VmFlags:" line.
+ * Returns -1 if smaps cannot be read, else the number of such mappings. */
+static inline int fh_test_smaps_flags(const void *a, size_t len,
+                                      void (*f)(void *ctx, const char *head, const char *flags),
+                                      void *ctx) {
+    FILE *fp = fopen("/proc/self/smaps", "r");
+    if (!fp) return -1;
+    uintptr_t lo = (uintptr_t)a, hi = lo + len;
+    char line[512], head[512] = "";
+    int in = 0, n = 0;
+    while (fgets(line, sizeof line, fp)) {
+        unsigned long s, e;
+        if (sscanf(line, "%lx-%lx ", &s, &e) == 2) {
+            in = s < hi && e > lo;
+            if (in) {
+                snprintf(head, sizeof head, "%s", line);
+                head[strcspn(head, "\n")] = 0;
+            }
+        } else if (in && strncmp(line, "VmFlags:", 8) == 0) {
+            f(ctx, head, line + 8);
+            n++;
+        }
+    }
+    fclose(fp);
+    return n;
+}
+
 /* Locked memory of this process in KiB (VmLck), or -1. */
 static inline long fh_test_vmlck_kib(void) { return fh_test_status_kib("VmLck"); }
 
