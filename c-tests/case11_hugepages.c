@@ -20,24 +20,8 @@ static char *map_aligned(void) {
     return a;
 }
 
-/* AnonHugePages (KiB) of the mapping that starts at `a`, from /proc/self/smaps; -1 if not found. */
-static long anon_huge_kib(const char *a) {
-    FILE *f = fopen("/proc/self/smaps", "r");
-    if (!f) return -1;
-    char line[512];
-    int in = 0;
-    long kib = -1;
-    while (fgets(line, sizeof line, f)) {
-        unsigned long lo, hi;
-        if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && strchr(line, '-') < strchr(line, ' ')) {
-            in = lo == (uintptr_t)a;
-        } else if (in && sscanf(line, "AnonHugePages: %ld kB", &kib) == 1) {
-            break;
-        }
-    }
-    fclose(f);
-    return kib;
-}
+/* AnonHugePages (KiB) of the mapping at `a` (the test maps it there); -1 if not found. */
+static long anon_huge_kib(const char *a) { return fh_test_smaps_kib(a, 1, "AnonHugePages:"); }
 
 int main(void) {
     case_watchdog(60);

@@ -26,7 +26,7 @@ static void note_locked(void *ctx, const char *head, const char *flags) {
 /* Whether any page of [a, a + len) lies in a locked mapping ("lo" in smaps' VmFlags). */
 static int any_locked(const char *a, size_t len) {
     int locked = 0;
-    CHECK(fh_test_smaps_flags(a, len, note_locked, &locked) >= 0);
+    CHECK(fh_test_smaps_field(a, len, "VmFlags:", note_locked, &locked) >= 0);
     return locked;
 }
 

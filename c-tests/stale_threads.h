@@ -238,7 +238,7 @@ static void st_print_map(void *ctx, const char *head, const char *flags) {
 static void st_dump_maps(const void *a, size_t len) {
     if (atomic_exchange(&st_maps_dumped, 1)) return;
     fprintf(stderr, "  mappings over [%p, +%zu):\n", a, len);
-    fh_test_smaps_flags(a, len, st_print_map, NULL);
+    fh_test_smaps_field(a, len, "VmFlags:", st_print_map, NULL);
 }
 
 static void st_behaviour(int path, int tid, const char *what, const void *addr) {

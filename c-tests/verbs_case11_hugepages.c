@@ -26,26 +26,10 @@ static char *map_aligned(void) {
     return a;
 }
 
-/* Sum of AnonHugePages (KiB) over the VMAs that overlap [a, a+len), from /proc/self/smaps (the
- * range may be one VMA or several after splits). -1 if smaps cannot be read. */
+/* Sum of AnonHugePages (KiB) over the VMAs that overlap [a, a+len) (the range may be one VMA
+ * or several after splits); -1 if smaps cannot be read. */
 static long anon_huge_kib(const char *a, size_t len) {
-    FILE *f = fopen("/proc/self/smaps", "r");
-    if (!f) return -1;
-    char line[512];
-    int in = 0;
-    long sum = 0, kib;
-    const uintptr_t lo0 = (uintptr_t)a, hi0 = lo0 + len;
-    while (fgets(line, sizeof line, f)) {
-        unsigned long lo, hi;
-        char *dash = strchr(line, '-'), *space = strchr(line, ' ');
-        if (dash && space && dash < space && sscanf(line, "%lx-%lx ", &lo, &hi) == 2) {
-            in = lo < hi0 && hi > lo0;
-        } else if (in && sscanf(line, "AnonHugePages: %ld kB", &kib) == 1) {
-            sum += kib;
-        }
-    }
-    fclose(f);
-    return sum;
+    return fh_test_smaps_kib(a, len, "AnonHugePages:");
 }
 
 /* RDMA READ `len` (<= 1 MiB) bytes at `addr` through `rkey` and require pattern `seed` at offsets

@@ -101,32 +101,47 @@ static inline long fh_test_status_kib(const char *name) {
     return kib;
 }
 
-/* Calls `f(ctx, head, flags)` for each mapping of /proc/self/smaps that overlaps [a, a + len):
- * `head` its first line (range, perms, ..., no newline), `flags` the rest of its "VmFlags:" line.
+/* Calls `f(ctx, head, value)` for each mapping of /proc/self/smaps that overlaps [a, a + len)
+ * and has a line starting with `field` (e.g. "VmFlags:", "AnonHugePages:"): `head` is the
+ * mapping's first line (range, perms, ..., no newline), `value` the rest of that field's line.
  * Returns -1 if smaps cannot be read, else the number of such mappings. */
-static inline int fh_test_smaps_flags(const void *a, size_t len,
-                                      void (*f)(void *ctx, const char *head, const char *flags),
+static inline int fh_test_smaps_field(const void *a, size_t len, const char *field,
+                                      void (*f)(void *ctx, const char *head, const char *value),
                                       void *ctx) {
     FILE *fp = fopen("/proc/self/smaps", "r");
     if (!fp) return -1;
     uintptr_t lo = (uintptr_t)a, hi = lo + len;
+    size_t flen = strlen(field);
     char line[512], head[512] = "";
     int in = 0, n = 0;
     while (fgets(line, sizeof line, fp)) {
         unsigned long s, e;
-        if (sscanf(line, "%lx-%lx ", &s, &e) == 2) {
+        if (sscanf(line, "%lx-%lx ", &s, &e) == 2) { /* no field line reads as "hex-hex " */
             in = s < hi && e > lo;
             if (in) {
                 snprintf(head, sizeof head, "%s", line);
                 head[strcspn(head, "\n")] = 0;
             }
-        } else if (in && strncmp(line, "VmFlags:", 8) == 0) {
-            f(ctx, head, line + 8);
+        } else if (in && strncmp(line, field, flen) == 0) {
+            f(ctx, head, line + flen);
             n++;
         }
     }
     fclose(fp);
     return n;
+}
+
+static inline void fh_test_smaps_add_kib(void *ctx, const char *head, const char *value) {
+    (void)head;
+    long kib;
+    if (sscanf(value, " %ld kB", &kib) == 1) *(long *)ctx += kib;
+}
+
+/* Sum of a "<field> N kB" line of smaps (e.g. "AnonHugePages:") over the mappings that overlap
+ * [a, a + len); -1 if smaps cannot be read or no mapping overlaps. */
+static inline long fh_test_smaps_kib(const void *a, size_t len, const char *field) {
+    long sum = 0;
+    return fh_test_smaps_field(a, len, field, fh_test_smaps_add_kib, &sum) > 0 ? sum : -1;
 }
 
 /* Locked memory of this process in KiB (VmLck), or -1. */
