@@ -180,9 +180,20 @@ pub trait Link: Send + Sync {
     /// rank's own sends and RDMA ops need not wake it (another thread is polling for them). On
     /// verbs this arms the receive CQ alone, so an application thread waiting on its own puts
     /// does not wake the progress thread for every completion. Losing a peer still wakes it (a
-    /// broken connection flushes the receive queue). Default: `wait`.
-    fn wait_messages(&self, timeout: Duration) -> Result<(), LinkError> {
-        self.wait(timeout)
+    /// broken connection flushes the receive queue). `Ok(false)`: the whole timeout passed and
+    /// no message (nor loss) can have come; `Ok(true)`: something may have. Default: `wait`,
+    /// then `true`.
+    fn wait_messages(&self, timeout: Duration) -> Result<bool, LinkError> {
+        self.wait(timeout).map(|()| true)
+    }
+    /// Send-queue work requests this rank has posted that report a completion (every RDMA op,
+    /// the signaled sends), as a count that only grows (0: the link does not count them). The
+    /// progress thread reads it before it sleeps: posts since its last sleep mean a thread is
+    /// issuing operations and will reap their completions in its next wait, so their
+    /// completions need not wake the progress thread (`wait_messages`). Verbs: the count the
+    /// send CQ's reaper keeps anyway, read with no cost to the post.
+    fn signaled_posts(&self) -> u64 {
+        0
     }
     /// Ends a current (or the next) `wait` at once, from any thread: the progress thread's stop.
     /// Links that can (`wakes`) let an idle progress thread sleep long; the default cannot, and

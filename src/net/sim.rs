@@ -194,6 +194,8 @@ struct State {
     overruns: u64,
     delivered: u64,
     rdma_done: u64,
+    /// RDMA ops each rank posted (accepted by `rdma`), for `Link::signaled_posts`.
+    rdma_posted: Vec<u64>,
     post_fault: PostFault,
     fault_rng: fastrand::Rng,
     /// Posts refused by `post_fault` so far.
@@ -413,6 +415,7 @@ impl SimNet {
             overruns: 0,
             delivered: 0,
             rdma_done: 0,
+            rdma_posted: vec![0; n],
             post_fault: PostFault::Off,
             fault_rng: fastrand::Rng::with_seed(cfg.seed ^ 0x5EED_FA17),
             posts_refused: 0,
@@ -831,8 +834,13 @@ impl Link for SimLink {
             })
         });
         st.push_flight(pair, self.rank, peer, Flight::Rdma(op, inline));
+        st.rdma_posted[self.rank as usize] += 1;
         st.notify(&self.sh.arrived);
         Ok(())
+    }
+
+    fn signaled_posts(&self) -> u64 {
+        self.sh.lock().rdma_posted[self.rank as usize]
     }
 }
 

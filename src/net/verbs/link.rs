@@ -495,7 +495,7 @@ impl VerbsLink {
     }
 
     /// `Link::wait` (`sends`: also woken by send-queue completions) and `Link::wait_messages`.
-    fn sleep(&self, timeout: Duration, sends: bool) -> Result<(), LinkError> {
+    fn sleep(&self, timeout: Duration, sends: bool) -> Result<bool, LinkError> {
         // Arm first, then look: a completion that lands after arming raises a channel event; one
         // that landed before is found by the checks below. Checking first and arming after would
         // lose a completion arriving in between and sleep the whole timeout.
@@ -509,7 +509,7 @@ impl VerbsLink {
         if self.lost_unreported.load(Ordering::Acquire) > 0
             || (sends && self.rdma_queued.load(Ordering::Acquire) > 0)
         {
-            return Ok(());
+            return Ok(true);
         }
         // Another thread polling receives holds the stash lock. Sleeping for everything, the
         // caller goes back to poll (that thread delivers what came before the arming). Sleeping
@@ -523,10 +523,10 @@ impl VerbsLink {
             Some(lock(&self.recv_stash))
         };
         match stash {
-            None => return Ok(()),
+            None => return Ok(true),
             Some(mut stash) => {
                 if !stash.is_empty() {
-                    return Ok(());
+                    return Ok(true);
                 }
                 // At most `POLL_BATCH` into an empty stash of that capacity: no allocation.
                 let k = self
@@ -534,14 +534,15 @@ impl VerbsLink {
                     .poll_each(POLL_BATCH, |c| stash.push(*c))
                     .map_err(dev)?;
                 if k > 0 {
-                    return Ok(());
+                    return Ok(true);
                 }
             }
         }
-        if self.channel.wait_readable(timeout).map_err(dev)? {
+        let readable = self.channel.wait_readable(timeout).map_err(dev)?;
+        if readable {
             self.channel.drain_events().map_err(dev)?;
         }
-        Ok(())
+        Ok(readable)
     }
 
     fn report_lost(&self, on_event: &mut dyn FnMut(LinkEvent<'_>)) -> usize {
@@ -755,10 +756,10 @@ impl Link for VerbsLink {
     }
 
     fn wait(&self, timeout: Duration) -> Result<(), LinkError> {
-        self.sleep(timeout, true)
+        self.sleep(timeout, true).map(|_| ())
     }
 
-    fn wait_messages(&self, timeout: Duration) -> Result<(), LinkError> {
+    fn wait_messages(&self, timeout: Duration) -> Result<bool, LinkError> {
         self.sleep(timeout, false)
     }
 
@@ -768,6 +769,12 @@ impl Link for VerbsLink {
 
     fn wakes(&self) -> bool {
         true
+    }
+
+    fn signaled_posts(&self) -> u64 {
+        // Dips by one only when a post fails (see `post`): a reader comparing two values may
+        // miss that one attempt, nothing else.
+        self.signaled_posted.load(Ordering::Relaxed)
     }
 
     fn probe(&self, peer: Rank) -> Result<(), LinkError> {

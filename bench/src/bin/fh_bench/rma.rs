@@ -185,6 +185,7 @@ fn measure(
     let mut samples: Vec<Vec<f64>> = vec![Vec::new(); ways.len()];
     let mut issue: Vec<Vec<f64>> = vec![Vec::new(); ways.len()];
     let mut fh = FirehoseStats::default();
+    let am_before = ctx.peers.am().stats();
     for b in 0..batches {
         for j in 0..ways.len() {
             let i = (point + b + j) % ways.len();
@@ -226,6 +227,19 @@ fn measure(
                 fh.puts_in_move += after.puts_in_move - before.puts_in_move;
             }
         }
+    }
+    // What this rank's progress thread did while the batches ran (stderr: the tables stay as
+    // they are): with the defaults it should sleep while the measuring thread waits.
+    if ctx.peers.settings().progress_thread {
+        let am_after = ctx.peers.am().stats();
+        eprintln!(
+            "# rank 0 progress thread, {:?} {} B {}: {} wake-ups, {} events handled",
+            p.kind,
+            p.size,
+            if p.latency { "latency" } else { "bandwidth" },
+            am_after.progress_wakeups - am_before.progress_wakeups,
+            am_after.progress_thread_events - am_before.progress_thread_events,
+        );
     }
     let remote = served::stats(ctx.peers.am(), 1);
     ways.iter()
