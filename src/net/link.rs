@@ -195,6 +195,13 @@ pub trait Link: Send + Sync {
     fn signaled_posts(&self) -> u64 {
         0
     }
+    /// Whether a thread is inside `rdma` now. On Soft-RoCE a WRITE's whole transfer runs inside
+    /// the post's system call, so a thread streaming large WRITEs is in there most of the time
+    /// (one post can outlast a progress thread's sleep): the progress thread leaves the
+    /// completions to it, as to a thread in a wait. Default: false (a post returns at once).
+    fn posting(&self) -> bool {
+        false
+    }
     /// Ends a current (or the next) `wait` at once, from any thread: the progress thread's stop.
     /// Links that can (`wakes`) let an idle progress thread sleep long; the default cannot, and
     /// `wait` then ends at its timeout.

@@ -2,10 +2,11 @@
 # fh_put / fh_get next to MPI with the default settings (c-tests/mpi/rma_attentive.c) under mpirun
 # with 4 ranks: a ring of puts where each rank enters MPI_Barrier right after its own put, and a
 # rank that computes for 2 s while its peers put to it and get from it; both must complete, every
-# byte checked; and a loop of blocking puts on every rank during which its progress thread must
-# stay asleep (the waiting caller reaps its own completions). Then with FH_PROGRESS_THREAD=0
-# (nobody answers a rank sitting in MPI): the job must FAIL, and within the wait bound
-# (FH_AM_TIMEOUT_MS=5000), not hang.
+# byte checked; a loop of blocking puts on every rank during which its progress thread must stay
+# asleep (the waiting caller reaps its own completions); and a stream of 64 KiB puts whose
+# completions the thread must leave to the caller (mostly inside its posts, not in a wait). Then
+# with FH_PROGRESS_THREAD=0 (nobody answers a rank sitting in MPI): the job must FAIL, and within
+# the wait bound (FH_AM_TIMEOUT_MS=5000), not hang.
 set -uo pipefail
 . "$FH_REPO/scripts/lib/verbs-test.sh"
 . "$FH_REPO/scripts/lib/mpi-firehose.sh"

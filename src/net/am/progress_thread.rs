@@ -81,10 +81,11 @@ pub(super) struct ProgressThread {
     handle: Option<crate::rt::raw_thread::RawThread>,
 }
 
-/// Whether an application thread is in a blocking wait now.
+/// Whether an application thread is in a blocking wait now, or inside an RDMA post (whose
+/// completion it will reap in its next wait: `Link::posting`).
 fn someone_waits(inner: &impl Progress) -> bool {
     let (begun, ended) = inner.waits();
-    begun != ended
+    begun != ended || inner.link().posting()
 }
 
 /// Polls until `spin` has passed since the last event (`None`: until stopped). Returns early on
@@ -186,7 +187,7 @@ impl ProgressThread {
                 // `RECENT_SLEEP` (a revocation can wait on them: their firehoses stay held).
                 let (begun, ended) = inner.waits();
                 let posts = inner.link().signaled_posts();
-                let recent = begun != waits_seen || posts != posts_seen;
+                let recent = begun != waits_seen || posts != posts_seen || inner.link().posting();
                 waits_seen = begun;
                 posts_seen = posts;
                 let slept = if begun != ended {
@@ -200,12 +201,14 @@ impl ProgressThread {
                     // A failed wait (link closed) must not become a hot loop.
                     Err(_) => std::thread::sleep(TICK),
                     // A sleep for messages ran out with none: if threads went on waiting or
-                    // posting meanwhile, the completions waiting now are theirs to reap in their
-                    // next wait. Polling would take them (a thread streaming 64 KiB WRITEs on
+                    // posting meanwhile, or one is inside a post or a wait now (one post can
+                    // outlast the sleep when four ranks share two CPUs under emulation), the
+                    // completions waiting now are theirs to reap in their next wait. Polling would take them (a thread streaming 64 KiB WRITEs on
                     // Soft-RoCE is inside a post most of the time: each 10 ms wake-up took ~5 of
                     // its completions, through the queue for results reaped elsewhere).
                     Ok(false) => {
-                        skip_poll = inner.waits().0 != waits_seen
+                        skip_poll = someone_waits(&*inner)
+                            || inner.waits().0 != waits_seen
                             || inner.link().signaled_posts() != posts_seen;
                     }
                     Ok(true) => {}

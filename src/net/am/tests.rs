@@ -252,6 +252,9 @@ impl Link for CountingLink {
     fn signaled_posts(&self) -> u64 {
         self.inner.signaled_posts()
     }
+    fn posting(&self) -> bool {
+        self.inner.posting()
+    }
     fn probe(&self, peer: Rank) -> Result<(), LinkError> {
         self.inner.probe(peer)
     }
