@@ -179,12 +179,13 @@ impl ProgressThread {
                     break;
                 }
                 // While application threads wait on their own operations (one waits now, or
-                // some began waiting or posting since the last sleep: a loop of blocking puts is
-                // between two waits part of the time), their completions must not wake this
-                // thread too (see `Am::polling`); else it sleeps for both. The choice holds for one sleep,
-                // kept short unless a waiter polls now: a thread that stopped waiting with
-                // operations in flight leaves their completions to this thread within
-                // `RECENT_SLEEP` (a revocation can wait on them: their firehoses stay held).
+                // some began waiting or posting since the last sleep, or one is inside a post:
+                // a loop of blocking puts is between two waits part of the time), their
+                // completions must not wake this thread too (see `Am::polling`); else it sleeps
+                // for both. The choice holds for one sleep, kept short unless a waiter polls
+                // now: a thread that stopped waiting with operations in flight leaves their
+                // completions to this thread within `RECENT_SLEEP` (a revocation can wait on
+                // them: their firehoses stay held).
                 let (begun, ended) = inner.waits();
                 let posts = inner.link().signaled_posts();
                 let recent = begun != waits_seen || posts != posts_seen || inner.link().posting();
@@ -203,9 +204,10 @@ impl ProgressThread {
                     // A sleep for messages ran out with none: if threads went on waiting or
                     // posting meanwhile, or one is inside a post or a wait now (one post can
                     // outlast the sleep when four ranks share two CPUs under emulation), the
-                    // completions waiting now are theirs to reap in their next wait. Polling would take them (a thread streaming 64 KiB WRITEs on
-                    // Soft-RoCE is inside a post most of the time: each 10 ms wake-up took ~5 of
-                    // its completions, through the queue for results reaped elsewhere).
+                    // completions waiting now are theirs to reap in their next wait. Polling
+                    // would take them (a thread streaming 64 KiB WRITEs on Soft-RoCE is inside a
+                    // post most of the time: each 10 ms wake-up took ~5 of its completions,
+                    // through the queue for results reaped elsewhere).
                     Ok(false) => {
                         skip_poll = someone_waits(&*inner)
                             || inner.waits().0 != waits_seen
