@@ -291,7 +291,6 @@ impl VerbsLink {
             max_rdma,
             send_reap: Mutex::new(()),
             rdma_queued: AtomicUsize::new(0),
-            posting: AtomicU32::new(0),
             signaled_posted: AtomicU64::new(0),
             send_reaped: AtomicU64::new(0),
             polls: AtomicU32::new(0),

@@ -93,8 +93,6 @@ pub struct VerbsLink {
     pub(super) rdma_done: Mutex<VecDeque<RdmaDone>>,
     /// Entries in `rdma_done` (bumped after a push): `poll` takes its lock only when non-zero.
     pub(super) rdma_queued: AtomicUsize,
-    /// Threads inside `rdma` now (`Link::posting`).
-    pub(super) posting: AtomicU32,
     /// Serialises send-CQ polls (the completed counters are written under it).
     pub(super) send_reap: Mutex<()>,
     /// Signaled send-queue work requests posted, and send completions reaped: while they are
@@ -824,9 +822,6 @@ impl Link for VerbsLink {
             len: op.len as u32, // <= max_rdma <= 2^31
             lkey: op.lkey,
         };
-        // On Soft-RoCE a WRITE's whole transfer runs inside the post's system call: a thread
-        // streaming them is in here most of the time, and its completions are its own to reap.
-        let _posting = Posting::enter(&self.posting);
         self.post(peer, true, |p, seq, _| {
             let id = wr_id::encode(WrKind::Rdma, peer, seq as u32);
             p.set_token(seq, op.token);
@@ -837,6 +832,10 @@ impl Link for VerbsLink {
                 // or at transmit, and the caller needs no registration for it.
                 inline: op.kind == RdmaKind::Write && op.len <= self.max_inline,
             };
+            // On Soft-RoCE a WRITE's whole transfer runs inside the post's system call: a thread
+            // streaming them is in here most of the time, and its completions are its own to
+            // reap (`Link::posting`). Under `posted`: one poster per peer at a time.
+            p.in_rdma_post.store(true, Ordering::Relaxed);
             // SAFETY: `Link::rdma`'s contract: the local range is registered under `lkey` (or,
             // inline, readable for this call: the provider copies it) and left alone until the
             // op's `RdmaDone`; the remote range is the target's, named by its rkey (a bad one
@@ -851,6 +850,7 @@ impl Link for VerbsLink {
                     }
                 }
             };
+            p.in_rdma_post.store(false, Ordering::Release);
             if r.is_err() {
                 p.rdma_outstanding.fetch_sub(1, Ordering::AcqRel);
             }
@@ -859,22 +859,9 @@ impl Link for VerbsLink {
     }
 
     fn posting(&self) -> bool {
-        self.posting.load(Ordering::Acquire) > 0
-    }
-}
-
-/// Counts a thread inside `VerbsLink::rdma` while it lives (`Link::posting`).
-struct Posting<'a>(&'a AtomicU32);
-
-impl<'a> Posting<'a> {
-    fn enter(n: &'a AtomicU32) -> Self {
-        n.fetch_add(1, Ordering::AcqRel);
-        Posting(n)
-    }
-}
-
-impl Drop for Posting<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
+        self.peers
+            .iter()
+            .flatten()
+            .any(|p| p.in_rdma_post.load(Ordering::Acquire))
     }
 }

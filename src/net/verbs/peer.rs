@@ -12,7 +12,7 @@
 //! `completed` moves past it). `rdma_outstanding` counts ops posted and not yet reported, so a
 //! lost peer's `PeerLost` can wait until its flushed ops have all been reported.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::Instant;
 
@@ -39,6 +39,9 @@ pub(super) struct Peer {
     tokens: Box<[AtomicU64]>,
     /// RDMA ops posted whose `RdmaDone` has not been delivered yet.
     pub rdma_outstanding: AtomicU32,
+    /// A thread is inside the provider's post of an RDMA op to this peer (written under
+    /// `posted`: plain stores on a line the poster holds anyway; `Link::posting` reads them).
+    pub in_rdma_post: AtomicBool,
     /// When the peer was marked lost (bounds how long its report waits for flushes).
     lost_at: OnceLock<Instant>,
     state: AtomicU8,
@@ -56,6 +59,7 @@ impl Peer {
             completed: AtomicU64::new(0),
             tokens: (0..sq_depth.max(1)).map(|_| AtomicU64::new(0)).collect(),
             rdma_outstanding: AtomicU32::new(0),
+            in_rdma_post: AtomicBool::new(false),
             lost_at: OnceLock::new(),
             state: AtomicU8::new(ALIVE),
             reason: Mutex::new(None),
