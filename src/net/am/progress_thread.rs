@@ -88,6 +88,26 @@ fn someone_waits(inner: &impl Progress) -> bool {
     begun != ended || inner.link().posting()
 }
 
+/// What application threads have begun so far: waits (`Progress::waits`) and posts
+/// (`Link::signaled_posts`). A change between two looks means a thread is issuing and waiting on
+/// its own operations, even if it is between two waits right now: a 64 KiB WRITE on Soft-RoCE
+/// spends its whole transfer inside the post's system call, so a thread streaming them is rarely
+/// inside a wait.
+#[derive(Clone, Copy, Default, PartialEq, Eq)]
+struct Begun {
+    waits: u64,
+    posts: u64,
+}
+
+impl Begun {
+    fn now(inner: &impl Progress) -> Begun {
+        Begun {
+            waits: inner.waits().0,
+            posts: inner.link().signaled_posts(),
+        }
+    }
+}
+
 /// Polls until `spin` has passed since the last event (`None`: until stopped). Returns early on
 /// a stop or a progress error (the caller's wait then reports a closed link by failing).
 /// `busy`: spin even if the first poll finds nothing (the thread's start: requests may be about
@@ -160,14 +180,8 @@ impl ProgressThread {
             // A memory hook firing on this thread must never wait for the library.
             crate::rt::inside::mark_thread();
             let mut started = true;
-            // `waits().0` at the last sleep: waits begun since then mean an application thread
-            // is issuing and waiting on operations, even if it is between two waits right now.
-            let mut waits_seen = 0;
-            // `Link::signaled_posts` at the last sleep: posts since then mean a thread is
-            // issuing operations (it reaps their completions in its next wait), even if it has
-            // not waited since: a 64 KiB WRITE on Soft-RoCE spends its whole transfer inside the
-            // post's system call, so a thread streaming them is rarely inside a wait.
-            let mut posts_seen = 0;
+            // What had begun at the last sleep.
+            let mut seen = Begun::default();
             // The last sleep was for messages, none came, and threads kept waiting or posting
             // meanwhile: nothing is this thread's to do (see below), so it sleeps again at once.
             let mut skip_poll = false;
@@ -187,10 +201,9 @@ impl ProgressThread {
                 // completions to this thread within `RECENT_SLEEP` (a revocation can wait on
                 // them: their firehoses stay held).
                 let (begun, ended) = inner.waits();
-                let posts = inner.link().signaled_posts();
-                let recent = begun != waits_seen || posts != posts_seen || inner.link().posting();
-                waits_seen = begun;
-                posts_seen = posts;
+                let now = Begun::now(&*inner);
+                let recent = now != seen || inner.link().posting();
+                seen = now;
                 let slept = if begun != ended {
                     inner.link().wait_messages(sleep)
                 } else if recent {
@@ -208,11 +221,7 @@ impl ProgressThread {
                     // would take them (a thread streaming 64 KiB WRITEs on Soft-RoCE is inside a
                     // post most of the time: each 10 ms wake-up took ~5 of its completions,
                     // through the queue for results reaped elsewhere).
-                    Ok(false) => {
-                        skip_poll = someone_waits(&*inner)
-                            || inner.waits().0 != waits_seen
-                            || inner.link().signaled_posts() != posts_seen;
-                    }
+                    Ok(false) => skip_poll = someone_waits(&*inner) || Begun::now(&*inner) != seen,
                     Ok(true) => {}
                 }
                 inner.woke();
