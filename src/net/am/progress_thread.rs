@@ -17,7 +17,9 @@
 //! woke it and sleeps in `Link::wait_messages` (verbs: the receive CQ armed, not the send CQ).
 //! The waiter reaps its own completions and answers what comes meanwhile. The same holds for a
 //! short while after a thread's last wait or post (`Link::signaled_posts`): a thread streaming
-//! RDMA is often inside a post rather than a wait. Measured in the
+//! RDMA is often inside a post rather than a wait. Those sleeps double while the threads stay
+//! busy (10 ms up to `RECENT_SLEEP_MAX`), so a stream does not wake the thread ~100 times a
+//! second for nothing. Measured in the
 //! Soft-RoCE VM (2 ranks, `fh_bench --test rma`, defaults): a thread that spun beside the waiter
 //! or woke for each of its completions doubled an 8-byte put (35 us against 18) and cut 64 KiB
 //! bandwidth by a fifth; the thread is now what it was for: an answer to peers.
@@ -46,9 +48,13 @@ use std::time::{Duration, Instant};
 const TICK: Duration = Duration::from_millis(10);
 /// The same on a link that `stop` can wake: only a lost wake-up would wait this long.
 const IDLE_SLEEP: Duration = Duration::from_secs(1);
-/// The longest sleep for messages only while no application thread waits now but some did
-/// since the last sleep (see the sleep in `start`).
+/// The first sleep for messages only while no application thread waits now but some did since
+/// the last sleep, or one is inside a post (see the sleep in `start`).
 const RECENT_SLEEP: Duration = Duration::from_millis(10);
+/// Such sleeps double while they run out with the threads still busy (a stream of posts), up to
+/// this: each wake-up is a context switch on a CPU the streaming thread or the device's kernel
+/// work needs, and it finds nothing to do.
+const RECENT_SLEEP_MAX: Duration = Duration::from_millis(160);
 /// Empty polls between two clock reads (and yields) while spinning: a clock read is a system
 /// call of about a microsecond under emulation.
 const CLOCK_EVERY: u32 = 64;
@@ -185,6 +191,8 @@ impl ProgressThread {
             // The last sleep was for messages, none came, and threads kept waiting or posting
             // meanwhile: nothing is this thread's to do (see below), so it sleeps again at once.
             let mut skip_poll = false;
+            // The next sleep for messages while threads are busy (`RECENT_SLEEP` doubling).
+            let mut recent_sleep = RECENT_SLEEP;
             while !flag.load(Ordering::Acquire) {
                 if !std::mem::take(&mut skip_poll) {
                     poll_while_busy(&*inner, &flag, spin, std::mem::take(&mut started));
@@ -207,7 +215,7 @@ impl ProgressThread {
                 let slept = if begun != ended {
                     inner.link().wait_messages(sleep)
                 } else if recent {
-                    inner.link().wait_messages(sleep.min(RECENT_SLEEP))
+                    inner.link().wait_messages(sleep.min(recent_sleep))
                 } else {
                     inner.link().wait(sleep).map(|()| true)
                 };
@@ -221,8 +229,22 @@ impl ProgressThread {
                     // would take them (a thread streaming 64 KiB WRITEs on Soft-RoCE is inside a
                     // post most of the time: each 10 ms wake-up took ~5 of its completions,
                     // through the queue for results reaped elsewhere).
-                    Ok(false) => skip_poll = someone_waits(&*inner) || Begun::now(&*inner) != seen,
-                    Ok(true) => {}
+                    //
+                    // While that goes on, the next such sleep is twice as long (up to
+                    // `RECENT_SLEEP_MAX`): a 10 ms sleep woke the thread ~100 times a second
+                    // beside every stream for nothing. What it costs: a thread that stops
+                    // posting with operations in flight and does not wait for them leaves their
+                    // completions here for up to that long (messages still wake the thread at
+                    // once; a revocation polls for itself).
+                    Ok(false) => {
+                        skip_poll = someone_waits(&*inner) || Begun::now(&*inner) != seen;
+                        recent_sleep = if skip_poll {
+                            (recent_sleep * 2).min(RECENT_SLEEP_MAX)
+                        } else {
+                            RECENT_SLEEP
+                        };
+                    }
+                    Ok(true) => recent_sleep = RECENT_SLEEP,
                 }
                 inner.woke();
             }
