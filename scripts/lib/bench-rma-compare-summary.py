@@ -12,8 +12,14 @@ The measures set side by side are alike: latency is the mean per op of the timed
 anchors time the whole loop; fh_bench's `t_avg_us`), bandwidth the bytes over the whole timed
 run (the anchors' total; fh_bench's batches are equal, so bytes / `t_avg_us`), MB = 10^6 bytes
 (perftest's MB/sec, 2^20, converted). fh_bench's median op (`t_typical_us`) and perftest's
-typical are shown beside them. A target's ratio is the median over boots of the ratio measured
-within each boot (under TCG only ratios within one boot mean anything).
+typical are shown beside them. A boot runs fh_bench and the anchors in one or more rounds
+(`fh_rma-rN.json`, `shmem_put-rN.log`, `mpi_put-rN.log`; an older boot's unsuffixed files are one
+round): a boot's value is the median over its rounds, its ratio the median over its rounds of the
+ratio within each round. A target's ratio is the median over boots of those (under TCG only
+ratios within one boot mean anything). The interleaved runs (`rma_interleaved_{mpi,shmem}-rN.log`:
+Firehose and one anchor in one process, alternating blocks) give their own ratios, median over
+rounds then boots, shown with the same bounds in lower case (pass/miss); the exit code follows
+the separate runs.
 """
 import json
 import os
@@ -77,27 +83,30 @@ def rc(path):
         return None
 
 
-def boot(dirname):
-    logs = os.path.join(res, dirname, "logs")
-    b = {"boot": dirname, "exit": rc(os.path.join(res, dirname + ".rc")), "values": {}, "notes": []}
-    v = {m[0]: {} for m in MEASURES}
-    mb = 1.048576  # perftest's MB/sec is 2^20 bytes
-    lat = lambda n: perf_col(os.path.join(logs, n + ".log"), 8, 5)  # noqa: E731  t_typical
-    bw = lambda n: perf_col(os.path.join(logs, n + ".log"), 65536, 4)  # noqa: E731  BW average
-    v["put_lat"]["perftest"] = lat("ib_write_lat")
-    v["get_lat"]["perftest"] = lat("ib_read_lat")
-    w, r = bw("ib_write_bw"), bw("ib_read_bw")
-    v["put_bw"]["perftest"] = w * mb if w else None
-    v["get_bw"]["perftest"] = r * mb if r else None
+def rounds_of(logs):
+    """The rounds a boot ran (`fh_rma-rN.json` and the anchors' `-rN` logs), in order; a boot of
+    an older layout (one unsuffixed run of each) is one round named ''."""
+    try:
+        names = os.listdir(logs)
+    except OSError:
+        return [""]
+    found = sorted({int(m.group(1)) for n in names for m in [re.fullmatch(r"(?:fh_rma|shmem_put|mpi_put|rma_interleaved_mpi|rma_interleaved_shmem)-r(\d+)\.\w+", n)] if m})
+    return [f"-r{r}" for r in found] or [""]
 
+
+def one_round(logs, sfx, b):
+    """The values of fh_bench and the anchors in one round (files with suffix `sfx`)."""
+    v = {m[0]: {} for m in MEASURES}
     fh = None
-    text = read(os.path.join(logs, "fh_rma.json"))
+    text = read(os.path.join(logs, f"fh_rma{sfx}.json"))
     if text:
         try:
             fh = json.loads(text.strip().splitlines()[-1])
         except ValueError:
-            b["notes"].append("fh_rma.json unreadable")
-    b["fh_bench_exit"] = rc(os.path.join(logs, "fh_rma.rc"))
+            b["notes"].append(f"fh_rma{sfx}.json unreadable")
+    code = rc(os.path.join(logs, f"fh_rma{sfx}.rc"))
+    if code not in (0, None) or b.get("fh_bench_exit") is None:
+        b["fh_bench_exit"] = code
     if fh:
         rows = {r["series"] + ("_lat" if r["bytes"] == 8 else "_bw"): r for r in fh.get("rma", [])}
         for op in ("put", "get"):
@@ -111,29 +120,86 @@ def boot(dirname):
                     v[op + "_bw"][src] = br["bytes"] / br["t_avg_us"]
                     if way == "firehose":
                         v[op + "_bw"]["fh_typical"] = br["bw_mb_s"]
-            b[f"fh_{op}_hit_rate_pct"] = min(
+            rate = min(
                 (r.get("hit_rate_pct") or 0.0 for k, r in rows.items() if k.startswith(f"firehose_{op}")),
                 default=None,
             )
+            key = f"fh_{op}_hit_rate_pct"
+            if rate is not None:
+                b[key] = rate if b.get(key) is None else min(b[key], rate)
         b["fh_env"] = fh.get("env")
     for name, src in (("shmem_put", "shmem"), ("mpi_put", "mpi")):
-        a = result_line(os.path.join(logs, name + ".log"))
-        b[name + "_exit"] = rc(os.path.join(logs, name + ".rc"))
+        a = result_line(os.path.join(logs, f"{name}{sfx}.log"))
+        code = rc(os.path.join(logs, f"{name}{sfx}.rc"))
+        if b.get(name + "_exit") in (0, None):
+            b[name + "_exit"] = code
         if a:
             v["put_lat"][src] = a.get("lat_8b_us")
             v["get_lat"][src] = a.get("get_lat_8b_us")
             v["put_bw"][src] = a.get("bw_64k_mb_s")
             v["get_bw"][src] = a.get("get_bw_64k_mb_s")
-        if b[name + "_exit"] not in (0, None):
-            b["notes"].append(f"{name} exit {b[name + '_exit']}" + (" after printing its numbers" if a else ", no numbers"))
-    b["values"] = v
-    b["ratios"] = {}
+        if code not in (0, None):
+            b["notes"].append(f"{name}{sfx} exit {code}" + (" after printing its numbers" if a else ", no numbers"))
+    return v
+
+
+def interleaved_round(logs, sfx, b):
+    """The ratios of rma_interleaved (Firehose and one anchor in one process) in one round:
+    `{measure}_fh_vs_{anchor}`, each the median over block pairs of the ratio within a pair."""
+    out = {}
+    for anchor in ("mpi", "shmem"):
+        name = f"rma_interleaved_{anchor}"
+        a = result_line(os.path.join(logs, f"{name}{sfx}.log"))
+        code = rc(os.path.join(logs, f"{name}{sfx}.rc"))
+        if b.get(name + "_exit") in (0, None):
+            b[name + "_exit"] = code
+        if code not in (0, None):
+            b["notes"].append(f"{name}{sfx} exit {code}" + (" after printing its numbers" if a else ", no numbers"))
+        if not a:
+            continue
+        for key, _, _, _ in MEASURES:
+            r = a.get(f"{key}_ratio")
+            if r:
+                out[f"{key}_fh_vs_{anchor}"] = r
+    return out
+
+
+def ratios_of(v):
+    out = {}
     for key, _, _, _ in MEASURES:
         f = v[key].get("fh")
         for other in ("shmem", "mpi", "floor", "perftest"):
             o = v[key].get(other)
             if f and o:
-                b["ratios"][f"{key}_fh_vs_{other}"] = f / o
+                out[f"{key}_fh_vs_{other}"] = f / o
+    return out
+
+
+def boot(dirname):
+    """One boot: perftest once; fh_bench and the anchors per round. Its value of a measure is the
+    median over its rounds; its ratio the median over rounds of the ratio within each round."""
+    logs = os.path.join(res, dirname, "logs")
+    b = {"boot": dirname, "exit": rc(os.path.join(res, dirname + ".rc")), "values": {}, "notes": []}
+    mb = 1.048576  # perftest's MB/sec is 2^20 bytes
+    lat = lambda n: perf_col(os.path.join(logs, n + ".log"), 8, 5)  # noqa: E731  t_typical
+    bw = lambda n: perf_col(os.path.join(logs, n + ".log"), 65536, 4)  # noqa: E731  BW average
+    w, r = bw("ib_write_bw"), bw("ib_read_bw")
+    perftest = {"put_lat": lat("ib_write_lat"), "get_lat": lat("ib_read_lat"),
+                "put_bw": w * mb if w else None, "get_bw": r * mb if r else None}
+    rounds = []
+    for sfx in rounds_of(logs):
+        v = one_round(logs, sfx, b)
+        for key in perftest:
+            v[key]["perftest"] = perftest[key]
+        rounds.append({"round": sfx.lstrip("-") or "r1", "values": v, "ratios": ratios_of(v),
+                       "interleaved": interleaved_round(logs, sfx, b)})
+    b["rounds"] = rounds
+    b["values"] = {key: {src: med([rd["values"][key].get(src) for rd in rounds]) for src, _ in SOURCES}
+                   for key, _, _, _ in MEASURES}
+    keys = {k for rd in rounds for k in rd["ratios"]}
+    b["ratios"] = {k: med([rd["ratios"].get(k) for rd in rounds]) for k in keys}
+    keys = {k for rd in rounds for k in rd["interleaved"]}
+    b["interleaved"] = {k: med([rd["interleaved"].get(k) for rd in rounds]) for k in keys}
     return b
 
 
@@ -166,7 +232,10 @@ boots = [boot(d) for d in dirs]
 n = len(boots)
 rule = "-" * (44 + 12 * (n + 1))
 print(rule)
-print(f" bench-rma-compare: {n} boot(s), library defaults (no FH_* tuning), 2 ranks, window 16")
+nr = max((len(b["rounds"]) for b in boots), default=0)
+print(f" bench-rma-compare: {n} boot(s) x {nr} round(s), library defaults (no FH_* tuning), 2 ranks, window 16")
+if nr > 1:
+    print(" a boot's value: the median of its rounds; its ratio: the median of the ratios within each round")
 print(rule)
 head = f" {'measure / source':<42} " + "".join(f"{b['boot']:<12}" for b in boots) + "median"
 medians = {}
@@ -186,7 +255,7 @@ for key, label, unit, _ in MEASURES:
     print(rule)
 
 ratios = {}
-print("ratios (per boot; median over boots)")
+print("ratios (per boot: median over its rounds of the ratio within each round; median over boots)")
 print(head)
 order = [m[0] for m in MEASURES]
 keys = sorted({k for b in boots for k in b["ratios"]}, key=lambda k: (order.index(k.split("_fh_vs_")[0]), k))
@@ -196,6 +265,19 @@ for k in keys:
     print(f"  {k:<41} " + "".join(f"{x:<12.3f}" if x is not None else f"{'-':<12}" for x in vals)
           + (f"{ratios[k]['median']:.3f}" if ratios[k]["median"] is not None else "-"))
 print(rule)
+inter = {}
+ikeys = sorted({k for b in boots for k in b.get("interleaved", {})},
+               key=lambda k: (order.index(k.split("_fh_vs_")[0]), k))
+if ikeys:
+    print("interleaved in one process (bench/anchor/rma_interleaved.c: blocks of Firehose ops and of")
+    print(" the anchor's alternating F A A F ...; a round's ratio is the median over block pairs)")
+    print(head)
+    for k in ikeys:
+        vals = [b.get("interleaved", {}).get(k) for b in boots]
+        inter[k] = {"per_boot": vals, "median": med(vals)}
+        print(f"  {k:<41} " + "".join(f"{x:<12.3f}" if x is not None else f"{'-':<12}" for x in vals)
+              + (f"{inter[k]['median']:.3f}" if inter[k]["median"] is not None else "-"))
+    print(rule)
 for b in boots:
     hr = [f"{op} hit rate {b.get(f'fh_{op}_hit_rate_pct')}" for op in ("put", "get")]
     line = f" {b['boot']}: boot exit {b['exit']}, fh_bench exit {b.get('fh_bench_exit')}, " \
@@ -229,8 +311,23 @@ for key, label, _, lower in MEASURES:
         shown = f"{v:.4f}" if v is not None else "no number"
         print(f"{'PASS' if ok else 'MISS'} {k}: {shown} {op} {limit} ({targets[-1]['what']})")
 
+# The same targets on the interleaved runs (shown; the exit code follows the separate runs above).
+inter_targets = []
+for key, label, _, lower in MEASURES:
+    for other in ("shmem", "mpi"):
+        k = f"{key}_fh_vs_{other}"
+        if k not in inter:
+            continue
+        v = inter[k]["median"]
+        op, limit = ("<=", 1.0) if lower else (">=", 1.0)
+        ok = v is not None and (v <= limit if lower else v >= limit)
+        inter_targets.append({"target": k, "value": v, "op": op, "limit": limit, "pass": ok})
+        shown = f"{v:.4f}" if v is not None else "no number"
+        print(f"{'pass' if ok else 'miss'} {k} (interleaved): {shown} {op} {limit}")
+
 doc = {"bench": "bench-rma-compare", "boots": boots, "median": medians, "ratios": ratios,
-       "targets": targets, "instructions_per_op": ins}
+       "targets": targets, "interleaved": inter, "interleaved_targets": inter_targets,
+       "instructions_per_op": ins}
 with open(os.path.join(res, "bench-rma-compare.json"), "w") as f:
     json.dump(doc, f, indent=1)
     f.write("\n")
