@@ -94,6 +94,18 @@ def rounds_of(logs):
     return [f"-r{r}" for r in found] or [""]
 
 
+def anchor_result(logs, name, sfx, b):
+    """The result line of program `name` in the round of suffix `sfx` (None without one); its
+    exit goes into the boot (the first that failed, else 0) and, when it failed, a note."""
+    a = result_line(os.path.join(logs, f"{name}{sfx}.log"))
+    code = rc(os.path.join(logs, f"{name}{sfx}.rc"))
+    if b.get(name + "_exit") in (0, None):
+        b[name + "_exit"] = code
+    if code not in (0, None):
+        b["notes"].append(f"{name}{sfx} exit {code}" + (" after printing its numbers" if a else ", no numbers"))
+    return a
+
+
 def one_round(logs, sfx, b):
     """The values of fh_bench and the anchors in one round (files with suffix `sfx`)."""
     v = {m[0]: {} for m in MEASURES}
@@ -129,17 +141,12 @@ def one_round(logs, sfx, b):
                 b[key] = rate if b.get(key) is None else min(b[key], rate)
         b["fh_env"] = fh.get("env")
     for name, src in (("shmem_put", "shmem"), ("mpi_put", "mpi")):
-        a = result_line(os.path.join(logs, f"{name}{sfx}.log"))
-        code = rc(os.path.join(logs, f"{name}{sfx}.rc"))
-        if b.get(name + "_exit") in (0, None):
-            b[name + "_exit"] = code
+        a = anchor_result(logs, name, sfx, b)
         if a:
             v["put_lat"][src] = a.get("lat_8b_us")
             v["get_lat"][src] = a.get("get_lat_8b_us")
             v["put_bw"][src] = a.get("bw_64k_mb_s")
             v["get_bw"][src] = a.get("get_bw_64k_mb_s")
-        if code not in (0, None):
-            b["notes"].append(f"{name}{sfx} exit {code}" + (" after printing its numbers" if a else ", no numbers"))
     return v
 
 
@@ -148,13 +155,7 @@ def interleaved_round(logs, sfx, b):
     `{measure}_fh_vs_{anchor}`, each the median over block pairs of the ratio within a pair."""
     out = {}
     for anchor in ("mpi", "shmem"):
-        name = f"rma_interleaved_{anchor}"
-        a = result_line(os.path.join(logs, f"{name}{sfx}.log"))
-        code = rc(os.path.join(logs, f"{name}{sfx}.rc"))
-        if b.get(name + "_exit") in (0, None):
-            b[name + "_exit"] = code
-        if code not in (0, None):
-            b["notes"].append(f"{name}{sfx} exit {code}" + (" after printing its numbers" if a else ", no numbers"))
+        a = anchor_result(logs, f"rma_interleaved_{anchor}", sfx, b)
         if not a:
             continue
         for key, _, _, _ in MEASURES:
@@ -254,30 +255,33 @@ for key, label, unit, _ in MEASURES:
         print(f"  {name:<41} " + "".join(fmt(x) for x in vals) + fmt(m))
     print(rule)
 
-ratios = {}
-print("ratios (per boot: median over its rounds of the ratio within each round; median over boots)")
-print(head)
 order = [m[0] for m in MEASURES]
-keys = sorted({k for b in boots for k in b["ratios"]}, key=lambda k: (order.index(k.split("_fh_vs_")[0]), k))
-for k in keys:
-    vals = [b["ratios"].get(k) for b in boots]
-    ratios[k] = {"per_boot": vals, "median": med(vals)}
-    print(f"  {k:<41} " + "".join(f"{x:<12.3f}" if x is not None else f"{'-':<12}" for x in vals)
-          + (f"{ratios[k]['median']:.3f}" if ratios[k]["median"] is not None else "-"))
-print(rule)
-inter = {}
-ikeys = sorted({k for b in boots for k in b.get("interleaved", {})},
-               key=lambda k: (order.index(k.split("_fh_vs_")[0]), k))
-if ikeys:
-    print("interleaved in one process (bench/anchor/rma_interleaved.c: blocks of Firehose ops and of")
-    print(" the anchor's alternating F A A F ...; a round's ratio is the median over block pairs)")
+
+
+def ratio_table(field, titles):
+    """Prints the boots' ratios under `field` (a row per ratio, a column per boot, the median);
+    returns them as {ratio: {per_boot, median}}. Nothing when no boot has any."""
+    out = {}
+    keys = sorted({k for b in boots for k in b.get(field, {})},
+                  key=lambda k: (order.index(k.split("_fh_vs_")[0]), k))
+    if not keys:
+        return out
+    for t in titles:
+        print(t)
     print(head)
-    for k in ikeys:
-        vals = [b.get("interleaved", {}).get(k) for b in boots]
-        inter[k] = {"per_boot": vals, "median": med(vals)}
+    for k in keys:
+        vals = [b.get(field, {}).get(k) for b in boots]
+        out[k] = {"per_boot": vals, "median": med(vals)}
         print(f"  {k:<41} " + "".join(f"{x:<12.3f}" if x is not None else f"{'-':<12}" for x in vals)
-              + (f"{inter[k]['median']:.3f}" if inter[k]["median"] is not None else "-"))
+              + (f"{out[k]['median']:.3f}" if out[k]["median"] is not None else "-"))
     print(rule)
+    return out
+
+
+ratios = ratio_table("ratios", ["ratios (per boot: median over its rounds of the ratio within each round; median over boots)"])
+inter = ratio_table("interleaved", [
+    "interleaved in one process (bench/anchor/rma_interleaved.c: blocks of Firehose ops and of",
+    " the anchor's alternating F A A F ...; a round's ratio is the median over block pairs)"])
 for b in boots:
     hr = [f"{op} hit rate {b.get(f'fh_{op}_hit_rate_pct')}" for op in ("put", "get")]
     line = f" {b['boot']}: boot exit {b['exit']}, fh_bench exit {b.get('fh_bench_exit')}, " \
@@ -299,31 +303,31 @@ if ins:
         print(f"  hit get / floor get: {ins['get'] / ins['floor-get']:.3f}")
 print(rule)
 
-targets = []
-for key, label, _, lower in MEASURES:
-    for other in ("shmem", "mpi"):
-        k = f"{key}_fh_vs_{other}"
-        v = ratios.get(k, {}).get("median")
-        op, limit = ("<=", 1.0) if lower else (">=", 1.0)
-        ok = v is not None and (v <= limit if lower else v >= limit)
-        targets.append({"target": k, "value": v, "op": op, "limit": limit, "pass": ok,
-                        "what": f"{label}: fh / {other}, median over boots of the ratio within each boot"})
-        shown = f"{v:.4f}" if v is not None else "no number"
-        print(f"{'PASS' if ok else 'MISS'} {k}: {shown} {op} {limit} ({targets[-1]['what']})")
+def judge(table, interleaved):
+    """The targets (latency ratio <= 1.0, bandwidth ratio >= 1.0) on `table`'s medians, printed as
+    PASS/MISS lines (the interleaved ones, only those measured, as lower-case pass/miss)."""
+    out = []
+    for key, label, _, lower in MEASURES:
+        for other in ("shmem", "mpi"):
+            k = f"{key}_fh_vs_{other}"
+            if interleaved and k not in table:
+                continue
+            v = table.get(k, {}).get("median")
+            op, limit = ("<=", 1.0) if lower else (">=", 1.0)
+            ok = v is not None and (v <= limit if lower else v >= limit)
+            what = f"{label}: fh / {other}, median over boots of the ratio within each boot"
+            out.append({"target": k, "value": v, "op": op, "limit": limit, "pass": ok, "what": what})
+            shown = f"{v:.4f}" if v is not None else "no number"
+            if interleaved:
+                print(f"{'pass' if ok else 'miss'} {k} (interleaved): {shown} {op} {limit}")
+            else:
+                print(f"{'PASS' if ok else 'MISS'} {k}: {shown} {op} {limit} ({what})")
+    return out
 
+
+targets = judge(ratios, False)
 # The same targets on the interleaved runs (shown; the exit code follows the separate runs above).
-inter_targets = []
-for key, label, _, lower in MEASURES:
-    for other in ("shmem", "mpi"):
-        k = f"{key}_fh_vs_{other}"
-        if k not in inter:
-            continue
-        v = inter[k]["median"]
-        op, limit = ("<=", 1.0) if lower else (">=", 1.0)
-        ok = v is not None and (v <= limit if lower else v >= limit)
-        inter_targets.append({"target": k, "value": v, "op": op, "limit": limit, "pass": ok})
-        shown = f"{v:.4f}" if v is not None else "no number"
-        print(f"{'pass' if ok else 'miss'} {k} (interleaved): {shown} {op} {limit}")
+inter_targets = judge(inter, True)
 
 doc = {"bench": "bench-rma-compare", "boots": boots, "median": medians, "ratios": ratios,
        "targets": targets, "interleaved": inter, "interleaved_targets": inter_targets,
