@@ -206,8 +206,9 @@ impl ProgressThread {
                 // completions must not wake this thread too (see `Am::polling`); else it sleeps
                 // for both. The choice holds for one sleep, kept short unless a waiter polls
                 // now: a thread that stopped waiting with operations in flight leaves their
-                // completions to this thread within `RECENT_SLEEP` (a revocation can wait on
-                // them: their firehoses stay held).
+                // completions to this thread within the current short sleep (`RECENT_SLEEP`,
+                // doubled while threads stay busy, at most `RECENT_SLEEP_MAX`; a revocation can
+                // wait on them: their firehoses stay held).
                 let (begun, ended) = inner.waits();
                 let now = Begun::now(&*inner);
                 let recent = now != seen || inner.link().posting();
