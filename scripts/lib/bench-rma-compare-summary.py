@@ -152,7 +152,9 @@ def one_round(logs, sfx, b):
 
 def interleaved_round(logs, sfx, b):
     """The ratios of rma_interleaved (Firehose and one anchor in one process) in one round:
-    `{measure}_fh_vs_{anchor}`, each the median over block pairs of the ratio within a pair."""
+    `{measure}_fh_vs_{anchor}`, each the median over block pairs of the ratio within a pair.
+    Firehose's RDMA work requests per op of the bandwidth measures go to the boot's
+    `fh_wr_per_op` lists (one value per run)."""
     out = {}
     for anchor in ("mpi", "shmem"):
         a = anchor_result(logs, f"rma_interleaved_{anchor}", sfx, b)
@@ -162,6 +164,9 @@ def interleaved_round(logs, sfx, b):
             r = a.get(f"{key}_ratio")
             if r:
                 out[f"{key}_fh_vs_{anchor}"] = r
+            w = a.get(f"{key}_fh_wr_per_op")
+            if w is not None and key.endswith("_bw"):
+                b.setdefault("fh_wr_per_op", {}).setdefault(key, []).append(w)
     return out
 
 
@@ -286,6 +291,11 @@ for b in boots:
     hr = [f"{op} hit rate {b.get(f'fh_{op}_hit_rate_pct')}" for op in ("put", "get")]
     line = f" {b['boot']}: boot exit {b['exit']}, fh_bench exit {b.get('fh_bench_exit')}, " \
            f"shmem_put exit {b.get('shmem_put_exit')}, mpi_put exit {b.get('mpi_put_exit')}; " + ", ".join(hr)
+    wr = b.get("fh_wr_per_op", {})
+    if wr:
+        # An op that crosses a region boundary of the target takes one request per region.
+        line += "; fh RDMA work requests per 64 KiB op (interleaved): " + ", ".join(
+            f"{k.split('_')[0]} {med(v):.2f}" for k, v in sorted(wr.items()))
     print(line)
     for note in b["notes"]:
         print(f"   note: {note}")
