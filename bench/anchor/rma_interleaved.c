@@ -308,24 +308,24 @@ int main(int argc, char **argv)
         static const char *names[4] = {"put_lat", "get_lat", "put_bw", "get_bw"};
         static const char *what[4] = {"8 B put + completion", "8 B get", "64 KiB put bandwidth",
                                       "64 KiB get bandwidth"};
-        double fv[4], av[4], ratio[4];
+        double fv[4], av[4], ratio[4], wr[4]; /* wr: fh's RDMA work requests per op */
         int ahead[4];
-        uint64_t posted[4] = {0, 0, 0, 0};
         for (int m = 0; m < 4; m++) {
             static double tf[MAX_BLOCKS], ta[MAX_BLOCKS], r[MAX_BLOCKS];
             int n_ops = m < 2 ? ops : bw_msgs;
             f.op8 = m == 1 ? f_get8 : f_put8;
             a.op8 = m == 1 ? a_get8 : a_put8;
             double sf = 0, sa = 0;
+            uint64_t posted = 0;
             ahead[m] = 0;
             for (int b = 0; b < blocks; b++) {
                 /* F A, A F, F A, ...: neither side always first. */
                 if (b % 2 == 0) {
-                    tf[b] = f_block(&f, m, n_ops, window, &posted[m]);
+                    tf[b] = f_block(&f, m, n_ops, window, &posted);
                     ta[b] = block(&a, m, n_ops, window);
                 } else {
                     ta[b] = block(&a, m, n_ops, window);
-                    tf[b] = f_block(&f, m, n_ops, window, &posted[m]);
+                    tf[b] = f_block(&f, m, n_ops, window, &posted);
                 }
                 sf += tf[b];
                 sa += ta[b];
@@ -337,6 +337,7 @@ int main(int argc, char **argv)
             fv[m] = m < 2 ? sf * 1e6 / total : total * BIG / sf / 1e6;
             av[m] = m < 2 ? sa * 1e6 / total : total * BIG / sa / 1e6;
             ratio[m] = median(r, blocks);
+            wr[m] = (double)posted / total;
         }
         if (json) {
             printf("{\"tool\":\"rma_interleaved\",\"anchor\":\"%s\",\"blocks\":%d,\"ops\":%d,"
@@ -346,7 +347,7 @@ int main(int argc, char **argv)
                 printf(",\"%s_fh\":%.3f,\"%s_anchor\":%.3f,\"%s_ratio\":%.4f,\"%s_fh_ahead\":%d"
                        ",\"%s_fh_wr_per_op\":%.3f",
                        names[m], fv[m], names[m], av[m], names[m], ratio[m], names[m], ahead[m],
-                       names[m], (double)posted[m] / ((double)blocks * (m < 2 ? ops : bw_msgs)));
+                       names[m], wr[m]);
             printf("}\n");
         } else {
             printf("# rma_interleaved: Firehose beside %s in one process, %d block pairs per "
@@ -362,8 +363,7 @@ int main(int argc, char **argv)
                    "above 1 is fh ahead for bandwidth, below 1 for latency\n");
             printf("# fh RDMA work requests per 64 KiB op: put %.2f, get %.2f (one per target "
                    "region the op covers)\n",
-                   (double)posted[2] / ((double)blocks * bw_msgs),
-                   (double)posted[3] / ((double)blocks * bw_msgs));
+                   wr[2], wr[3]);
         }
         fflush(stdout);
     }
