@@ -47,7 +47,7 @@ use super::bounce::{self, Bounce};
 use super::done_board::{self, DoneBoard, Slot};
 use super::expose::{ExposeMode, Exposed, Exposure};
 use super::ops::{Chunk, Finished, Ops, Request, FAST, OWN};
-use super::probe::{Due, WaitClock};
+use super::probe::{Due, IdlePolls, WaitClock};
 use super::revoke::{self, Revocation, RevokeSettings, RevokeStats};
 use super::self_copy::{self, Dir};
 use super::target_pins::TargetPins;
@@ -1436,7 +1436,8 @@ impl Rma {
                 return r;
             }
             if n == 0 {
-                std::thread::yield_now();
+                // The completion is due any moment: spin, as `Bounded`'s first empty polls do.
+                std::hint::spin_loop();
             }
         }
         self.wait_rest(req)
@@ -1710,6 +1711,7 @@ impl revoke::Driver for RmaDriver {
 struct Bounded {
     clock: WaitClock,
     gave_up: bool,
+    idle: IdlePolls,
 }
 
 impl Bounded {
@@ -1718,6 +1720,7 @@ impl Bounded {
         Bounded {
             clock: WaitClock::new(s.probe, s.timeout),
             gave_up: false,
+            idle: IdlePolls::default(),
         }
     }
 
@@ -1742,7 +1745,7 @@ impl Bounded {
             }
         }
         if n == 0 {
-            std::thread::yield_now();
+            self.idle.pause(std::thread::yield_now);
         }
         Ok(())
     }

@@ -8,13 +8,46 @@
 //!
 //! Busy polls count too (not only idle ones): a waiter whose polls keep handling other peers'
 //! traffic must still see its own peer's silence.
+//!
+//! `IdlePolls`: what a wait does after a poll that found nothing. It spins (`spin_loop`) and
+//! yields the CPU (`sched_yield`) only every `YIELD_EVERY`-th time. Yielding after every empty
+//! poll put a system call between the completion's arrival and the poll that sees it (natively
+//! hundreds of ns against a 2-3 us put; under TCG microseconds), as UCX's and OpenSHMEM's
+//! waits, which spin on their progress call, do not. A rank sharing its core with another (more
+//! ranks than cores) still gets the core back within `YIELD_EVERY` polls.
 
 use std::time::{Duration, Instant};
 
-/// Polls between two clock reads. A poll costs at least a CQ poll (and an idle one a
-/// `sched_yield`: hundreds of ns natively), so the probe interval (1 s by default) and the
-/// bound are still kept to well under a millisecond.
+/// Polls between two clock reads. A poll costs at least a CQ poll (and every `YIELD_EVERY`-th
+/// idle one a `sched_yield`: hundreds of ns natively), so the probe interval (1 s by default)
+/// and the bound are still kept to well under a millisecond.
 pub(super) const CHECK_EVERY: u32 = 64;
+
+/// Empty polls per `sched_yield` of a waiting thread; the others spin. In the Soft-RoCE VM, 8
+/// rounds of the interleaved benchmark against 1 (a yield per empty poll): 7 of its 8 ratios
+/// moved the right way, by 0.4-1.5 % (`docs/benchmarks.md`).
+pub(super) const YIELD_EVERY: u32 = 64;
+
+/// A wait's empty polls: spin, yield every `YIELD_EVERY`-th (see the module's doc).
+#[derive(Debug, Default)]
+pub(super) struct IdlePolls {
+    n: u32,
+}
+
+impl IdlePolls {
+    /// After a poll that found nothing; returns whether it yielded (`yield_now`).
+    #[inline]
+    pub(super) fn pause(&mut self, yield_now: impl FnOnce()) -> bool {
+        self.n += 1;
+        if self.n < YIELD_EVERY {
+            std::hint::spin_loop();
+            return false;
+        }
+        self.n = 0;
+        yield_now();
+        true
+    }
+}
 
 /// What a wait has to do after a poll.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -105,6 +138,26 @@ mod tests {
         assert_eq!(probes(&mut p, 11), 1);
         assert_eq!(probes(&mut p, 12), 0);
         assert_eq!(probes(&mut p, 22), 1, "probed again one interval later");
+    }
+
+    #[test]
+    fn idle_polls_yield_once_every_yield_every() {
+        let mut idle = IdlePolls::default();
+        let yields = Cell::new(0);
+        let pauses = 3 * YIELD_EVERY + 5;
+        let yielded = (0..pauses)
+            .filter(|_| idle.pause(|| yields.set(yields.get() + 1)))
+            .count();
+        assert_eq!(
+            yields.get(),
+            3,
+            "one yield per YIELD_EVERY empty polls, no more"
+        );
+        assert_eq!(yielded, 3);
+        // The first empty polls of a wait spin: a completion due any moment is seen at once.
+        let mut fresh = IdlePolls::default();
+        assert!((1..YIELD_EVERY).all(|_| !fresh.pause(|| panic!("yielded early"))));
+        assert!(fresh.pause(|| ()));
     }
 
     #[test]
