@@ -11,10 +11,10 @@
 //!
 //! `IdlePolls`: what a wait does after a poll that found nothing. It spins (`spin_loop`) and
 //! yields the CPU (`sched_yield`) only every `YIELD_EVERY`-th time. Yielding after every empty
-//! poll put a system call between the completion's arrival and the poll that sees it (natively
-//! hundreds of ns against a 2-3 us put; under TCG microseconds), as UCX's and OpenSHMEM's
-//! waits, which spin on their progress call, do not. A rank sharing its core with another (more
-//! ranks than cores) still gets the core back within `YIELD_EVERY` polls.
+//! poll put a system call between a completion's arrival and the poll that sees it (natively
+//! hundreds of ns against a 2-3 us put; under TCG microseconds); UCX's and OpenSHMEM's waits
+//! spin on their progress call and pay none. A rank sharing its core with another (more ranks
+//! than cores) still gets the core back within `YIELD_EVERY` polls.
 
 use std::time::{Duration, Instant};
 
