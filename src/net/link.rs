@@ -241,4 +241,20 @@ pub trait Link: Send + Sync {
     /// an inline WRITE (`len <= max_inline_write()`) only needs it readable during the call.
     /// The remote range is the target's to keep valid (its rkey says it allowed this).
     unsafe fn rdma(&self, peer: Rank, op: RdmaOp) -> Result<(), LinkError>;
+    /// Posts `ops` to `peer` in order, as `rdma` each would, but as one batch where the link can
+    /// (verbs: one chain of work requests, so one doorbell; on Soft-RoCE one system call). Each
+    /// posted op has its own `RdmaDone` to come. `Err((n, e))`: the first `n` ops were posted,
+    /// the rest were not (no event comes for them), `e` says why. Verbs checks every op
+    /// (`BadRank`, `ZeroLength`, `TooLong`, `Overflow`) before it posts any, so such an error
+    /// comes with `n == 0`; the default (one `rdma` per op) stops at the first op refused.
+    ///
+    /// # Safety
+    /// Each op as `rdma`.
+    unsafe fn rdma_batch(&self, peer: Rank, ops: &[RdmaOp]) -> Result<(), (usize, LinkError)> {
+        for (i, op) in ops.iter().enumerate() {
+            // SAFETY: forwarded contract, op by op.
+            unsafe { self.rdma(peer, *op) }.map_err(|e| (i, e))?;
+        }
+        Ok(())
+    }
 }

@@ -65,6 +65,10 @@ use firehose_proto::{
 /// The active-message id of every Firehose message.
 pub const FIREHOSE_AM: u16 = 0xFE00;
 
+/// Most segments of one chunk posted in one `Link::rdma_batch` (an op usually has one or two:
+/// one per region it covers).
+const POST_BATCH: usize = 4;
+
 /// Counters of the driver itself (the algorithm counts the rest).
 #[derive(Debug, Default)]
 struct Counters {
@@ -922,31 +926,49 @@ impl Rma {
             self.seg_done_empty(op);
             return;
         }
-        for s in segs {
-            self.post_seg(op, c, s);
-        }
-    }
-
-    /// Posts segment `s` of chunk `op` (`post`; the hit path's one segment directly).
-    #[inline(always)]
-    fn post_seg(&self, op: u64, c: &Chunk, s: &Seg) {
-        let off = s.raddr - c.raddr;
-        let rop = RdmaOp {
-            kind: c.kind,
-            local_addr: c.local + off,
-            lkey: c.lkey,
-            len: s.len,
-            remote_addr: s.raddr,
-            rkey: s.rkey,
-            token: op,
-        };
-        self.counters.rdma_posted.fetch_add(1, Relaxed);
-        // SAFETY: the local range lies in the caller's buffer, registered under `lkey` by
-        // the cache until the request ends (after this op's last completion); the caller
-        // does not touch it until then (fh_put_nb/fh_get_nb contract). The remote range is
-        // inside a region the target pinned for us, held until `release`.
-        if let Err(e) = unsafe { self.peers.link().rdma(c.peer, rop) } {
-            self.seg_failed(op, e);
+        // An op over several regions goes out as one batch (verbs: one chain of work requests,
+        // one doorbell; on Soft-RoCE one system call instead of one per region).
+        let mut from = 0;
+        while from < segs.len() {
+            let group = &segs[from..segs.len().min(from + POST_BATCH)];
+            let mut batch = [RdmaOp {
+                kind: c.kind,
+                local_addr: 0,
+                lkey: c.lkey,
+                len: 0,
+                remote_addr: 0,
+                rkey: 0,
+                token: op,
+            }; POST_BATCH];
+            for (b, s) in batch.iter_mut().zip(group) {
+                b.local_addr = c.local + (s.raddr - c.raddr);
+                b.len = s.len;
+                b.remote_addr = s.raddr;
+                b.rkey = s.rkey;
+            }
+            // Counted as handed to the link, before the post (a completion, and the waiter it
+            // wakes, may come before the next line), a refused one too (as on the hit path).
+            let n = group.len();
+            self.counters.rdma_posted.fetch_add(n as u64, Relaxed);
+            // SAFETY: each local range lies in the caller's buffer, registered under `lkey` by
+            // the cache until the request ends (after this op's last completion); the caller
+            // does not touch it until then (fh_put_nb/fh_get_nb contract). Each remote range is
+            // inside a region the target pinned for us, held until `release`.
+            let r = unsafe { self.peers.link().rdma_batch(c.peer, &batch[..n]) };
+            let tried = match r {
+                Ok(()) => n,
+                Err((posted, e)) => {
+                    // Those after the refused one were not handed over (yet): uncounted first.
+                    let tried = posted + 1;
+                    let untried = (n - tried) as u64;
+                    self.counters.rdma_posted.fetch_sub(untried, Relaxed);
+                    // The refused one is done with its error (no completion comes for it); the
+                    // segments after it are still posted, as they would be one by one.
+                    self.seg_failed(op, e);
+                    tried
+                }
+            };
+            from += tried;
         }
     }
 
@@ -1150,7 +1172,7 @@ impl Rma {
                 token: if fast { op | FAST } else { op },
             };
             self.counters.rdma_posted.fetch_add(1, Relaxed);
-            // SAFETY: as in `post_seg` (the segment is the whole op).
+            // SAFETY: as in `post` (the segment is the whole op).
             if let Err(e) = unsafe { self.peers.am().link_obj().rdma(peer, rop) } {
                 self.post_failed(op, fast, e);
             }

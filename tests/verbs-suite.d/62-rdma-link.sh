@@ -1,8 +1,10 @@
 # One-sided RDMA through VerbsLink (Link::rdma, RdmaDone) on the device: 5 ranks as threads of one
 # process (tests/verbs, binary rdma-link), regions swapped through the bootstrap allgather:
 # refused arguments (zero length, too long, wrapping, own/out-of-range rank); random WRITEs and
-# READs of 1 B..32 KiB at random offsets to every peer, batches overfilling the send queue, every
-# token reported once and every READ byte checked; a final fill checked byte by byte at each
+# READs of 1 B..32 KiB at random offsets to every peer, batches overfilling the send queue (every
+# other round through Link::rdma_batch, runs of up to 20 ops to one peer: chains split and wait
+# for room), every token reported once and every READ byte checked; a refused batch (one
+# zero-length op) posts nothing; a final fill checked byte by byte at each
 # target; write-then-send ordering (the notify never overtakes its write); and remote access
 # errors (another PD's rkey, a range past the end, a garbage-rkey READ) to a dedicated fifth rank:
 # RemoteAccess, the op behind it flushed, PeerLost once, within seconds, while a fourth

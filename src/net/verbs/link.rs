@@ -10,9 +10,10 @@
 //! per send, one `ibv_post_send` (inline up to `max_inline`), CQ polls in batches of 16, one
 //! `ibv_post_recv` per delivered message. `wait` is the only place that sleeps.
 //!
-//! One-sided RDMA (`rdma`): a WRITE or READ work request on the peer's QP, always signaled, in
-//! the same send-queue accounting as sends and probes (so it waits for room like a send, and its
-//! completion frees room like a signaled send). Its wr_id is kind `Rdma` with the sequence
+//! One-sided RDMA (`rdma`; `rdma_batch` posts several as one chain, one doorbell): a WRITE or
+//! READ work request on the peer's QP, always signaled, in the same send-queue accounting as
+//! sends and probes (so it waits for room like a send, and its completion frees room like a
+//! signaled send). Its wr_id is kind `Rdma` with the sequence
 //! number; the caller's token waits in the peer's token table (peer.rs). Only `poll` delivers
 //! `RdmaDone`s: those it reaps itself straight from its own batch, those `send`/`rdma` reaped
 //! while waiting for room (queued in `rdma_done`) before them. One `poll`'s reports keep CQ
@@ -35,7 +36,7 @@ use std::time::{Duration, Instant};
 use super::comp_channel::CompChannel;
 use super::cq::{Completion, Cq, POLL_BATCH};
 use super::peer::Peer;
-use super::qp::{SendFlags, Sge, MAX_CHAIN};
+use super::qp::{ChainWr, SendFlags, Sge, WrOp, MAX_CHAIN};
 use super::reg_buf::RegBuf;
 use super::wr_id::{self, WrKind};
 use crate::net::{Link, LinkError, LinkEvent, Rank, RdmaKind, RdmaOp};
@@ -647,15 +648,7 @@ impl Link for VerbsLink {
                 continue;
             }
             let k = rest.len().min(MAX_CHAIN).min(room as usize);
-            let mut chain = [(
-                0u64,
-                Sge {
-                    addr: 0,
-                    len: 0,
-                    lkey: 0,
-                },
-                SendFlags::default(),
-            ); MAX_CHAIN];
+            let mut chain = [ChainWr::EMPTY; MAX_CHAIN];
             for (i, m) in rest[..k].iter().enumerate() {
                 let seq = *posted + i as u64;
                 let signaled = seq % self.signal_every == self.signal_every - 1;
@@ -686,16 +679,17 @@ impl Link for VerbsLink {
                         lkey: self.send_buf.lkey(),
                     }
                 };
-                chain[i] = (
-                    wr_id::encode(WrKind::Send, peer, seq as u32),
-                    sge,
-                    SendFlags { signaled, inline },
-                );
+                chain[i] = ChainWr {
+                    wr_id: wr_id::encode(WrKind::Send, peer, seq as u32),
+                    op: WrOp::Send,
+                    local: sge,
+                    flags: SendFlags { signaled, inline },
+                };
             }
             // SAFETY: inline entries point at `msgs` (readable for the call, <= max_inline);
             // the others at ring slots left untouched until their request completes (a slot is
             // reused only once `completed` passed its sequence number).
-            match unsafe { p.qp.post_send_chain(&chain[..k]) } {
+            match unsafe { p.qp.post_chain(&chain[..k]) } {
                 Ok(()) => {
                     *posted += k as u64;
                     rest = &rest[k..];
@@ -856,6 +850,88 @@ impl Link for VerbsLink {
             }
             r
         })
+    }
+
+    unsafe fn rdma_batch(&self, peer: Rank, ops: &[RdmaOp]) -> Result<(), (usize, LinkError)> {
+        if let [op] = ops {
+            // SAFETY: forwarded contract.
+            return unsafe { self.rdma(peer, *op) }.map_err(|e| (0, e));
+        }
+        if peer == self.rank {
+            return Err((0, LinkError::BadRank(peer)));
+        }
+        let p = self.peer(peer).map_err(|e| (0, e))?;
+        if let Some(e) = ops.iter().find_map(|op| op.validate(self.max_rdma).err()) {
+            return Err((0, e));
+        }
+        if !p.is_alive() {
+            return Err((0, LinkError::PeerLost(peer)));
+        }
+        let mut posted = p.posted.lock().unwrap_or_else(|e| e.into_inner());
+        let mut done = 0;
+        while done < ops.len() {
+            if !p.is_alive() {
+                return Err((done, LinkError::PeerLost(peer)));
+            }
+            let room = u64::from(self.sq_depth) - (*posted - p.completed.load(Ordering::Acquire));
+            if room == 0 {
+                self.wait_for_room(peer, p, *posted)
+                    .map_err(|e| (done, e))?;
+                continue;
+            }
+            let k = (ops.len() - done).min(MAX_CHAIN).min(room as usize);
+            let mut chain = [ChainWr::EMPTY; MAX_CHAIN];
+            for (i, op) in ops[done..done + k].iter().enumerate() {
+                let seq = *posted + i as u64;
+                p.set_token(seq, op.token);
+                let (remote_addr, rkey) = (op.remote_addr, op.rkey);
+                chain[i] = ChainWr {
+                    wr_id: wr_id::encode(WrKind::Rdma, peer, seq as u32),
+                    op: match op.kind {
+                        RdmaKind::Write => WrOp::Write { remote_addr, rkey },
+                        RdmaKind::Read => WrOp::Read { remote_addr, rkey },
+                    },
+                    local: Sge {
+                        addr: op.local_addr,
+                        len: op.len as u32, // <= max_rdma <= 2^31
+                        lkey: op.lkey,
+                    },
+                    // Every op signalled, as in `rdma`; inline as there.
+                    flags: SendFlags {
+                        signaled: true,
+                        inline: op.kind == RdmaKind::Write && op.len <= self.max_inline,
+                    },
+                };
+            }
+            // Counted before posting, as in `post`.
+            self.signaled_posted.fetch_add(k as u64, Ordering::AcqRel);
+            p.rdma_outstanding.fetch_add(k as u32, Ordering::AcqRel);
+            p.in_rdma_post.store(true, Ordering::Relaxed);
+            // SAFETY: `Link::rdma_batch`'s contract, as in `rdma` for each op; the tokens of
+            // `seq..seq + k` are set and we hold `posted`.
+            let r = unsafe { p.qp.post_chain(&chain[..k]) };
+            p.in_rdma_post.store(false, Ordering::Release);
+            match r {
+                Ok(()) => {
+                    *posted += k as u64;
+                    done += k;
+                }
+                Err((n, e)) => {
+                    let unposted = (k - n) as u64;
+                    self.signaled_posted.fetch_sub(unposted, Ordering::AcqRel);
+                    p.rdma_outstanding
+                        .fetch_sub(unposted as u32, Ordering::AcqRel);
+                    *posted += n as u64;
+                    let e = if p.is_alive() {
+                        dev(e)
+                    } else {
+                        LinkError::PeerLost(peer)
+                    };
+                    return Err((done + n, e));
+                }
+            }
+        }
+        Ok(())
     }
 
     fn posting(&self) -> bool {

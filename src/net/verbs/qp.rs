@@ -122,8 +122,45 @@ const MIN_RNR_TIMER: u8 = 12; // 0.64 ms
 /// Outstanding RDMA READs by default; rxe and every HCA support at least 1.
 pub(super) const RD_ATOMIC: u8 = 1;
 const HOP_LIMIT: u8 = 64;
-/// Most work requests `post_send_chain` posts in one call.
+/// Most work requests `post_chain` posts in one call.
 pub(super) const MAX_CHAIN: usize = 16;
+
+/// One work request of a chain (`Qp::post_chain`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ChainWr {
+    pub wr_id: u64,
+    pub op: WrOp,
+    pub local: Sge,
+    pub flags: SendFlags,
+}
+
+/// What a chained work request does.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum WrOp {
+    /// SEND `local` to the peer's next posted receive.
+    Send,
+    /// RDMA WRITE `local` to `remote_addr` (covered by `rkey`).
+    Write { remote_addr: u64, rkey: u32 },
+    /// RDMA READ from `remote_addr` (covered by `rkey`) into `local`.
+    Read { remote_addr: u64, rkey: u32 },
+}
+
+impl ChainWr {
+    /// A placeholder entry (a SEND of nothing) for filling fixed-size arrays.
+    pub(crate) const EMPTY: ChainWr = ChainWr {
+        wr_id: 0,
+        op: WrOp::Send,
+        local: Sge {
+            addr: 0,
+            len: 0,
+            lkey: 0,
+        },
+        flags: SendFlags {
+            signaled: false,
+            inline: false,
+        },
+    };
+}
 
 /// An owned RC `ibv_qp`. Holds its PD and both CQs, which therefore outlive it.
 pub struct Qp {
@@ -385,18 +422,15 @@ impl Qp {
         unsafe { self.post_send_wr(wr_id, ibv_wr_opcode::IBV_WR_SEND, local, None, flags) }
     }
 
-    /// SENDs of several messages as one chain of work requests: one `ibv_post_send`, so one
-    /// doorbell (with Soft-RoCE one system call) for all of them. At most `MAX_CHAIN` entries of
-    /// `(wr_id, local, flags)`. On error, `Err((posted, e))`: the first `posted` went to the send
-    /// queue (in order), the rest did not.
+    /// Several work requests as one chain: one `ibv_post_send`, so one doorbell (with Soft-RoCE
+    /// one system call) for all of them. At most `MAX_CHAIN` entries (the rest are ignored). On
+    /// error, `Err((posted, e))`: the first `posted` went to the send queue (in order), the rest
+    /// did not.
     ///
     /// # Safety
-    /// Each entry as `post_send`.
-    pub(crate) unsafe fn post_send_chain(
-        &self,
-        sends: &[(u64, Sge, SendFlags)],
-    ) -> Result<(), (usize, VerbsError)> {
-        let n = sends.len().min(MAX_CHAIN);
+    /// Each entry as `post_send`, `post_rdma_write` or `post_rdma_read` for its kind.
+    pub(crate) unsafe fn post_chain(&self, wrs_in: &[ChainWr]) -> Result<(), (usize, VerbsError)> {
+        let n = wrs_in.len().min(MAX_CHAIN);
         if n == 0 {
             return Ok(());
         }
@@ -404,17 +438,30 @@ impl Qp {
         let mut sges: [ibv_sge; MAX_CHAIN] = unsafe { std::mem::zeroed() };
         // SAFETY: as above.
         let mut wrs: [ibv_send_wr; MAX_CHAIN] = unsafe { std::mem::zeroed() };
-        for (i, &(wr_id, local, flags)) in sends[..n].iter().enumerate() {
+        for (i, c) in wrs_in[..n].iter().enumerate() {
             sges[i] = ibv_sge {
-                addr: local.addr,
-                length: local.len,
-                lkey: local.lkey,
+                addr: c.local.addr,
+                length: c.local.len,
+                lkey: c.local.lkey,
             };
             let wr = &mut wrs[i];
-            wr.wr_id = wr_id;
+            wr.wr_id = c.wr_id;
             wr.num_sge = 1;
-            wr.opcode = ibv_wr_opcode::IBV_WR_SEND;
-            wr.send_flags = flags.bits();
+            wr.send_flags = c.flags.bits();
+            let (opcode, remote) = match c.op {
+                WrOp::Send => (ibv_wr_opcode::IBV_WR_SEND, None),
+                WrOp::Write { remote_addr, rkey } => {
+                    (ibv_wr_opcode::IBV_WR_RDMA_WRITE, Some((remote_addr, rkey)))
+                }
+                WrOp::Read { remote_addr, rkey } => {
+                    (ibv_wr_opcode::IBV_WR_RDMA_READ, Some((remote_addr, rkey)))
+                }
+            };
+            wr.opcode = opcode;
+            if let Some((remote_addr, rkey)) = remote {
+                wr.wr.rdma.remote_addr = remote_addr;
+                wr.wr.rdma.rkey = rkey;
+            }
         }
         let base = wrs.as_mut_ptr();
         for i in 0..n {

@@ -5,10 +5,13 @@
 //! do the traffic; rank 4 only serves the last phase, so the connections it breaks matter to
 //! no one else.
 //!   1. argument errors: zero length, longer than max_rdma, a wrapping range, the own rank and
-//!      a rank out of range are refused, with no completion ever reported for them;
+//!      a rank out of range are refused, with no completion ever reported for them; so is an
+//!      `rdma_batch` with one zero-length op among good ones, whole, before any is posted;
 //!   2. random WRITEs and READs (1 B .. 32 KiB, random offsets in the initiator's own stripe at
-//!      each peer) in batches that overfill the send queue: every token reported exactly once,
-//!      successfully, every READ byte-exact against what the initiator wrote there before;
+//!      each peer) in batches that overfill the send queue, every other round posted through
+//!      `rdma_batch` in runs of up to 20 ops to one peer (chains split, runs that wait for room):
+//!      every token reported exactly once, successfully, every READ byte-exact against what the
+//!      initiator wrote there before;
 //!   3. a final WRITE of each stripe, then every target checks its whole region byte by byte
 //!      (so data really lands at the target, not only where reads look);
 //!   4. write-then-send: each rank WRITEs a fresh pattern to every peer's stripe and sends a
@@ -45,6 +48,8 @@ const STRIPE: usize = 64 << 10;
 const LOCAL: usize = 1 << 20;
 const MAX_OP: u64 = 32 << 10;
 const BATCH: usize = 48;
+/// Longest run of ops `random_batch` posts through one `rdma_batch` (odd rounds).
+const MAX_RUN: usize = 20;
 const NOTIFY_ROUNDS: u32 = 20;
 const NOTIFY: u8 = 7;
 /// Generous: TCG guests are slow.
@@ -173,7 +178,10 @@ fn rank_main(ctx: &Arc<Context>, mut b: LocalBootstrap, opts: &Options) -> Resul
         for round in 0..opts.count {
             ops += random_batch(&mut r, round)?;
         }
-        notes += &format!("; {ops} random ops in {:.2?}", t.elapsed());
+        notes += &format!(
+            "; {ops} random ops in {:.2?} (odd rounds through rdma_batch)",
+            t.elapsed()
+        );
         final_fill(&mut r)?;
     }
     barrier(&mut b)?; // every final fill is complete
@@ -254,6 +262,19 @@ fn arguments(r: &RankState) -> Result<String, String> {
     )?;
     expect_refused(&r.link, r.rank, good, LinkError::BadRank(r.rank))?;
     expect_refused(&r.link, RANKS, good, LinkError::BadRank(RANKS))?;
+    // A batch with one bad op is refused whole, before anything is posted: no event may come
+    // for its good ops (a later phase's `complete_all` fails on an unknown token).
+    let bad = [good, RdmaOp { len: 0, ..good }, good];
+    // SAFETY: refused before anything is posted (checked here).
+    match unsafe { r.link.rdma_batch(peer, &bad) } {
+        Err((0, LinkError::ZeroLength)) => {}
+        other => return Err(format!("rdma_batch with a zero-length op: {other:?}")),
+    }
+    // SAFETY: as above.
+    match unsafe { r.link.rdma_batch(r.rank, &[good, good]) } {
+        Err((0, LinkError::BadRank(_))) => {}
+        other => return Err(format!("rdma_batch to the own rank: {other:?}")),
+    }
     Ok("; argument errors refused".into())
 }
 
@@ -331,17 +352,23 @@ fn done(
     Ok(())
 }
 
-/// Up to BATCH random ops to random peers, each with its own slice of the local buffer.
+/// Up to BATCH random ops to random peers, each with its own slice of the local buffer. In odd
+/// rounds the ops go out through `rdma_batch`, in runs of 1..=MAX_RUN to one peer (longer than
+/// the link's chain of 16, and, with 4 send-queue entries, longer than the room it has).
 fn random_batch(r: &mut RankState, round: u32) -> Result<usize, String> {
+    let batched = round % 2 == 1;
     let mut posted = HashMap::new();
     let mut local_off = 0;
+    let mut run: Vec<RdmaOp> = Vec::new();
+    let mut run_peer = r.rank;
+    let mut run_len = 0;
     for i in 0..BATCH {
-        let peer = loop {
-            let p = r.rng.u64(..u64::from(WORKERS)) as Rank;
-            if p != r.rank {
-                break p;
-            }
-        };
+        if batched && run.len() >= run_len {
+            flush_run(r, run_peer, &mut run, round)?;
+            run_len = 1 + r.rng.usize(..MAX_RUN);
+            run_peer = other_worker(r);
+        }
+        let peer = if batched { run_peer } else { other_worker(r) };
         let cap = [16, 256, 4096, MAX_OP][r.rng.u64(..4) as usize];
         let len = 1 + r.rng.u64(..cap) as usize;
         if local_off + len > LOCAL {
@@ -374,10 +401,15 @@ fn random_batch(r: &mut RankState, round: u32) -> Result<usize, String> {
             rkey: r.remotes[peer as usize].rkey,
             token,
         };
-        // SAFETY: the local slice is registered and untouched until its completion (each op of
-        // the batch has its own); the remote range is this rank's stripe of the peer's region.
-        unsafe { r.link.rdma(peer, op) }
-            .map_err(|e| format!("round {round} op {i}: rdma({peer}): {e}"))?;
+        if batched {
+            run.push(op);
+        } else {
+            // SAFETY: the local slice is registered and untouched until its completion (each op
+            // of the batch has its own); the remote range is this rank's stripe of the peer's
+            // region.
+            unsafe { r.link.rdma(peer, op) }
+                .map_err(|e| format!("round {round} op {i}: rdma({peer}): {e}"))?;
+        }
         if posted
             .insert(
                 token,
@@ -394,9 +426,36 @@ fn random_batch(r: &mut RankState, round: u32) -> Result<usize, String> {
         }
         local_off += len;
     }
+    flush_run(r, run_peer, &mut run, round)?;
     let n = posted.len();
     complete_all(r, &mut posted, &format!("random round {round}"))?;
     Ok(n)
+}
+
+/// A random worker other than this rank.
+fn other_worker(r: &mut RankState) -> Rank {
+    loop {
+        let p = r.rng.u64(..u64::from(WORKERS)) as Rank;
+        if p != r.rank {
+            break p;
+        }
+    }
+}
+
+/// Posts the run of ops to `peer` gathered by `random_batch` as one `rdma_batch`: all of them.
+fn flush_run(r: &RankState, peer: Rank, run: &mut Vec<RdmaOp>, round: u32) -> Result<(), String> {
+    if run.is_empty() {
+        return Ok(());
+    }
+    // SAFETY: as `rdma` in `random_batch`, for each op of the run.
+    unsafe { r.link.rdma_batch(peer, run) }.map_err(|(n, e)| {
+        format!(
+            "round {round}: rdma_batch({peer}) of {}: {n} posted, then {e}",
+            run.len()
+        )
+    })?;
+    run.clear();
+    Ok(())
 }
 
 fn fill_pattern(writer: Rank, target: Rank) -> Vec<u8> {
