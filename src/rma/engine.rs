@@ -962,8 +962,9 @@ impl Rma {
                     let tried = posted + 1;
                     let untried = (n - tried) as u64;
                     self.counters.rdma_posted.fetch_sub(untried, Relaxed);
-                    // The refused one is done with its error (no completion comes for it); the
-                    // segments after it are still posted, as they would be one by one.
+                    // The segment at `posted` (the one refused; the first, when the link
+                    // refused the whole batch) is done with the error, no completion comes for
+                    // it; the segments after it are still posted, as they would be one by one.
                     self.seg_failed(op, e);
                     tried
                 }

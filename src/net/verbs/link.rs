@@ -10,22 +10,21 @@
 //! per send, one `ibv_post_send` (inline up to `max_inline`), CQ polls in batches of 16, one
 //! `ibv_post_recv` per delivered message. `wait` is the only place that sleeps.
 //!
-//! One-sided RDMA (`rdma`; `rdma_batch` posts several as one chain, one doorbell): a WRITE or
-//! READ work request on the peer's QP, always signaled, in the same send-queue accounting as
-//! sends and probes (so it waits for room like a send, and its completion frees room like a
-//! signaled send). Its wr_id is kind `Rdma` with the sequence
-//! number; the caller's token waits in the peer's token table (peer.rs). Only `poll` delivers
-//! `RdmaDone`s: those it reaps itself straight from its own batch, those `send`/`rdma` reaped
-//! while waiting for room (queued in `rdma_done`) before them. One `poll`'s reports keep CQ
-//! order, which is posting order per peer (RC); two polls at once (two threads, or a poll
-//! nested in a callback) may interleave theirs (nothing above relies on the order across ops).
-//! An error completion
-//! kills the QP (`RemoteAccess` for REM_ACCESS_ERR, else a device error), later ops on it come
-//! back as WR_FLUSH_ERR and are reported `PeerLost`. The peer's own `PeerLost` is held back until
-//! all its ops have been reported (at most `RDMA_FLUSH_GRACE`, for a device that never flushes).
-//! Ordering (RC): ops and sends to one peer execute in posting order, so a SEND after a WRITE
-//! is delivered after the write's data is placed; a READ's data is valid at its `RdmaDone`.
-//! `RdmaDone` and `Recv` events come from two CQs and are not ordered against each other.
+//! One-sided RDMA (`rdma`; `rdma_batch` posts several as one chain, one doorbell): a WRITE or READ
+//! work request on the peer's QP, always signaled, in the same send-queue accounting as sends and
+//! probes (so it waits for room like a send, and its completion frees room like a signaled send).
+//! Its wr_id is kind `Rdma` with the sequence number; the caller's token waits in the peer's token
+//! table (peer.rs). Only `poll` delivers `RdmaDone`s: those it reaps itself straight from its own
+//! batch, those `send`/`rdma` reaped while waiting for room (queued in `rdma_done`) before them.
+//! One `poll`'s reports keep CQ order, which is posting order per peer (RC); two polls at once (two
+//! threads, or a poll nested in a callback) may interleave theirs (nothing above relies on the
+//! order across ops). An error completion kills the QP (`RemoteAccess` for REM_ACCESS_ERR, else a
+//! device error), later ops on it come back as WR_FLUSH_ERR and are reported `PeerLost`. The peer's
+//! own `PeerLost` is held back until all its ops have been reported (at most `RDMA_FLUSH_GRACE`,
+//! for a device that never flushes). Ordering (RC): ops and sends to one peer execute in posting
+//! order, so a SEND after a WRITE is delivered after the write's data is placed; a READ's data is
+//! valid at its `RdmaDone`. `RdmaDone` and `Recv` events come from two CQs and are not ordered
+//! against each other.
 
 use std::collections::VecDeque;
 use std::mem::MaybeUninit;
