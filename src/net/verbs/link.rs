@@ -56,6 +56,16 @@ const SEND_CQ_POLL_EVERY: u32 = 32;
 /// is reported anyway, and a late flush still reports its op (after the `PeerLost`).
 pub(super) const RDMA_FLUSH_GRACE: Duration = Duration::from_secs(5);
 
+/// Of a chain: its signalled requests, and its RDMA ops (`post_batch`'s counts).
+fn counts(chain: &[ChainWr]) -> (u64, u32) {
+    chain.iter().fold((0, 0), |(s, r), c| {
+        (
+            s + u64::from(c.flags.signaled),
+            r + u32::from(!matches!(c.op, WrOp::Send)),
+        )
+    })
+}
+
 /// A finished RDMA op, reaped and waiting for `poll` to report it.
 type RdmaDone = (Rank, u64, Result<(), LinkError>);
 
@@ -341,6 +351,75 @@ impl VerbsLink {
                 })
             }
         }
+    }
+
+    /// Posts `n` work requests to `peer` in order, as chains of at most `MAX_CHAIN` (one
+    /// `ibv_post_send`, one doorbell each), waiting for room as `post` does (`send_batch`,
+    /// `rdma_batch`). `entry(i, seq)` builds request `i`, posted as sequence number `seq`; it is
+    /// called under the peer's `posted` lock, once there is room for `seq`, and only for requests
+    /// about to be posted. Counted before each chain is posted, as in `post`: its signalled
+    /// requests (`signaled_posted`) and its RDMA ops (`rdma_outstanding`); those not posted are
+    /// uncounted. `Err((k, e))`: the first `k` were posted, the rest were not.
+    ///
+    /// # Safety
+    /// Each request `entry` returns is as `Qp::post_chain` asks: its buffers stay valid (and,
+    /// for a READ, untouched) until its completion, or, inline, readable for the call.
+    unsafe fn post_batch(
+        &self,
+        peer: Rank,
+        p: &Peer,
+        n: usize,
+        mut entry: impl FnMut(usize, u64) -> ChainWr,
+    ) -> Result<(), (usize, LinkError)> {
+        let mut posted = p.posted.lock().unwrap_or_else(|e| e.into_inner());
+        let mut done = 0;
+        while done < n {
+            if !p.is_alive() {
+                return Err((done, LinkError::PeerLost(peer)));
+            }
+            let room = u64::from(self.sq_depth) - (*posted - p.completed.load(Ordering::Acquire));
+            if room == 0 {
+                self.wait_for_room(peer, p, *posted)
+                    .map_err(|e| (done, e))?;
+                continue;
+            }
+            let k = (n - done).min(MAX_CHAIN).min(room as usize);
+            let mut chain = [ChainWr::EMPTY; MAX_CHAIN];
+            for (i, c) in chain[..k].iter_mut().enumerate() {
+                *c = entry(done + i, *posted + i as u64);
+            }
+            let (signaled, rdma) = counts(&chain[..k]);
+            self.signaled_posted.fetch_add(signaled, Ordering::AcqRel);
+            if rdma > 0 {
+                p.rdma_outstanding.fetch_add(rdma, Ordering::AcqRel);
+                // As in `rdma`: a thread posting WRITEs reaps its own completions.
+                p.in_rdma_post.store(true, Ordering::Relaxed);
+            }
+            // SAFETY: this function's contract, for every request of the chain.
+            let r = unsafe { p.qp.post_chain(&chain[..k]) };
+            if rdma > 0 {
+                p.in_rdma_post.store(false, Ordering::Release);
+            }
+            match r {
+                Ok(()) => {
+                    *posted += k as u64;
+                    done += k;
+                }
+                Err((m, e)) => {
+                    let (signaled, rdma) = counts(&chain[m..k]);
+                    self.signaled_posted.fetch_sub(signaled, Ordering::AcqRel);
+                    p.rdma_outstanding.fetch_sub(rdma, Ordering::AcqRel);
+                    *posted += m as u64;
+                    let e = if p.is_alive() {
+                        dev(e)
+                    } else {
+                        LinkError::PeerLost(peer)
+                    };
+                    return Err((done + m, e));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Deliver one receive completion (and post its slot again).
@@ -635,81 +714,41 @@ impl Link for VerbsLink {
             });
         }
         let p = self.peer(peer)?;
-        let mut posted = p.posted.lock().unwrap_or_else(|e| e.into_inner());
-        let mut rest = msgs;
-        while !rest.is_empty() {
-            if !p.is_alive() {
-                return Err(LinkError::PeerLost(peer));
-            }
-            let room = u64::from(self.sq_depth) - (*posted - p.completed.load(Ordering::Acquire));
-            if room == 0 {
-                self.wait_for_room(peer, p, *posted)?;
-                continue;
-            }
-            let k = rest.len().min(MAX_CHAIN).min(room as usize);
-            let mut chain = [ChainWr::EMPTY; MAX_CHAIN];
-            for (i, m) in rest[..k].iter().enumerate() {
-                let seq = *posted + i as u64;
-                let signaled = seq % self.signal_every == self.signal_every - 1;
-                if signaled {
-                    self.signaled_posted.fetch_add(1, Ordering::AcqRel);
+        let entry = |i: usize, seq: u64| {
+            let m = msgs[i];
+            let signaled = seq % self.signal_every == self.signal_every - 1;
+            let inline = m.len() <= self.max_inline;
+            let sge = if inline {
+                Sge {
+                    addr: m.as_ptr() as u64,
+                    len: m.len() as u32,
+                    lkey: 0,
                 }
-                let inline = m.len() <= self.max_inline;
-                let sge = if inline {
-                    Sge {
-                        addr: m.as_ptr() as u64,
-                        len: m.len() as u32,
-                        lkey: 0,
-                    }
-                } else {
-                    let off = self.ring_offset(peer, seq);
-                    // SAFETY: as in `send`: the ring slot of `seq` is inside `send_buf` and free
-                    // (we hold room for `seq`, and the peer's `posted` lock); `m` is not in it.
-                    unsafe {
-                        std::ptr::copy_nonoverlapping(
-                            m.as_ptr(),
-                            self.send_buf.ptr().add(off),
-                            m.len(),
-                        )
-                    };
-                    Sge {
-                        addr: self.send_buf.addr() + off as u64,
-                        len: m.len() as u32,
-                        lkey: self.send_buf.lkey(),
-                    }
+            } else {
+                let off = self.ring_offset(peer, seq);
+                // SAFETY: as in `send`: the ring slot of `seq` is inside `send_buf` and free
+                // (`post_batch` calls us with room for `seq`, under the peer's `posted` lock);
+                // `m` is not in it.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(m.as_ptr(), self.send_buf.ptr().add(off), m.len())
                 };
-                chain[i] = ChainWr {
-                    wr_id: wr_id::encode(WrKind::Send, peer, seq as u32),
-                    op: WrOp::Send,
-                    local: sge,
-                    flags: SendFlags { signaled, inline },
-                };
-            }
-            // SAFETY: inline entries point at `msgs` (readable for the call, <= max_inline);
-            // the others at ring slots left untouched until their request completes (a slot is
-            // reused only once `completed` passed its sequence number).
-            match unsafe { p.qp.post_chain(&chain[..k]) } {
-                Ok(()) => {
-                    *posted += k as u64;
-                    rest = &rest[k..];
+                Sge {
+                    addr: self.send_buf.addr() + off as u64,
+                    len: m.len() as u32,
+                    lkey: self.send_buf.lkey(),
                 }
-                Err((n, e)) => {
-                    // The requests from `n` on were not posted: uncount their signaled ones.
-                    let unposted = (*posted + n as u64..*posted + k as u64)
-                        .filter(|seq| seq % self.signal_every == self.signal_every - 1)
-                        .count();
-                    self.signaled_posted
-                        .fetch_sub(unposted as u64, Ordering::AcqRel);
-                    *posted += n as u64;
-                    return Err(if p.is_alive() {
-                        dev(e)
-                    } else {
-                        LinkError::PeerLost(peer)
-                    });
-                }
+            };
+            ChainWr {
+                wr_id: wr_id::encode(WrKind::Send, peer, seq as u32),
+                op: WrOp::Send,
+                local: sge,
+                flags: SendFlags { signaled, inline },
             }
-        }
-        Ok(())
+        };
+        // SAFETY: inline entries point at `msgs` (readable for the call, <= max_inline); the
+        // others at ring slots left untouched until their request completes (a slot is reused
+        // only once `completed` passed its sequence number).
+        unsafe { self.post_batch(peer, p, msgs.len(), entry) }.map_err(|(_, e)| e)
     }
 
     fn poll(&self, on_event: &mut dyn FnMut(LinkEvent<'_>)) -> Result<usize, LinkError> {
@@ -863,74 +902,30 @@ impl Link for VerbsLink {
         if let Some(e) = ops.iter().find_map(|op| op.validate(self.max_rdma).err()) {
             return Err((0, e));
         }
-        if !p.is_alive() {
-            return Err((0, LinkError::PeerLost(peer)));
-        }
-        let mut posted = p.posted.lock().unwrap_or_else(|e| e.into_inner());
-        let mut done = 0;
-        while done < ops.len() {
-            if !p.is_alive() {
-                return Err((done, LinkError::PeerLost(peer)));
+        let entry = |i: usize, seq: u64| {
+            let op = &ops[i];
+            p.set_token(seq, op.token);
+            let (remote_addr, rkey) = (op.remote_addr, op.rkey);
+            ChainWr {
+                wr_id: wr_id::encode(WrKind::Rdma, peer, seq as u32),
+                op: match op.kind {
+                    RdmaKind::Write => WrOp::Write { remote_addr, rkey },
+                    RdmaKind::Read => WrOp::Read { remote_addr, rkey },
+                },
+                local: Sge {
+                    addr: op.local_addr,
+                    len: op.len as u32, // <= max_rdma <= 2^31
+                    lkey: op.lkey,
+                },
+                // Every op signalled, as in `rdma`; inline as there.
+                flags: SendFlags {
+                    signaled: true,
+                    inline: op.kind == RdmaKind::Write && op.len <= self.max_inline,
+                },
             }
-            let room = u64::from(self.sq_depth) - (*posted - p.completed.load(Ordering::Acquire));
-            if room == 0 {
-                self.wait_for_room(peer, p, *posted)
-                    .map_err(|e| (done, e))?;
-                continue;
-            }
-            let k = (ops.len() - done).min(MAX_CHAIN).min(room as usize);
-            let mut chain = [ChainWr::EMPTY; MAX_CHAIN];
-            for (i, op) in ops[done..done + k].iter().enumerate() {
-                let seq = *posted + i as u64;
-                p.set_token(seq, op.token);
-                let (remote_addr, rkey) = (op.remote_addr, op.rkey);
-                chain[i] = ChainWr {
-                    wr_id: wr_id::encode(WrKind::Rdma, peer, seq as u32),
-                    op: match op.kind {
-                        RdmaKind::Write => WrOp::Write { remote_addr, rkey },
-                        RdmaKind::Read => WrOp::Read { remote_addr, rkey },
-                    },
-                    local: Sge {
-                        addr: op.local_addr,
-                        len: op.len as u32, // <= max_rdma <= 2^31
-                        lkey: op.lkey,
-                    },
-                    // Every op signalled, as in `rdma`; inline as there.
-                    flags: SendFlags {
-                        signaled: true,
-                        inline: op.kind == RdmaKind::Write && op.len <= self.max_inline,
-                    },
-                };
-            }
-            // Counted before posting, as in `post`.
-            self.signaled_posted.fetch_add(k as u64, Ordering::AcqRel);
-            p.rdma_outstanding.fetch_add(k as u32, Ordering::AcqRel);
-            p.in_rdma_post.store(true, Ordering::Relaxed);
-            // SAFETY: `Link::rdma_batch`'s contract, as in `rdma` for each op; the tokens of
-            // `seq..seq + k` are set and we hold `posted`.
-            let r = unsafe { p.qp.post_chain(&chain[..k]) };
-            p.in_rdma_post.store(false, Ordering::Release);
-            match r {
-                Ok(()) => {
-                    *posted += k as u64;
-                    done += k;
-                }
-                Err((n, e)) => {
-                    let unposted = (k - n) as u64;
-                    self.signaled_posted.fetch_sub(unposted, Ordering::AcqRel);
-                    p.rdma_outstanding
-                        .fetch_sub(unposted as u32, Ordering::AcqRel);
-                    *posted += n as u64;
-                    let e = if p.is_alive() {
-                        dev(e)
-                    } else {
-                        LinkError::PeerLost(peer)
-                    };
-                    return Err((done + n, e));
-                }
-            }
-        }
-        Ok(())
+        };
+        // SAFETY: `Link::rdma_batch`'s contract, as in `rdma` for each op, is `post_batch`'s.
+        unsafe { self.post_batch(peer, p, ops.len(), entry) }
     }
 
     fn posting(&self) -> bool {
