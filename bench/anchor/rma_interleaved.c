@@ -24,6 +24,8 @@
  * default, is there for the warm-up's misses).
  *
  * Usage: mpirun -np 2 rma_interleaved [BLOCKS [OPS [BW_MSGS [WINDOW]]]] [--align A] [--json]
+ *        mpirun -np 2 rma_interleaved --count N   (rank 0 under valgrind --tool=callgrind
+ *        --collect-atstart=no: scripts/profile-verbs)
  *   BLOCKS (default 10) block pairs per measure; OPS (200) 8 B ops per block; BW_MSGS (64)
  *   64 KiB messages per bandwidth block; WINDOW (16); A (4096): rank 1's target starts A bytes
  *   past a 2 MiB boundary (a page: where an mmap'd buffer may start).
@@ -31,7 +33,12 @@
  * failed (its status printed). Below the table: Firehose's RDMA work requests per 64 KiB op
  * (fh_rma_stats.rdma_posted over the bandwidth blocks): an op that crosses a region boundary of
  * the target (FH_MAXREGION, 128 KiB aligned by default) takes one per region, where the anchor's
- * window is one registration and takes one. */
+ * window is one registration and takes one.
+ * --count N: instead of timing, after the same warm-up, N 8 B ops of each kind in turn (fh_get,
+ * the anchor's get, fh_put, the anchor's put), each run between callgrind's client requests that
+ * start and stop collecting and dump the counts under the run's name (`fh_get`, `shmem_get`, ...):
+ * user-space instructions per op of the calling thread, counted, not timed (the client requests
+ * do nothing outside valgrind). Twice over; the second pass is the one to read. */
 #define _GNU_SOURCE
 #include <firehose.h>
 #include <stdint.h>
@@ -39,6 +46,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#if defined(__has_include)
+#if __has_include(<valgrind/callgrind.h>)
+#include <valgrind/callgrind.h>
+#define HAVE_CALLGRIND 1
+#endif
+#endif
 #ifdef WITH_SHMEM
 #include <shmem.h>
 #define ANCHOR "shmem"
@@ -57,7 +70,6 @@ static uint64_t target;    /* rank 1's Firehose buffer (its address) */
 static unsigned char *src; /* BIG bytes: every put's source, every get's destination */
 #ifdef WITH_SHMEM
 static unsigned char *sym; /* the symmetric WS bytes */
-static uint64_t exchanged; /* symmetric: rank 1 writes its buffer's address here */
 #else
 static MPI_Win win;
 #endif
@@ -212,6 +224,34 @@ static double f_block(struct side *f, int measure, int ops, int window, uint64_t
     return t;
 }
 
+/* --count: N ops of each 8 B kind, each run dumped by callgrind under its own name. */
+static int count_runs(int n)
+{
+#ifdef HAVE_CALLGRIND
+    static const char *names[4] = {"fh_get", ANCHOR "_get", "fh_put", ANCHOR "_put"};
+    void (*const ops[4])(size_t) = {f_get8, a_get8, f_put8, a_put8};
+    for (int pass = 1; pass <= 2; pass++)
+        for (int k = 0; k < 4; k++) {
+            uint64_t rng = 0x5EED1234ABCDULL;
+            char dump[64];
+            snprintf(dump, sizeof dump, "%s pass %d", names[k], pass);
+            CALLGRIND_ZERO_STATS;
+            CALLGRIND_TOGGLE_COLLECT;
+            for (int i = 0; i < n; i++)
+                ops[k]((size_t)(next(&rng) % (WS / 8)) * 8);
+            CALLGRIND_TOGGLE_COLLECT;
+            CALLGRIND_DUMP_STATS_AT(dump);
+        }
+    printf("# rma_interleaved --count %d: %s (callgrind dumps, %s)\n", n, ANCHOR,
+           RUNNING_ON_VALGRIND ? "under valgrind" : "not under valgrind: nothing counted");
+    return 0;
+#else
+    (void)n;
+    fprintf(stderr, "rma_interleaved: --count needs valgrind/callgrind.h at build time\n");
+    return 1;
+#endif
+}
+
 static int cmp(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
@@ -226,11 +266,13 @@ static double median(double *v, int n)
 
 int main(int argc, char **argv)
 {
-    int json = 0, nums[4] = {10, 200, 64, 16}, k = 0;
+    int json = 0, nums[4] = {10, 200, 64, 16}, k = 0, count = 0;
     size_t align = 4096;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--json") == 0)
             json = 1;
+        else if (strcmp(argv[i], "--count") == 0 && i + 1 < argc)
+            count = atoi(argv[++i]);
         else if (strcmp(argv[i], "--align") == 0 && i + 1 < argc)
             align = (size_t)strtoull(argv[++i], NULL, 0);
         else if (k < 4)
@@ -271,11 +313,18 @@ int main(int argc, char **argv)
     memset(src, 0x5A, BIG);
 #ifdef WITH_SHMEM
     sym = shmem_malloc(WS);
+    /* The exchange word on the symmetric heap, not a static: a static's address differs
+     * between PEs whose binaries are not laid out alike (rank 0 under valgrind, for --count). */
+    uint64_t *exchanged = shmem_malloc(sizeof *exchanged);
+    if (!sym || !exchanged) {
+        fprintf(stderr, "rma_interleaved: shmem_malloc failed\n");
+        return 1;
+    }
     if (me == 1)
-        exchanged = (uint64_t)(uintptr_t)mine;
+        *exchanged = (uint64_t)(uintptr_t)mine;
     shmem_barrier_all();
     if (me == 0)
-        shmem_getmem(&target, &exchanged, sizeof target, 1);
+        shmem_getmem(&target, exchanged, sizeof target, 1);
     shmem_barrier_all();
 #else
     unsigned char *base;
@@ -304,6 +353,11 @@ int main(int argc, char **argv)
             }
             f_flush();
             a_flush();
+        }
+        if (count > 0) {
+            if (count_runs(count) != 0)
+                exit(1);
+            goto done;
         }
         static const char *names[4] = {"put_lat", "get_lat", "put_bw", "get_bw"};
         static const char *what[4] = {"8 B put + completion", "8 B get", "64 KiB put bandwidth",
@@ -365,11 +419,13 @@ int main(int argc, char **argv)
                    "region the op covers)\n",
                    wr[2], wr[3]);
         }
+    done:
         fflush(stdout);
     }
     barrier();
     ok(fh_finalize(ctx), "fh_finalize");
 #ifdef WITH_SHMEM
+    shmem_free(exchanged);
     shmem_free(sym);
     shmem_finalize();
 #else

@@ -25,6 +25,16 @@ macro_rules! ffi_guard {
             Err(_) => $fallback,
         }
     }};
+    // The body names the guard (`$inside: &Inside`), to hand it to calls that would otherwise
+    // enter again (`Rma::start_in`, `Rma::wait_in`: a thread-local lookup each).
+    ($inside:ident => $body:block) => {{
+        let guard = $crate::rt::inside::enter();
+        let $inside = &guard;
+        match ::std::panic::catch_unwind(::std::panic::AssertUnwindSafe(|| $body)) {
+            Ok(value) => value,
+            Err(_) => $crate::ffi::status::fh_status::FH_ERR_PANIC,
+        }
+    }};
     ($body:block) => {
         $crate::ffi::guard::ffi_guard!(fallback = $crate::ffi::status::fh_status::FH_ERR_PANIC; $body)
     };

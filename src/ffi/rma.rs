@@ -1,6 +1,7 @@
 //! Puts and gets: `fh_put`, `fh_get`, their non-blocking forms, `fh_wait`, `fh_test`,
 //! `fh_quiet`, `fh_get_rma_stats`. Thin: everything happens in `rma::Rma`.
 
+use crate::rt::inside::Inside;
 use std::ffi::c_void;
 
 use crate::ffi::status::fh_status;
@@ -140,11 +141,14 @@ impl From<&crate::rma::RmaStats> for fh_rma_stats {
     }
 }
 
-/// Starts one operation; `out` NULL makes it implicit (collected by `fh_quiet`).
+/// Starts one operation; `out` NULL makes it implicit (collected by `fh_quiet`). `inside`: the
+/// export's guard (`ffi_guard!`).
 ///
 /// # Safety
 /// `ctx` NULL or live; `local` valid for `len` bytes and untouched until the op completes.
+#[allow(clippy::too_many_arguments)]
 unsafe fn start(
+    inside: &Inside,
     ctx: *mut fh_ctx,
     kind: RdmaKind,
     rank: u32,
@@ -159,7 +163,10 @@ unsafe fn start(
         Err(e) => return e,
     };
     // SAFETY: forwarded contract on `local`.
-    match unsafe { c.rma.start(kind, rank, raddr, local, len, out.is_null()) } {
+    match unsafe {
+        c.rma
+            .start_in(inside, kind, rank, raddr, local, len, out.is_null())
+    } {
         Ok(op) => {
             if !out.is_null() {
                 // SAFETY: non-NULL, writable per the contract.
@@ -195,16 +202,16 @@ pub unsafe extern "C" fn fh_put(
     src: *const c_void,
     len: usize,
 ) -> fh_status {
-    ffi_guard! {{
+    ffi_guard!(inside => {
         let mut op: fh_op = 0;
         // SAFETY: forwarded contract; `src` is only read by a put.
-        let s = unsafe { start(ctx, RdmaKind::Write, rank, remote_addr, src.cast_mut().cast(), len, &mut op) };
+        let s = unsafe { start(inside, ctx, RdmaKind::Write, rank, remote_addr, src.cast_mut().cast(), len, &mut op) };
         if s != fh_status::FH_OK {
             return s;
         }
         // SAFETY: `start` succeeded, so `ctx` is live.
-        status_of(unsafe { borrow(ctx) }.expect("checked").rma.wait(op))
-    }}
+        status_of(unsafe { borrow(ctx) }.expect("checked").rma.wait_in(inside, op))
+    })
 }
 
 /// Copies `len` bytes from `remote_addr` in the process of `rank` into `dst` and returns when
@@ -223,16 +230,16 @@ pub unsafe extern "C" fn fh_get(
     remote_addr: u64,
     len: usize,
 ) -> fh_status {
-    ffi_guard! {{
+    ffi_guard!(inside => {
         let mut op: fh_op = 0;
         // SAFETY: forwarded contract.
-        let s = unsafe { start(ctx, RdmaKind::Read, rank, remote_addr, dst.cast(), len, &mut op) };
+        let s = unsafe { start(inside, ctx, RdmaKind::Read, rank, remote_addr, dst.cast(), len, &mut op) };
         if s != fh_status::FH_OK {
             return s;
         }
         // SAFETY: `start` succeeded, so `ctx` is live.
-        status_of(unsafe { borrow(ctx) }.expect("checked").rma.wait(op))
-    }}
+        status_of(unsafe { borrow(ctx) }.expect("checked").rma.wait_in(inside, op))
+    })
 }
 
 /// Starts a put and returns at once. With `out` non-NULL, `*out` gets a handle to pass to
@@ -252,10 +259,10 @@ pub unsafe extern "C" fn fh_put_nb(
     len: usize,
     out: *mut fh_op,
 ) -> fh_status {
-    ffi_guard! {{
+    ffi_guard!(inside => {
         // SAFETY: forwarded contract.
-        unsafe { start(ctx, RdmaKind::Write, rank, remote_addr, src.cast_mut().cast(), len, out) }
-    }}
+        unsafe { start(inside, ctx, RdmaKind::Write, rank, remote_addr, src.cast_mut().cast(), len, out) }
+    })
 }
 
 /// Starts a get and returns at once (see `fh_put_nb`).
@@ -272,10 +279,10 @@ pub unsafe extern "C" fn fh_get_nb(
     len: usize,
     out: *mut fh_op,
 ) -> fh_status {
-    ffi_guard! {{
+    ffi_guard!(inside => {
         // SAFETY: forwarded contract.
-        unsafe { start(ctx, RdmaKind::Read, rank, remote_addr, dst.cast(), len, out) }
-    }}
+        unsafe { start(inside, ctx, RdmaKind::Read, rank, remote_addr, dst.cast(), len, out) }
+    })
 }
 
 /// Waits until `op` completes and returns its result; the handle is then spent (a second
@@ -288,13 +295,13 @@ pub unsafe extern "C" fn fh_get_nb(
 /// `ctx` is NULL or live.
 #[no_mangle]
 pub unsafe extern "C" fn fh_wait(ctx: *mut fh_ctx, op: fh_op) -> fh_status {
-    ffi_guard! {{
+    ffi_guard!(inside => {
         // SAFETY: per the contract.
         match unsafe { here(ctx) } {
             Err(e) => e,
-            Ok(c) => status_of(c.rma.wait(op)),
+            Ok(c) => status_of(c.rma.wait_in(inside, op)),
         }
-    }}
+    })
 }
 
 /// Progresses once; `*done` = 1 and the op's result returned if it completed (the handle is

@@ -34,6 +34,7 @@
 //! mark the thread as inside the library, so a memory hook firing there never waits for that
 //! worker (which needs these locks).
 
+use crate::rt::inside::Inside;
 use std::num::NonZeroU64;
 use std::sync::atomic::{
     AtomicBool, AtomicU64,
@@ -1015,7 +1016,27 @@ impl Rma {
         len: usize,
         implicit: bool,
     ) -> Result<u64, RmaError> {
-        let _inside = crate::rt::inside::enter();
+        let inside = crate::rt::inside::enter();
+        // SAFETY: forwarded contract.
+        unsafe { self.start_in(&inside, kind, peer, raddr, local, len, implicit) }
+    }
+
+    /// `start` for a caller that marked the thread as inside the library already (the C
+    /// exports: their guard), which spares a thread-local lookup per call.
+    ///
+    /// # Safety
+    /// As `start`.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn start_in(
+        &self,
+        _inside: &Inside,
+        kind: RdmaKind,
+        peer: Rank,
+        raddr: u64,
+        local: *mut u8,
+        len: usize,
+        implicit: bool,
+    ) -> Result<u64, RmaError> {
         if local.is_null() {
             return Err(RmaError::Null);
         }
@@ -1440,7 +1461,13 @@ impl Rma {
     /// polls it asks the table (a handle that is not a running request, spent or made up, has a
     /// word that never says done: the table then says what it is).
     pub fn wait(&self, req: u64) -> Result<(), RmaError> {
-        let _inside = crate::rt::inside::enter();
+        let inside = crate::rt::inside::enter();
+        self.wait_in(&inside, req)
+    }
+
+    /// `wait` for a caller that marked the thread as inside the library already (as
+    /// `start_in`).
+    pub fn wait_in(&self, _inside: &Inside, req: u64) -> Result<(), RmaError> {
         // This thread reaps the op's completion: the progress thread need not wake for it.
         let _polling = self.peers.am().polling();
         // The first poll usually completes a blocking put or get: it runs before the bound is

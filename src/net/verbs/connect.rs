@@ -8,7 +8,7 @@
 //! larger job would want SRQ or DC, which is a different link.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize};
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -25,6 +25,7 @@ use super::wr_id::{self, WrKind, MAX_RANKS};
 use crate::net::{Bootstrap, LinkError, Rank};
 use crate::pin::verbs::{Pd, VerbsError};
 use crate::pin::Access;
+use crate::rt::lock::Lock;
 
 /// RC timing of the link's QPs. A dead peer must surface as RETRY_EXC_ERR in about a second:
 /// 4.096 us * 2^15 = 134 ms per attempt, 1 + 6 attempts = ~0.94 s. RNR: finite (6 retries of
@@ -289,13 +290,14 @@ impl VerbsLink {
             signal_every,
             max_inline,
             max_rdma,
-            send_reap: Mutex::new(()),
+            send_reap: Lock::new(()),
             rdma_queued: AtomicUsize::new(0),
             signaled_posted: AtomicU64::new(0),
             send_reaped: AtomicU64::new(0),
             polls: AtomicU32::new(0),
+            recv_skipped: AtomicBool::new(false),
             rdma_done: Mutex::new(VecDeque::with_capacity(n * sq_depth as usize)),
-            recv_stash: Mutex::new(Vec::with_capacity(POLL_BATCH)),
+            recv_stash: Lock::new(Vec::with_capacity(POLL_BATCH)),
             lost_unreported: AtomicU32::new(0),
             len_errors: AtomicU64::new(0),
             dropped: AtomicU64::new(0),

@@ -7,13 +7,17 @@
 //! work request may be posted while `posted - completed < sq_depth`, which also says a send-ring
 //! slot (`seq % sq_depth`) is free again, and so is the RDMA token slot of the same index.
 //!
-//! RDMA ops: the caller's 64-bit token is kept in `tokens[seq % sq_depth]` (written under the
+//! RDMA ops: the caller's 64-bit token is kept in `tokens[seq & mask]` (the table's length is
+//! `sq_depth` rounded up to a power of two, so at most `sq_depth` live ops never share a slot,
+//! and the index is a mask, not a division, on every post and completion; written under the
 //! post lock before the work request is posted, read by the reaper at its completion, before
 //! `completed` moves past it). `rdma_outstanding` counts ops posted and not yet reported, so a
 //! lost peer's `PeerLost` can wait until its flushed ops have all been reported.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Mutex, OnceLock};
+
+use crate::rt::lock::Lock;
 use std::time::Instant;
 
 use super::qp::Qp;
@@ -32,11 +36,13 @@ pub(super) struct Peer {
     pub probe_rkey: u32,
     /// Next sequence number to post. The lock also serialises posting on this QP, so sequence
     /// numbers reach the send queue in order.
-    pub posted: Mutex<u64>,
+    /// (`rt::lock::Lock`: taken on every post, and without `Mutex`'s poison bookkeeping.)
+    pub posted: Lock<u64>,
     /// Every sequence number below this has completed (written only under the send-CQ lock).
     pub completed: AtomicU64,
-    /// RDMA tokens by `seq % sq_depth`.
+    /// RDMA tokens by `seq & token_mask`.
     tokens: Box<[AtomicU64]>,
+    token_mask: u64,
     /// RDMA ops posted whose `RdmaDone` has not been delivered yet.
     pub rdma_outstanding: AtomicU32,
     /// A thread is inside the provider's post of an RDMA op to this peer (written under
@@ -51,13 +57,15 @@ pub(super) struct Peer {
 
 impl Peer {
     pub(super) fn new(qp: Qp, probe_addr: u64, probe_rkey: u32, sq_depth: u32) -> Self {
+        let slots = sq_depth.max(1).next_power_of_two();
         Peer {
             qp,
             probe_addr,
             probe_rkey,
-            posted: Mutex::new(0),
+            posted: Lock::new(0),
             completed: AtomicU64::new(0),
-            tokens: (0..sq_depth.max(1)).map(|_| AtomicU64::new(0)).collect(),
+            tokens: (0..slots).map(|_| AtomicU64::new(0)).collect(),
+            token_mask: u64::from(slots) - 1,
             rdma_outstanding: AtomicU32::new(0),
             in_rdma_post: AtomicBool::new(false),
             lost_at: OnceLock::new(),
@@ -116,19 +124,22 @@ impl Peer {
     /// Remember the token of the RDMA op about to be posted as `seq` (caller holds `posted`).
     #[inline]
     pub(super) fn set_token(&self, seq: u64, token: u64) {
-        let i = (seq % self.tokens.len() as u64) as usize;
-        self.tokens[i].store(token, Ordering::Release);
+        self.tokens[(seq & self.token_mask) as usize].store(token, Ordering::Release);
     }
 
     /// The token of RDMA op `seq` (valid until `completed` passes `seq`).
     #[inline]
     pub(super) fn token(&self, seq: u64) -> u64 {
-        self.tokens[(seq % self.tokens.len() as u64) as usize].load(Ordering::Acquire)
+        self.tokens[(seq & self.token_mask) as usize].load(Ordering::Acquire)
     }
 
     /// A signaled work request `seq` completed: so did everything before it.
     #[inline]
     pub(super) fn complete_through(&self, seq: u64) {
-        self.completed.fetch_max(seq + 1, Ordering::AcqRel);
+        // The one writer holds the send-CQ lock (`completed`'s doc): a load and a store, not
+        // a compare-and-swap loop.
+        if seq + 1 > self.completed.load(Ordering::Relaxed) {
+            self.completed.store(seq + 1, Ordering::Release);
+        }
     }
 }
