@@ -10,6 +10,9 @@
 /// - `ffi_guard! { body }`: `body` evaluates to `fh_status`; a panic becomes `FH_ERR_PANIC`.
 /// - `ffi_guard!(fallback = expr; { body })`: for exports returning something else (a pointer,
 ///   `()`); a panic yields `expr`.
+/// - `ffi_guard!(inside => { body })` (also after `fallback = expr;`): the body names the guard
+///   (`inside: &Inside`), to hand it to calls that would otherwise enter again (`Rma::start_in`,
+///   `Rma::wait_in`: a thread-local lookup each).
 ///
 /// The body runs marked as inside the library (`crate::rt::inside`): a memory hook that fires while
 /// it holds the library's locks must not wait for the library's helper threads.
@@ -18,25 +21,26 @@
 /// in this call, and the cache's own invariants are protected by its locks (poisoning is handled
 /// inside the cache).
 macro_rules! ffi_guard {
-    (fallback = $fallback:expr; $body:block) => {{
-        let _inside = $crate::rt::inside::enter();
+    (fallback = $fallback:expr; $inside:ident => $body:block) => {{
+        let guard = $crate::rt::inside::enter();
+        let $inside = &guard;
         match ::std::panic::catch_unwind(::std::panic::AssertUnwindSafe(|| $body)) {
             Ok(value) => value,
             Err(_) => $fallback,
         }
     }};
-    // The body names the guard (`$inside: &Inside`), to hand it to calls that would otherwise
-    // enter again (`Rma::start_in`, `Rma::wait_in`: a thread-local lookup each).
-    ($inside:ident => $body:block) => {{
-        let guard = $crate::rt::inside::enter();
-        let $inside = &guard;
-        match ::std::panic::catch_unwind(::std::panic::AssertUnwindSafe(|| $body)) {
-            Ok(value) => value,
-            Err(_) => $crate::ffi::status::fh_status::FH_ERR_PANIC,
-        }
-    }};
+    (fallback = $fallback:expr; $body:block) => {
+        $crate::ffi::guard::ffi_guard!(fallback = $fallback; _inside => $body)
+    };
+    ($inside:ident => $body:block) => {
+        $crate::ffi::guard::ffi_guard!(
+            fallback = $crate::ffi::status::fh_status::FH_ERR_PANIC; $inside => $body
+        )
+    };
     ($body:block) => {
-        $crate::ffi::guard::ffi_guard!(fallback = $crate::ffi::status::fh_status::FH_ERR_PANIC; $body)
+        $crate::ffi::guard::ffi_guard!(
+            fallback = $crate::ffi::status::fh_status::FH_ERR_PANIC; $body
+        )
     };
 }
 

@@ -34,7 +34,6 @@
 //! mark the thread as inside the library, so a memory hook firing there never waits for that
 //! worker (which needs these locks).
 
-use crate::rt::inside::Inside;
 use std::num::NonZeroU64;
 use std::sync::atomic::{
     AtomicBool, AtomicU64,
@@ -57,6 +56,7 @@ use crate::cache::Cache;
 use crate::net::{LinkError, Peers, Rank, RdmaKind, RdmaOp};
 use crate::pin::Access;
 use crate::rma::RmaError;
+use crate::rt::inside::Inside;
 use crate::rt::lock::{Lock, LockGuard};
 use firehose_proto::{
     Acquire, Event, FhError, Firehose, FirehoseConfig, InvalId, RegionPins, RemoteError, Rights,

@@ -1,5 +1,6 @@
-//! `Lock`: a mutex without poisoning, for the hottest lock of the library (the remote-pinning
-//! engine's, taken at the start and at the completion of every put and get). Uncontended it
+//! `Lock`: a mutex without poisoning, for the hottest locks of the library (the remote-pinning
+//! engine's, taken at the start and at the completion of every put and get; the verbs link's
+//! post, send-CQ and receive locks, taken on every post and poll). Uncontended it
 //! costs one compare-and-swap to take and one swap to give back; `std::sync::Mutex` adds its
 //! poison bookkeeping (the global panic count read when taking and again when giving back),
 //! which the engine's users ignored anyway (a holder that panics releases the lock on unwinding,

@@ -5,7 +5,7 @@
 //! number. Most are unsignaled; a signaled one completing means every earlier one on this QP has
 //! completed too (RC completes in order), so `completed` jumps to its sequence number + 1. A new
 //! work request may be posted while `posted - completed < sq_depth`, which also says a send-ring
-//! slot (`seq % sq_depth`) is free again, and so is the RDMA token slot of the same index.
+//! slot (`seq % sq_depth`) is free again, and so is the RDMA token slot of `seq` (below).
 //!
 //! RDMA ops: the caller's 64-bit token is kept in `tokens[seq & mask]` (the table's length is
 //! `sq_depth` rounded up to a power of two, so at most `sq_depth` live ops never share a slot,
@@ -16,12 +16,11 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Mutex, OnceLock};
-
-use crate::rt::lock::Lock;
 use std::time::Instant;
 
 use super::qp::Qp;
 use crate::net::LinkError;
+use crate::rt::lock::Lock;
 
 const ALIVE: u8 = 0;
 /// Lost, and not yet reported by `poll`.

@@ -16,6 +16,9 @@
 //!      (so data really lands at the target, not only where reads look);
 //!   4. write-then-send: each rank WRITEs a fresh pattern to every peer's stripe and sends a
 //!      notify right after (no wait): when the notify arrives, the write must already be there;
+//!      then rank 0, with a message from rank 1 waiting, polls twice, each poll reporting a READ
+//!      that completed before it: the message must come by the second (a poll that reports
+//!      RDMA results may leave receives to the next one, never to two);
 //!   5. remote access errors, all to rank 4: rank 0 uses another PD's rkey, rank 1 a range past
 //!      the region's end, rank 2 a READ with a garbage rkey; each op reports RemoteAccess(4), the
 //!      op queued behind it reports PeerLost(4) (flushed), then PeerLost(4) comes once, within
@@ -52,6 +55,8 @@ const BATCH: usize = 48;
 const MAX_RUN: usize = 20;
 const NOTIFY_ROUNDS: u32 = 20;
 const NOTIFY: u8 = 7;
+/// The message `recv_bound` waits for.
+const BOUND: u8 = 9;
 /// Generous: TCG guests are slow.
 const PHASE_TIMEOUT: Duration = Duration::from_secs(120);
 /// "Within seconds": an access error is a NAK, not a timeout.
@@ -198,6 +203,17 @@ fn rank_main(ctx: &Arc<Context>, mut b: LocalBootstrap, opts: &Options) -> Resul
     if rank < WORKERS {
         notes += &format!("; {NOTIFY_ROUNDS} write-then-send rounds ordered");
     }
+    // A poll that reports RDMA results may leave the receive CQ to the next poll, never to two.
+    if rank == 1 {
+        r.link
+            .send(0, &[BOUND])
+            .map_err(|e| format!("bound message to 0: {e}"))?;
+    }
+    barrier(&mut b)?; // the message is on its way before rank 0 polls
+    if rank == 0 {
+        notes += &recv_bound(&mut r)?;
+    }
+    barrier(&mut b)?;
     notes += &access_errors(&mut r)?;
     barrier(&mut b)?; // rank 4 keeps its QPs until everyone has its verdict
     drop(region_mr);
@@ -610,6 +626,73 @@ fn write_then_send(r: &mut RankState, round: u32) -> Result<(), String> {
             .wait(Duration::from_millis(50))
             .map_err(|e| format!("wait: {e}"))?;
     }
+}
+
+/// Rank 0, with rank 1's `BOUND` message waiting in its receive CQ: two polls, each reporting a
+/// READ that completed before it. The link may leave receives to the next poll after one that
+/// reported RDMA results (`VerbsLink::poll`), but never twice in a row: the message must have
+/// come by the end of the second.
+fn recv_bound(r: &mut RankState) -> Result<String, String> {
+    // Time for the message to land (the bootstrap's barrier does not touch the link).
+    std::thread::sleep(Duration::from_secs(1));
+    let mut delivered = false;
+    for i in 0..2u64 {
+        let token = 0xB0 + i;
+        let op = RdmaOp {
+            kind: RdmaKind::Read,
+            local_addr: r.local.addr() as u64 + i * 4096,
+            lkey: r.local_mr.lkey(),
+            len: 64,
+            remote_addr: r.remotes[1].addr,
+            rkey: r.remotes[1].rkey,
+            token,
+        };
+        // SAFETY: a registered local slice nobody else uses now; rank 1's region, readable.
+        unsafe { r.link.rdma(1, op) }.map_err(|e| format!("bound read {i}: {e}"))?;
+        // Its completion is in the send CQ well before this (a 64-byte READ on rxe).
+        std::thread::sleep(Duration::from_secs(1));
+        let (mut reported, mut err) = (false, None);
+        r.link
+            .poll(&mut |ev| match ev {
+                LinkEvent::RdmaDone {
+                    token: t, result, ..
+                } if t == token => {
+                    reported = true;
+                    if let Err(e) = result {
+                        err.get_or_insert(format!("bound read {i}: {e}"));
+                    }
+                }
+                LinkEvent::Recv { peer: 1, data } if data == [BOUND] && !delivered => {
+                    delivered = true
+                }
+                LinkEvent::RdmaDone { token, .. } => {
+                    err.get_or_insert(format!("unexpected RDMA result {token:#x}"));
+                }
+                LinkEvent::Recv { peer, .. } => {
+                    err.get_or_insert(format!("unexpected message from {peer}"));
+                }
+                LinkEvent::PeerLost { peer, reason } => {
+                    err.get_or_insert(format!("unexpected PeerLost({peer}): {reason}"));
+                }
+            })
+            .map_err(|e| format!("poll: {e}"))?;
+        if let Some(e) = err {
+            return Err(e);
+        }
+        if !reported {
+            return Err(format!(
+                "poll {i}: its READ not reported 1 s after the post"
+            ));
+        }
+    }
+    if !delivered {
+        return Err(
+            "a waiting message was not delivered by two polls that each reported an \
+                    RDMA result: the receive CQ was left alone twice in a row"
+                .into(),
+        );
+    }
+    Ok("; a waiting message came within two polls that reported RDMA".into())
 }
 
 /// Phase 5: bad ops to the victim, each followed by a good one that must be flushed.
